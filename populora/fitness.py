@@ -1,0 +1,221 @@
+"""Calling a user's fitness function in any of its three signatures.
+
+Higher fitness is better, everywhere in populora. A fitness function takes the
+population (opaque here: it is only passed through) and one of:
+
+=============================================  =========  =====================================
+signature                                      kind       called
+=============================================  =========  =====================================
+``fn(population, individuals=...)``            ``batch``  once per rank, with that rank's ids
+``fn(population, idx)``                        ``single`` once per id, returns one number
+``fn(population)``                             ``all``    once, on rank 0, returns ``(p,)``
+=============================================  =========  =====================================
+
+:func:`evaluate` partitions the ids across ranks (:func:`~populora.distributed.partition`),
+calls the function accordingly and exchanges the values
+(:func:`~populora.distributed.all_gather_values`), so every rank gets the same
+``(p,)`` float32 vector. NaNs are kept: the population applies its NaN policy.
+"""
+
+from __future__ import annotations
+
+import inspect
+import numbers
+from collections.abc import Callable
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from populora import distributed as _dist
+from populora.errors import FitnessError
+
+__all__ = ["FitnessKind", "evaluate", "fitness_kind"]
+
+FitnessKind = Literal["batch", "single", "all"]
+
+_FORMS = (
+    "fn(population, individuals=...) (this rank's list of ids, returns that many values), "
+    "fn(population, idx) (one id, returns a number) or "
+    "fn(population) (all individuals at once, returns a (p,) vector)"
+)
+
+
+def _describe(fn: Callable[..., Any]) -> str:
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    try:
+        return f"{name}{inspect.signature(fn)}"
+    except (TypeError, ValueError):
+        return name
+
+
+def fitness_kind(fn: Callable[..., Any]) -> FitnessKind:
+    """Which of the three accepted signatures ``fn`` has.
+
+    ``'batch'`` if it has a parameter named ``individuals`` (passable by
+    keyword) besides the population; otherwise ``'single'`` for two required
+    positional parameters and ``'all'`` for one. Parameters with defaults are
+    ignored; ``functools.partial`` and callable objects are fine.
+
+    Args:
+        fn: the fitness function.
+
+    Returns:
+        ``'batch'``, ``'single'`` or ``'all'``.
+
+    Raises:
+        TypeError: if ``fn`` is not callable, its signature cannot be read,
+            takes ``*args``, needs other keyword-only arguments, or has a
+            number of required parameters that fits none of the three forms.
+
+    Example:
+        >>> fitness_kind(lambda population, idx: 0.0)
+        'single'
+    """
+    if not callable(fn):
+        raise TypeError(f"a fitness function must be callable, got {type(fn).__name__}; expected {_FORMS}")
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError) as error:
+        raise TypeError(
+            f"cannot read the signature of fitness function {_describe(fn)} ({error}); expected {_FORMS}"
+        ) from None
+
+    def refuse(why: str) -> TypeError:
+        return TypeError(f"cannot tell how to call fitness function {_describe(fn)}: {why}; expected {_FORMS}")
+
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        raise refuse("it takes *args (a wrapper? decorate it with functools.wraps)")
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    by_keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    has_individuals = any(p.name == "individuals" and p.kind in by_keyword for p in params)
+    required = [
+        p for p in params if p.kind in positional and p.default is p.empty and p.name != "individuals"
+    ]
+    other_kw = [
+        p.name for p in params
+        if p.kind is p.KEYWORD_ONLY and p.default is p.empty and p.name != "individuals"
+    ]
+    if other_kw:
+        raise refuse(f"it requires keyword-only argument(s) {other_kw} that populora cannot supply")
+    if has_individuals:
+        if len(required) != 1:
+            raise refuse(f"it takes `individuals` but {len(required)} other required positional parameters, not 1")
+        return "batch"
+    if len(required) == 2:
+        return "single"
+    if len(required) == 1:
+        return "all"
+    raise refuse(f"it has {len(required)} required positional parameters, not 1 or 2")
+
+
+def _scalar(value: Any, what: str) -> float:
+    """One fitness value as a Python float (NaN kept)."""
+    if isinstance(value, numbers.Real):  # int, float, bool, numpy scalars
+        return float(value)
+    if isinstance(value, Tensor) or hasattr(value, "__array__"):
+        try:
+            t = value.detach() if isinstance(value, Tensor) else torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError):
+            t = None
+        if t is not None:
+            if t.numel() != 1:
+                raise FitnessError(f"{what} must return one number, got shape {tuple(t.shape)}")
+            if t.is_complex() or not (t.is_floating_point() or t.dtype in _REAL_DTYPES):
+                raise FitnessError(f"{what} must return a real number, got dtype {t.dtype}")
+            return float(t.reshape(()).item())
+    raise FitnessError(f"{what} must return a number, got {type(value).__name__}: {value!r:.80}")
+
+
+def _vector(result: Any, n: int, what: str) -> Tensor:
+    """A fitness result as an ``(n,)`` float32 CPU tensor (NaN kept)."""
+    if result is None:
+        raise FitnessError(f"{what} returned None; expected {n} values (did it forget to `return`?)")
+    if isinstance(result, (list, tuple)):
+        values = torch.tensor([_scalar(v, f"each value of {what}") for v in result], dtype=torch.float32)
+    else:
+        try:
+            values = result.detach() if isinstance(result, Tensor) else torch.as_tensor(result)
+        except (TypeError, ValueError, RuntimeError):
+            raise FitnessError(
+                f"{what} must return {n} numbers (sequence, array or tensor), got {type(result).__name__}"
+            ) from None
+        if values.is_complex() or not (values.is_floating_point() or values.dtype in _REAL_DTYPES):
+            raise FitnessError(f"{what} must return real numbers, got dtype {values.dtype}")
+    shape = tuple(values.shape)
+    long_dims = [s for s in shape if s != 1]
+    if values.numel() != n or len(long_dims) > 1:
+        raise FitnessError(
+            f"{what} returned {values.numel()} values (shape {shape}) for {n} individuals; expected shape ({n},)"
+        )
+    return values.reshape(n).to(device="cpu", dtype=torch.float32)
+
+
+_REAL_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def evaluate(fn: Callable[..., Any], population: Any, num: int, *, distributed: bool = True) -> Tensor:
+    """Fitness of every individual, the same ``(num,)`` vector on every rank.
+
+    Higher is better. With a distributed group and ``distributed=True`` the
+    ids are split across ranks with :func:`~populora.distributed.partition`:
+    ``batch`` functions get this rank's ids as a list (not called when the
+    rank's share is empty), ``single`` functions are called once per id, and
+    ``all`` functions are called on rank 0 only. Otherwise this process
+    evaluates every id itself. The values are then exchanged with
+    :func:`~populora.distributed.all_gather_values`.
+
+    If ``fn`` raises on one rank, every rank raises (that rank the original
+    error, the others a ``RuntimeError`` quoting it), so none is left waiting.
+
+    Args:
+        fn: fitness function in one of the three forms (:func:`fitness_kind`).
+        population: passed through to ``fn`` untouched.
+        num: number of individuals ``p``.
+        distributed: split the work across ranks when a group exists.
+
+    Returns:
+        ``(num,)`` float32 CPU tensor in id order; NaNs are kept.
+
+    Raises:
+        TypeError: if ``fn`` has none of the three signatures.
+        FitnessError: if ``fn`` returns the wrong number of values, or something
+            that is not numbers.
+        ValueError: if ``num`` is not a positive int.
+
+    Example:
+        >>> evaluate(lambda population, idx: idx * 0.5, None, 3)
+        tensor([0.0000, 0.5000, 1.0000])
+    """
+    if not isinstance(num, int) or isinstance(num, bool) or num < 1:
+        raise ValueError(f"`num` must be a positive int (the number of individuals), got {num!r}")
+    kind = fitness_kind(fn)
+    spread = distributed and _dist.is_distributed()
+    me, world = (_dist.rank(), _dist.world_size()) if spread else (0, 1)
+
+    ids: list[int] = []
+    values = torch.empty(0)
+    failure: Exception | None = None
+    try:
+        if kind == "all":
+            if me == 0:
+                ids = list(range(num))
+                values = _vector(fn(population), num, f"fitness function {_describe(fn)}")
+        else:
+            ids = list(_dist.partition(num, me, world))
+            if kind == "batch" and ids:
+                values = _vector(
+                    fn(population, individuals=list(ids)), len(ids), f"fitness function {_describe(fn)}"
+                )
+            elif kind == "single":
+                what = f"fitness function {_describe(fn)}"
+                values = torch.tensor(
+                    [_scalar(fn(population, i), f"{what} (individual {i})") for i in ids], dtype=torch.float32
+                )
+    except Exception as error:
+        if not spread:
+            raise
+        failure = error
+    if not spread:
+        return values
+    return _dist.all_gather_values(ids, values, num, error=failure)

@@ -1,0 +1,289 @@
+"""populora.fitness: the three fitness signatures, alone and across 2 gloo processes."""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from populora.errors import FitnessError
+from populora.fitness import evaluate, fitness_kind
+
+WORLD = 2
+NUM = 5
+FORMS = r"expected fn\(population, individuals=\.\.\.\) .* fn\(population, idx\) .* fn\(population\)"
+
+
+class Recorder:
+    """A 'population' that records how the fitness functions were called.
+
+    Fitness of individual ``i`` is ``offset + i`` (``nan`` for ids in ``nan_ids``).
+    """
+
+    def __init__(self, offset: float = 0.5, nan_ids: tuple[int, ...] = ()):
+        self.offset, self.nan_ids, self.calls = offset, nan_ids, []
+
+    def value(self, i: int) -> float:
+        return float("nan") if i in self.nan_ids else self.offset + i
+
+
+def batch_fn(population, individuals):
+    population.calls.append(("batch", list(individuals)))
+    return torch.tensor([population.value(i) for i in individuals])
+
+
+def single_fn(population, idx):
+    population.calls.append(("single", idx))
+    return population.value(idx)
+
+
+def all_fn(population):
+    population.calls.append(("all",))
+    return [population.value(i) for i in range(NUM)]
+
+
+def expected(population: Recorder, num: int = NUM) -> torch.Tensor:
+    return torch.tensor([population.value(i) for i in range(num)])
+
+
+# ----------------------------------------------------------------- single process
+
+
+class TestFitnessKind:
+    def test_batch(self):
+        assert fitness_kind(batch_fn) == "batch"
+        assert fitness_kind(lambda population, *, individuals: 0) == "batch"
+        assert fitness_kind(lambda population, individuals=None: 0) == "batch"
+
+    def test_single(self):
+        assert fitness_kind(single_fn) == "single"
+        assert fitness_kind(lambda pop, i, scale=1.0, **kwargs: 0) == "single"
+
+    def test_all(self):
+        assert fitness_kind(all_fn) == "all"
+        assert fitness_kind(lambda pop, extra=None: 0) == "all"
+
+    def test_callable_objects_and_partials(self):
+        class Scorer:
+            def __call__(self, population, idx):
+                return 0.0
+
+        assert fitness_kind(Scorer()) == "single"
+        assert fitness_kind(functools.partial(lambda scale, population: 0, 2.0)) == "all"
+
+    @pytest.mark.parametrize(
+        ("fn", "why"),
+        [
+            (lambda: 0, r"<lambda>\(\): it has 0 required positional parameters, not 1 or 2"),
+            (lambda a, b, c: 0, r"<lambda>\(a, b, c\): it has 3 required positional parameters, not 1 or 2"),
+            (lambda *args: 0, r"<lambda>\(\*args\): it takes \*args \(a wrapper\? decorate it with functools\.wraps\)"),
+            (lambda pop, *, k: 0, r"<lambda>\(pop, \*, k\): it requires keyword-only argument\(s\) \['k'\] that populora cannot supply"),
+            (lambda pop, idx, individuals: 0,
+             r"<lambda>\(pop, idx, individuals\): it takes `individuals` but 2 other required positional parameters, "
+             r"not 1"),
+        ],
+    )
+    def test_refuses_other_signatures(self, fn, why):
+        with pytest.raises(TypeError, match=f"cannot tell how to call fitness function {why}; {FORMS}"):
+            fitness_kind(fn)
+
+    def test_refuses_non_callables(self):
+        with pytest.raises(TypeError, match=f"a fitness function must be callable, got int; {FORMS}"):
+            fitness_kind(3)
+
+
+class TestEvaluateSingleProcess:
+    @pytest.mark.parametrize("fn", [batch_fn, single_fn, all_fn])
+    def test_full_vector_in_id_order(self, fn):
+        population = Recorder(nan_ids=(3,))
+        out = evaluate(fn, population, NUM)
+        assert out.dtype == torch.float32 and out.device.type == "cpu" and out.shape == (NUM,)
+        torch.testing.assert_close(out, expected(population), equal_nan=True)  # NaN kept
+        calls = {"batch": [("batch", list(range(NUM)))], "single": [("single", i) for i in range(NUM)],
+                 "all": [("all",)]}
+        assert population.calls == calls[fitness_kind(fn)]
+
+    @pytest.mark.parametrize(
+        "result",
+        [
+            [0.0, 1.0, 2.0],
+            (0, 1, 2),
+            torch.arange(3.0, dtype=torch.float64),
+            torch.arange(3.0).reshape(3, 1),  # a (p, 1) model output
+            torch.arange(3.0).reshape(1, 3),
+            [torch.tensor(0.0), torch.tensor([1.0]), 2],
+            pytest.param("numpy", id="numpy"),
+        ],
+    )
+    def test_converts_results(self, result):
+        if isinstance(result, str):
+            np = pytest.importorskip("numpy")
+            result = np.arange(3, dtype=np.float64)
+        out = evaluate(lambda population: result, None, 3)
+        assert out.dtype == torch.float32 and out.tolist() == [0.0, 1.0, 2.0]
+
+    def test_single_converts_scalars(self):
+        np = pytest.importorskip("numpy")
+        values = [1, 2.5, torch.tensor(3.0), torch.tensor([4.0], dtype=torch.float64), np.float32(5.0), True]
+        out = evaluate(lambda population, idx: values[idx], None, len(values))
+        assert out.tolist() == [1.0, 2.5, 3.0, 4.0, 5.0, 1.0]
+
+    @pytest.mark.parametrize(
+        ("fn", "match"),
+        [
+            (lambda population: [1.0, 2.0],
+             r"fitness function <lambda>\(population\) returned 2 values \(shape \(2,\)\) for 3 individuals; "
+             r"expected shape \(3,\)"),
+            (lambda population, individuals: torch.zeros(3, 2),
+             r"returned 6 values \(shape \(3, 2\)\) for 3 individuals; expected shape \(3,\)"),
+            (lambda population: None, r"returned None; expected 3 values \(did it forget to `return`\?\)"),
+            (lambda population, idx: torch.ones(2),
+             r"fitness function <lambda>\(population, idx\) \(individual 0\) must return one number, got shape \(2,\)"),
+            (lambda population, idx: "good", r"\(individual 0\) must return a number, got str: 'good'"),
+            (lambda population: "abc", r"must return 3 numbers \(sequence, array or tensor\), got str"),
+            (lambda population: torch.zeros(3, dtype=torch.complex64), r"must return real numbers, got dtype"),
+        ],
+    )
+    def test_wrong_results(self, fn, match):
+        with pytest.raises(FitnessError, match=match):
+            evaluate(fn, None, 3)
+
+    def test_errors_from_fn_propagate(self):
+        def fails(population, idx):
+            raise KeyError("no such env")
+
+        with pytest.raises(KeyError, match="no such env"):
+            evaluate(fails, None, 3)
+
+    @pytest.mark.parametrize("num", [0, -1, 2.0, True])
+    def test_num_must_be_positive_int(self, num):
+        with pytest.raises(ValueError, match="`num` must be a positive int"):
+            evaluate(single_fn, Recorder(), num)
+
+
+# --------------------------------------------------------------- two processes
+
+
+def _init(rank: int, store: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
+        timeout=datetime.timedelta(seconds=60),
+    )
+
+
+def _error(fn, *args, **kwargs) -> tuple[str, str] | None:
+    try:
+        fn(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 - recorded for the parent to check
+        return type(error).__name__, str(error)
+    return None
+
+
+def _fitness_worker(rank: int, store: str, out: str) -> None:
+    _init(rank, store)
+    res: dict = {}
+    for name, fn in (("batch", batch_fn), ("single", single_fn), ("all", all_fn)):
+        population = Recorder(offset=0.25, nan_ids=(4,))
+        res[name] = evaluate(fn, population, NUM)
+        res[f"{name}_calls"] = population.calls
+        population = Recorder(offset=0.25, nan_ids=(4,))
+        res[f"{name}_local"] = evaluate(fn, population, NUM, distributed=False)
+        res[f"{name}_local_calls"] = population.calls
+
+    population = Recorder()  # fewer individuals than ranks: rank 1's share is empty
+    res["tiny"] = evaluate(batch_fn, population, 1)
+    res["tiny_calls"] = population.calls
+
+    def boom(population, idx):
+        if rank == 1:
+            raise RuntimeError("boom in rank 1")
+        return 0.0
+
+    res["raised"] = _error(evaluate, boom, None, NUM)
+
+    def short(population, individuals):
+        return [0.0] * (len(individuals) - (rank == 0))
+
+    res["wrong_length"] = _error(evaluate, short, None, NUM)
+    res["after_errors"] = evaluate(single_fn, Recorder(), NUM)  # the group still works
+    torch.save(res, Path(out) / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def _raising_worker(rank: int, store: str) -> None:
+    _init(rank, store)
+
+    def boom(population, individuals):
+        if rank == 1:
+            raise RuntimeError("boom in rank 1")
+        return [0.0] * len(individuals)
+
+    evaluate(boom, None, NUM)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> list[dict]:
+    tmp = tmp_path_factory.mktemp("fitness")
+    mp.spawn(_fitness_worker, args=(str(tmp / "store"), str(tmp)), nprocs=WORLD, join=True)
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+@pytest.mark.distributed
+class TestEvaluateTwoRanks:
+    @pytest.mark.parametrize("kind", ["batch", "single", "all"])
+    def test_same_full_vector_on_every_rank(self, two_ranks, kind):
+        want = expected(Recorder(offset=0.25, nan_ids=(4,)))
+        for res in two_ranks:
+            torch.testing.assert_close(res[kind], want, equal_nan=True)
+            torch.testing.assert_close(res[f"{kind}_local"], want, equal_nan=True)
+
+    def test_ids_are_split_across_ranks(self, two_ranks):
+        assert two_ranks[0]["batch_calls"] == [("batch", [0, 1, 2])]
+        assert two_ranks[1]["batch_calls"] == [("batch", [3, 4])]
+        assert two_ranks[0]["single_calls"] == [("single", i) for i in (0, 1, 2)]
+        assert two_ranks[1]["single_calls"] == [("single", i) for i in (3, 4)]
+
+    def test_whole_population_fn_runs_on_rank_0_only(self, two_ranks):
+        assert two_ranks[0]["all_calls"] == [("all",)]
+        assert two_ranks[1]["all_calls"] == []
+
+    def test_distributed_false_evaluates_everything_on_every_rank(self, two_ranks):
+        for res in two_ranks:
+            assert res["batch_local_calls"] == [("batch", list(range(NUM)))]
+            assert res["single_local_calls"] == [("single", i) for i in range(NUM)]
+            assert res["all_local_calls"] == [("all",)]
+
+    def test_empty_share_is_not_called(self, two_ranks):
+        assert two_ranks[0]["tiny_calls"] == [("batch", [0])]
+        assert two_ranks[1]["tiny_calls"] == []
+        for res in two_ranks:
+            assert res["tiny"].tolist() == [0.5]
+
+    def test_an_error_on_one_rank_fails_every_rank(self, two_ranks):
+        assert two_ranks[1]["raised"] == ("RuntimeError", "boom in rank 1")
+        assert two_ranks[0]["raised"] == (
+            "RuntimeError",
+            "rank(s) [1] failed while evaluating (rank 1: RuntimeError: boom in rank 1)",
+        )
+        kind, message = two_ranks[0]["wrong_length"]
+        assert kind == "FitnessError" and "returned 2 values (shape (2,)) for 3 individuals" in message
+        kind, message = two_ranks[1]["wrong_length"]
+        assert kind == "RuntimeError" and "rank 0: FitnessError: fitness function short" in message
+        for res in two_ranks:
+            assert res["after_errors"].tolist() == expected(Recorder()).tolist()
+
+
+@pytest.mark.distributed
+def test_raising_rank_ends_the_run_with_its_error(tmp_path):
+    """An uncaught fitness error stops both processes quickly and shows the message."""
+    start = time.monotonic()
+    with pytest.raises(mp.ProcessRaisedException, match="boom in rank 1"):
+        mp.spawn(_raising_worker, args=(str(tmp_path / "store"),), nprocs=WORLD, join=True)
+    assert time.monotonic() - start < 30
