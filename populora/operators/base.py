@@ -1,0 +1,241 @@
+"""Name registries of the genetic operators, and what they share.
+
+Four kinds of operator, one registry each (name -> function):
+
+- ``SELECTIONS``: survivor selection, ``fn(fitnesses (g, m), num, *, generator, **options) -> (g, num)``.
+- ``PARENT_SELECTIONS``: ``fn(fitnesses (g, s), num_children, num_parents, *, generator, **options)
+  -> (g, num_children, num_parents)``.
+- ``CROSSOVERS``: ``fn(stacks, parents (c, k), *, fitnesses, generator, num_groups, **options)
+  -> list[Factors]``.
+- ``MUTATIONS``: ``fn(factors, *, epsilon, floors, generator, **options) -> list[Factors]``.
+
+Higher fitness is better for every operator. Operators are pure, vectorised
+and draw every random number from the ``generator`` they are given. A user's
+function with the same signature slots in through ``register_<kind>``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from typing import Callable, Mapping, NamedTuple
+
+import torch
+from torch import Tensor
+
+
+class Factors(NamedTuple):
+    """The two LoRA factors of one target layer.
+
+    ``down`` is ``(p, d, r)`` and ``up`` is ``(p, e, r)``: individual ``i``
+    adds ``dW_i = up[i] @ down[i].T`` (shape ``(e, d)``) to the layer.
+    """
+
+    down: Tensor
+    up: Tensor
+
+
+OperatorFn = Callable[..., object]
+
+SELECTIONS: dict[str, OperatorFn] = {}
+PARENT_SELECTIONS: dict[str, OperatorFn] = {}
+CROSSOVERS: dict[str, OperatorFn] = {}
+MUTATIONS: dict[str, OperatorFn] = {}
+
+_REGISTRIES: dict[str, dict[str, OperatorFn]] = {
+    "selection": SELECTIONS,
+    "parent_selection": PARENT_SELECTIONS,
+    "crossover": CROSSOVERS,
+    "mutation": MUTATIONS,
+}
+
+# The arguments the population passes itself: (number of leading positional
+# ones, names of the keyword ones). Everything else in a signature is an option.
+_STANDARD: dict[str, tuple[int, frozenset[str]]] = {
+    "selection": (2, frozenset({"generator"})),
+    "parent_selection": (3, frozenset({"generator"})),
+    "crossover": (2, frozenset({"fitnesses", "generator", "num_groups"})),
+    "mutation": (1, frozenset({"epsilon", "floors", "generator"})),
+}
+
+
+def _registry(kind: str) -> dict[str, OperatorFn]:
+    if kind not in _REGISTRIES:
+        raise ValueError(f"`kind` must be one of {sorted(_REGISTRIES)}, got {kind!r}")
+    return _REGISTRIES[kind]
+
+
+def _register(kind: str, name: str, fn: OperatorFn | None, overwrite: bool):
+    registry = _registry(kind)
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"`name` of a {kind} must be a non-empty str, got {name!r}")
+
+    def add(f: OperatorFn) -> OperatorFn:
+        if not callable(f):
+            raise TypeError(f"a {kind} must be callable, got {type(f).__name__} for {name!r}")
+        if name in registry and not overwrite:
+            raise ValueError(
+                f"{kind} {name!r} is already registered; pass `overwrite=True` to replace it"
+            )
+        _check_keywords(kind, name, f)
+        registry[name] = f
+        return f
+
+    return add if fn is None else add(fn)
+
+
+def _check_keywords(kind: str, name: str, fn: OperatorFn) -> None:
+    """A registered function must accept the population's keyword arguments."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # builtins without a signature: trust them
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    named = {n for n, p in params.items() if p.kind is not p.POSITIONAL_ONLY}
+    missing = sorted(_STANDARD[kind][1] - named)
+    if missing:
+        raise TypeError(
+            f"{kind} {name!r} must accept the keyword argument(s) {missing}; "
+            f"its signature is {inspect.signature(fn)}"
+        )
+
+
+def register_selection(name: str, fn: OperatorFn | None = None, *, overwrite: bool = False):
+    """Register a survivor selection; use directly or as ``@register_selection('name')``.
+
+    Raises:
+        ValueError: ``name`` is taken and ``overwrite`` is False.
+        TypeError: ``fn`` does not accept the keyword ``generator``.
+    """
+    return _register("selection", name, fn, overwrite)
+
+
+def register_parent_selection(name: str, fn: OperatorFn | None = None, *, overwrite: bool = False):
+    """Register a parent selection; use directly or as a decorator. See :func:`register_selection`."""
+    return _register("parent_selection", name, fn, overwrite)
+
+
+def register_crossover(name: str, fn: OperatorFn | None = None, *, overwrite: bool = False):
+    """Register a crossover; use directly or as a decorator. See :func:`register_selection`.
+
+    ``fn`` must accept the keywords ``fitnesses``, ``generator`` and ``num_groups``.
+    """
+    return _register("crossover", name, fn, overwrite)
+
+
+def register_mutation(name: str, fn: OperatorFn | None = None, *, overwrite: bool = False):
+    """Register a mutation; use directly or as a decorator. See :func:`register_selection`.
+
+    ``fn`` must accept the keywords ``epsilon``, ``floors`` and ``generator``.
+
+    Example:
+        >>> @register_mutation("identity_example")
+        ... def identity_example(factors, *, epsilon, floors, generator):
+        ...     return [Factors(f.down.clone(), f.up.clone()) for f in factors]
+        >>> get_operator("mutation", "identity_example") is identity_example
+        True
+        >>> del MUTATIONS["identity_example"]
+    """
+    return _register("mutation", name, fn, overwrite)
+
+
+def get_operator(kind: str, name: str) -> OperatorFn:
+    """The operator registered as ``name`` under ``kind``.
+
+    Args:
+        kind: ``'selection'``, ``'parent_selection'``, ``'crossover'`` or ``'mutation'``.
+        name: a registered name.
+
+    Raises:
+        ValueError: unknown ``kind`` or ``name``; the message lists the
+            available names and suggests the closest one.
+    """
+    registry = _registry(kind)
+    if name not in registry:
+        names = sorted(registry)
+        close = difflib.get_close_matches(str(name), names, n=1)
+        hint = f" Did you mean `{close[0]}`?" if close else ""
+        raise ValueError(f"Unknown {kind} `{name}`; available: {names}.{hint}")
+    return registry[name]
+
+
+def option_names(kind: str, name: str) -> list[str]:
+    """Names of the options (keywords beyond the standard arguments) of an operator."""
+    fn = get_operator(kind, name)
+    n_positional, keywords = _STANDARD[kind]
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return []
+    names = []
+    for i, p in enumerate(params):
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY):
+            continue
+        if p.kind is p.POSITIONAL_OR_KEYWORD and i < n_positional:
+            continue
+        if p.name not in keywords:
+            names.append(p.name)
+    return names
+
+
+def check_options(kind: str, name: str, options: Mapping[str, object] | None) -> OperatorFn:
+    """Check ``options`` against an operator's signature without running it.
+
+    Args:
+        kind: the operator kind (see :func:`get_operator`).
+        name: the operator's registered name.
+        options: the keyword options the caller means to pass (``None`` = none).
+
+    Returns:
+        The operator.
+
+    Raises:
+        ValueError: unknown ``kind`` or ``name``.
+        TypeError: ``options`` is not a mapping, or names a keyword the operator
+            does not take (the message lists the ones it does take), or one the
+            population passes itself.
+    """
+    fn = get_operator(kind, name)
+    if options is None:
+        return fn
+    if not isinstance(options, Mapping):
+        raise TypeError(f"options of {kind} `{name}` must be a dict, got {type(options).__name__}")
+    accepted = option_names(kind, name)
+    try:
+        params = inspect.signature(fn).parameters.values()
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in params)
+    except (TypeError, ValueError):
+        takes_any = True
+    reserved = sorted(set(options) & _STANDARD[kind][1])
+    if reserved:
+        raise TypeError(
+            f"{kind} `{name}` option(s) {reserved} are passed by the population itself, "
+            f"not as options; accepted options: {accepted}"
+        )
+    unknown = sorted(k for k in options if k not in accepted)
+    if unknown and not takes_any:
+        raise TypeError(
+            f"{kind} `{name}` got unexpected option(s) {unknown}; accepted options: {accepted}"
+        )
+    return fn
+
+
+# Random draws. Every draw happens on the generator's device (so a CPU
+# generator drives CUDA stacks reproducibly) and then moves to ``device``.
+
+
+def uniform(shape, *, generator: torch.Generator, device, dtype=torch.float32) -> Tensor:
+    """``U[0, 1)`` of ``shape`` drawn from ``generator``, returned on ``device``."""
+    return torch.rand(shape, generator=generator, device=generator.device, dtype=dtype).to(device)
+
+
+def normal(shape, *, generator: torch.Generator, device, dtype=torch.float32) -> Tensor:
+    """``N(0, 1)`` of ``shape`` drawn from ``generator``, returned on ``device``."""
+    return torch.randn(shape, generator=generator, device=generator.device, dtype=dtype).to(device)
+
+
+def randint(low: int, high: int, shape, *, generator: torch.Generator, device) -> Tensor:
+    """int64 uniform on ``[low, high)`` of ``shape`` drawn from ``generator``."""
+    out = torch.randint(low, high, shape, generator=generator, device=generator.device)
+    return out.to(device)

@@ -1,0 +1,313 @@
+"""Crossover (spec/operators.md, "Crossover"; X1-X5 are PopuLoRA's labels, arXiv 2605.16727).
+
+A crossover reads the whole population's stacks (never writes them) and the
+parents of each child, and returns the children, one ``Factors`` per target:
+
+- ``stacks[t]``: ``Factors(down (P, d_t, r_t), up (P, e_t, r_t))``.
+- ``parents``: ``(c, k)`` population ids; parent 0 is the fittest when the
+  parents came from a tournament.
+- ``fitnesses``: ``(P,)`` or ``None``; higher is better.
+- ``num_groups``: islands, contiguous equal blocks of the population (only
+  ``xes`` looks at it).
+- returns ``[Factors(down (c, d_t, r_t), up (c, e_t, r_t))]``, same dtype and device.
+
+Arithmetic runs in float32 (float64 for float64 stacks) and is cast back once.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from .base import Factors, randint, register_crossover, uniform
+from .linalg import _svd_compute, compute_dtype, effective_rank, rebuild_balanced
+
+
+def _check(
+    stacks: Sequence[Factors], parents: Tensor, fitnesses: Tensor | None, name: str, k: int | None = None
+) -> tuple[int, Tensor]:
+    """Validate the common arguments; returns ``P`` and ``parents`` on the stacks' device."""
+    if len(stacks) == 0:
+        raise ValueError(f"`stacks` of {name} must hold at least one target, got none")
+    pop = stacks[0].down.shape[0]
+    for t, (down, up) in enumerate(stacks):
+        if down.dim() != 3 or up.dim() != 3 or down.shape[0] != pop or up.shape[0] != pop \
+                or down.shape[2] != up.shape[2]:
+            raise ValueError(
+                f"stacks[{t}] must be down (P, d, r) and up (P, e, r) with P={pop}, "
+                f"got {tuple(down.shape)} and {tuple(up.shape)}"
+            )
+    if not isinstance(parents, Tensor) or parents.dim() != 2 or parents.dtype.is_floating_point \
+            or parents.shape[1] < 1:
+        shape = tuple(parents.shape) if isinstance(parents, Tensor) else type(parents).__name__
+        raise ValueError(f"`parents` must be an integer tensor (c, k) with k >= 1, got {shape}")
+    if k is not None and parents.shape[1] != k:
+        raise ValueError(f"{name} needs exactly {k} parents per child, got parents of shape "
+                         f"{tuple(parents.shape)}")
+    if parents.numel() and (int(parents.min()) < 0 or int(parents.max()) >= pop):
+        raise ValueError(f"`parents` must be population ids in [0, {pop}), got values in "
+                         f"[{int(parents.min())}, {int(parents.max())}]")
+    if fitnesses is not None and tuple(fitnesses.shape) != (pop,):
+        raise ValueError(f"`fitnesses` must have shape ({pop},), got {tuple(fitnesses.shape)}")
+    return pop, parents.to(stacks[0].down.device, torch.long)
+
+
+def _gather(stack: Factors, ids: Tensor) -> tuple[Tensor, Tensor]:
+    """Parents' factors in the compute dtype: ``ids (c, ...)`` -> ``(c, ..., d, r)``, ``(c, ..., e, r)``."""
+    dtype = compute_dtype(stack.down)
+    return stack.down[ids].to(dtype), stack.up[ids].to(dtype)
+
+
+def average(
+    stacks: Sequence[Factors], parents: Tensor, *, fitnesses: Tensor | None, generator: torch.Generator,
+    num_groups: int = 1,
+) -> list[Factors]:
+    """The mean of the parents' ``down`` and the mean of their ``up``.
+
+    Deterministic; ``fitnesses`` (higher is better), ``generator`` and
+    ``num_groups`` are not used. Note ``mean(up) mean(down)^T`` is not the
+    mean ``dW``: see :func:`average_delta` for that.
+
+    Args and returns: see the module docstring.
+    """
+    _, parents = _check(stacks, parents, fitnesses, "average")
+    out = []
+    for stack in stacks:
+        down, up = _gather(stack, parents)  # (c, k, d, r), (c, k, e, r)
+        out.append(Factors(down.mean(1).to(stack.down.dtype), up.mean(1).to(stack.up.dtype)))
+    return out
+
+
+def average_delta(
+    stacks: Sequence[Factors], parents: Tensor, *, fitnesses: Tensor | None, generator: torch.Generator,
+    num_groups: int = 1,
+) -> list[Factors]:
+    """The best rank-``r`` approximation of the parents' mean ``dW``, rebuilt balanced.
+
+    ``mean_j B_j A_j^T = [B_1 .. B_k] [A_1 .. A_k]^T / k`` has rank ``<= k r``;
+    its thin SVD comes from QR of the concatenated ``(d, k r)`` and
+    ``(e, k r)`` factors and the SVD of the small core, never forming ``dW``.
+    Truncating to the top ``r`` components is optimal (Eckart-Young).
+    Deterministic; ``fitnesses`` (higher is better), ``generator`` and
+    ``num_groups`` are not used.
+
+    Args and returns: see the module docstring.
+    """
+    _, parents = _check(stacks, parents, fitnesses, "average_delta")
+    c, k = parents.shape
+    out = []
+    for stack in stacks:
+        down, up = _gather(stack, parents)  # (c, k, d, r), (c, k, e, r)
+        d, r, e = down.shape[2], down.shape[3], up.shape[2]
+        down_cat = down.permute(0, 2, 1, 3).reshape(c, d, k * r)  # (c, d, k r)
+        up_cat = up.permute(0, 2, 1, 3).reshape(c, e, k * r) / k  # (c, e, k r)
+        u, s, v = _svd_compute(down_cat, up_cat)
+        out.append(rebuild_balanced(u[..., :r], s[..., :r], v[..., :r], stack.down.dtype))
+    return out
+
+
+def dare(
+    stacks: Sequence[Factors], parents: Tensor, *, fitnesses: Tensor | None, generator: torch.Generator,
+    num_groups: int = 1, drop_rate: float = 0.7,
+) -> list[Factors]:
+    """X1: drop-and-rescale each parent's factors elementwise, then average.
+
+    Every entry of every parent's ``down`` and ``up`` is kept with probability
+    ``1 - drop_rate`` and rescaled by ``1 / (1 - drop_rate)``, so the child's
+    expected factors equal :func:`average`'s. ``fitnesses`` (higher is
+    better) and ``num_groups`` are not used.
+
+    Args:
+        drop_rate: probability of dropping an entry, in ``[0, 1)``.
+        (The rest: see the module docstring.)
+    """
+    _, parents = _check(stacks, parents, fitnesses, "dare")
+    if not 0.0 <= drop_rate < 1.0:
+        raise ValueError(f"`drop_rate` must be in [0, 1), got {drop_rate!r}")
+    keep = 1.0 - drop_rate
+    out = []
+    for stack in stacks:
+        child = []
+        for factor in _gather(stack, parents):  # (c, k, n, r)
+            mask = uniform(factor.shape, generator=generator, device=factor.device, dtype=factor.dtype)
+            child.append(torch.where(mask < keep, factor / keep, 0.0).mean(1).to(stack.down.dtype))
+        out.append(Factors(*child))
+    return out
+
+
+def layer_wise(
+    stacks: Sequence[Factors], parents: Tensor, *, fitnesses: Tensor | None, generator: torch.Generator,
+    num_groups: int = 1,
+) -> list[Factors]:
+    """X2: per target and per child, copy ``(down, up)`` of one parent chosen uniformly.
+
+    ``fitnesses`` (higher is better) and ``num_groups`` are not used.
+
+    Args and returns: see the module docstring.
+    """
+    _, parents = _check(stacks, parents, fitnesses, "layer_wise")
+    c, k = parents.shape
+    out = []
+    for stack in stacks:
+        pick = randint(0, k, (c, 1), generator=generator, device=parents.device)
+        chosen = parents.gather(1, pick).squeeze(1)  # (c,)
+        out.append(Factors(stack.down[chosen], stack.up[chosen]))
+    return out
+
+
+def svd_subspace(
+    stacks: Sequence[Factors], parents: Tensor, *, fitnesses: Tensor | None, generator: torch.Generator,
+    num_groups: int = 1,
+) -> list[Factors]:
+    """X3: leading singular components from parent 0, trailing ones from parent 1.
+
+    Per target, both parents' adapters are SVD'd (from the factors); a split
+    ``m ~ U{1 .. r_eff - 1}`` is drawn per child, where
+    ``r_eff = min(r, d, e)`` is the effective rank; components ``< m`` come
+    from ``parents[:, 0]`` (the fitter, after a tournament), ``>= m`` from
+    ``parents[:, 1]``; the child is rebuilt balanced. With ``r_eff == 1``
+    the child is an exact copy of parent 0. ``fitnesses`` (higher is better)
+    and ``num_groups`` are not used.
+
+    Args and returns: see the module docstring.
+
+    Raises:
+        ValueError: ``parents`` is not ``(c, 2)``.
+    """
+    _, parents = _check(stacks, parents, fitnesses, "svd_subspace", k=2)
+    c = parents.shape[0]
+    out = []
+    for stack in stacks:
+        rank = effective_rank(stack.down, stack.up)
+        if rank == 1:
+            out.append(Factors(stack.down[parents[:, 0]], stack.up[parents[:, 0]]))
+            continue
+        u1, s1, v1 = _svd_compute(*_gather(stack, parents[:, 0]))  # (c, d, r), (c, r), (c, e, r)
+        u2, s2, v2 = _svd_compute(*_gather(stack, parents[:, 1]))
+        split = randint(1, rank, (c, 1), generator=generator, device=parents.device)
+        first = torch.arange(s1.shape[-1], device=s1.device) < split  # (c, r)
+        u = torch.where(first.unsqueeze(1), u1, u2)
+        v = torch.where(first.unsqueeze(1), v1, v2)
+        s = torch.where(first, s1, s2)
+        out.append(rebuild_balanced(u, s, v, stack.down.dtype))
+    return out
+
+
+def extrapolative(
+    stacks: Sequence[Factors], parents: Tensor, *, fitnesses: Tensor | None, generator: torch.Generator,
+    num_groups: int = 1, eta_min: float = 1.0, eta_max: float = 1.5,
+) -> list[Factors]:
+    """X4: ``child = worse + eta * (better - worse)``, ``eta ~ U(eta_min, eta_max)`` per child.
+
+    Two parents, ordered by fitness (higher is better; a tie keeps parent 0
+    as the better). With ``fitnesses=None`` parent 0 is taken as the better
+    one (tournaments put the fittest first). ``eta`` is one draw per child,
+    shared by every target's ``down`` and ``up``; ``eta > 1`` steps past the
+    better parent. ``num_groups`` is not used.
+
+    Args:
+        eta_min, eta_max: range of ``eta`` (default ``U(1, 1.5)``).
+        (The rest: see the module docstring.)
+
+    Raises:
+        ValueError: ``parents`` is not ``(c, 2)``, or ``eta_min > eta_max``.
+    """
+    _, parents = _check(stacks, parents, fitnesses, "extrapolative", k=2)
+    if not eta_min <= eta_max:
+        raise ValueError(f"`eta_min` must be <= `eta_max`, got {eta_min!r} > {eta_max!r}")
+    better, worse = parents[:, 0], parents[:, 1]
+    if fitnesses is not None:
+        f = fitnesses.to(parents.device)
+        swap = f[worse] > f[better]
+        better, worse = torch.where(swap, worse, better), torch.where(swap, better, worse)
+    dtype = compute_dtype(stacks[0].down)
+    eta = uniform((parents.shape[0], 1, 1), generator=generator, device=parents.device, dtype=dtype)
+    eta = eta_min + (eta_max - eta_min) * eta  # (c, 1, 1)
+    out = []
+    for stack in stacks:
+        child = []
+        for factor in (stack.down, stack.up):
+            lo, hi = factor[worse].to(eta.dtype), factor[better].to(eta.dtype)
+            child.append((lo + eta * (hi - lo)).to(factor.dtype))
+        out.append(Factors(*child))
+    return out
+
+
+def xes(
+    stacks: Sequence[Factors], parents: Tensor, *, fitnesses: Tensor | None, generator: torch.Generator,
+    num_groups: int = 1, eta: float = 1.0, tournament_size: int = 3,
+) -> list[Factors]:
+    """X5: a step from the mean of good and bad individuals toward the good ones.
+
+    ``theta`` is an individual's full set of factors (every target's ``down``
+    and ``up``). The ``k`` parents (the good ones) are paired with ``k`` bad
+    ones from a reverse tournament among the others of the child's island
+    (the island of ``parents[:, 0]``; "others" = not among its parents):
+    ``min(tournament_size, #others)`` distinct contenders drawn uniformly,
+    the ``k`` least fit are the bad ones, the worst repeating if there are
+    fewer than ``k``. Over these ``n = 2k`` members, with z-scored fitness
+    weights ``w`` (higher fitness is better),
+    ``child = mean(theta) + eta * sum_j w_j theta_j / n``. An island with no
+    others gives ``n = k`` (good parents only).
+
+    Args:
+        fitnesses: ``(P,)``, required.
+        num_groups: number of islands; ``P`` must be divisible by it.
+        eta: step size (default 1).
+        tournament_size: contenders in the reverse tournament.
+        (The rest: see the module docstring.)
+
+    Raises:
+        ValueError: ``fitnesses`` is None, or ``P`` is not divisible by ``num_groups``.
+    """
+    if fitnesses is None:
+        raise ValueError("crossover `xes` needs `fitnesses` ((P,), higher is better), got None")
+    pop, parents = _check(stacks, parents, fitnesses, "xes")
+    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1 \
+            or pop % num_groups:
+        raise ValueError(f"`num_groups` must be an int >= 1 dividing P={pop}, got {num_groups!r}")
+    if isinstance(tournament_size, bool) or not isinstance(tournament_size, int) or tournament_size < 1:
+        raise ValueError(f"`tournament_size` must be an int >= 1, got {tournament_size!r}")
+    c, k = parents.shape
+    dev = parents.device
+    fit = fitnesses.to(dev, compute_dtype(stacks[0].down))
+    size = pop // num_groups
+    members = (parents[:, :1] // size) * size + torch.arange(size, device=dev)  # (c, size)
+    is_parent = (members.unsqueeze(-1) == parents.unsqueeze(1)).any(-1)  # (c, size)
+    keys = uniform((c, size), generator=generator, device=dev)
+    keys = torch.where(is_parent, -1.0, keys)  # parents are never contenders
+    t = min(tournament_size, size)
+    ckeys, pos = keys.topk(t, dim=-1)  # (c, t)
+    contenders = members.gather(1, pos)
+    valid = ckeys >= 0
+    scores = torch.where(valid, fit[contenders], torch.inf)
+    ranked = contenders.gather(1, torch.argsort(scores, dim=-1, stable=True))  # worst first
+    n_valid = valid.sum(1, keepdim=True)  # (c, 1)
+    slot = torch.arange(k, device=dev).expand(c, k)
+    slot = torch.where(slot < n_valid, slot, 0).clamp_max(t - 1)
+    bad = ranked.gather(1, slot)  # (c, k)
+    group = torch.cat([parents, bad], dim=1)  # (c, 2k)
+    counted = torch.cat([torch.ones_like(bad, dtype=torch.bool), (n_valid > 0).expand(c, k)], 1)
+    weight = counted.to(fit.dtype)
+    n = weight.sum(1, keepdim=True)  # (c, 1)
+    f = fit[group]
+    centred = (f - (f * weight).sum(1, keepdim=True) / n) * weight
+    std = (centred.square().sum(1, keepdim=True) / n).sqrt()
+    flat = std <= 8 * torch.finfo(f.dtype).eps * f.abs().amax(1, keepdim=True)
+    z = torch.where(flat, centred, centred / (std + 1e-8))
+    coef = (weight + eta * z * weight) / n  # (c, 2k): mean plus step
+    out = []
+    for stack in stacks:
+        down, up = _gather(stack, group)  # (c, 2k, d, r), (c, 2k, e, r)
+        w = coef.to(down.dtype)
+        out.append(Factors(
+            torch.einsum("cj,cjdr->cdr", w, down).to(stack.down.dtype),
+            torch.einsum("cj,cjer->cer", w, up).to(stack.up.dtype),
+        ))
+    return out
+
+
+for _fn in (average, average_delta, dare, layer_wise, svd_subspace, extrapolative, xes):
+    register_crossover(_fn.__name__, _fn)

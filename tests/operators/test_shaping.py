@@ -1,0 +1,57 @@
+"""Fitness shaping shared by GA and ES (higher is better)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from populora.operators import centered_rank, fuss_weights, zscore
+
+
+def test_zscore_standardises_and_centres_constants():
+    f = torch.tensor([[1.0, 2.0, 3.0, 6.0], [5.0, 5.0, 5.0, 5.0]])
+    z = zscore(f)
+    assert torch.allclose(z[0].mean(), torch.tensor(0.0), atol=1e-6)
+    assert torch.allclose(z[0].std(unbiased=False), torch.tensor(1.0), atol=1e-6)
+    assert (z[1] == 0).all()
+    assert torch.allclose(zscore(1e6 * f[0] + 3), z[0], atol=1e-5)  # affine invariant
+    assert torch.allclose(zscore(f.T, dim=0), z.T)
+
+
+def test_zscore_upcasts():
+    assert zscore(torch.arange(4.0).bfloat16()).dtype == torch.float32
+    assert zscore(torch.arange(4.0).double()).dtype == torch.float64
+
+
+def test_centered_rank_ties_share_their_mean_rank():
+    r = centered_rank(torch.tensor([3.0, -1.0, 3.0, 0.0, 10.0]))
+    assert torch.allclose(r, torch.tensor([0.125, -0.5, 0.125, -0.25, 0.5]))
+    assert (centered_rank(torch.ones(2, 4)) == 0).all() and (centered_rank(torch.ones(1)) == 0).all()
+    assert torch.equal(centered_rank(torch.tensor([[2.0, 1.0]]).T, dim=0), torch.tensor([[0.5], [-0.5]]))
+
+
+def test_fuss_weights_are_cell_widths_in_original_order():
+    f = torch.tensor([10.0, 0.0, 1.0, 3.0])
+    # sorted 0, 1, 3, 10: widths 0.5, 1.5, 4.5, 3.5; floor 0.01 * 10 / 3
+    expected = torch.tensor([3.5, 0.5, 1.5, 4.5]) + 0.1 / 3
+    assert torch.allclose(fuss_weights(f), expected / expected.sum())
+
+
+def test_fuss_weights_ties_share_a_cell_and_nothing_is_zero():
+    w = fuss_weights(torch.tensor([1.0, 1.0, 2.0, 1.0]))
+    assert w[0] == w[1] == w[3] and (w > 0).all() and w[2] > w[0]
+    assert torch.allclose(fuss_weights(torch.full((2, 5), 7.0)), torch.full((2, 5), 0.2))
+    assert torch.allclose(fuss_weights(torch.tensor([[1.0, 2.0], [4.0, 0.0]]), dim=0).sum(0), torch.ones(2))
+
+
+def test_infinities_count_as_the_extremes():
+    f = torch.tensor([1.0, -float("inf"), 2.0, float("inf")])
+    for fn in (zscore, centered_rank, fuss_weights):
+        assert torch.isfinite(fn(f)).all()
+    assert torch.equal(zscore(f), zscore(torch.tensor([1.0, 1.0, 2.0, 2.0])))
+
+
+@pytest.mark.parametrize("fn", [zscore, centered_rank, fuss_weights])
+def test_nan_raises(fn):
+    with pytest.raises(ValueError, match="contains NaN"):
+        fn(torch.tensor([1.0, float("nan")]))
