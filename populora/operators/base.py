@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import math
+import numbers
 from typing import Callable, Mapping, NamedTuple
 
 import torch
@@ -42,6 +44,10 @@ PARENT_SELECTIONS: dict[str, OperatorFn] = {}
 CROSSOVERS: dict[str, OperatorFn] = {}
 MUTATIONS: dict[str, OperatorFn] = {}
 
+# Optional value checks of an operator's options, ``validate(**options)``,
+# keyed by (kind, name): run by ``check_options`` before anything changes.
+_VALIDATORS: dict[tuple[str, str], Callable[..., None]] = {}
+
 _REGISTRIES: dict[str, dict[str, OperatorFn]] = {
     "selection": SELECTIONS,
     "parent_selection": PARENT_SELECTIONS,
@@ -65,10 +71,12 @@ def _registry(kind: str) -> dict[str, OperatorFn]:
     return _REGISTRIES[kind]
 
 
-def _register(kind: str, name: str, fn: OperatorFn | None, overwrite: bool):
+def _register(kind: str, name: str, fn: OperatorFn | None, overwrite: bool, validate):
     registry = _registry(kind)
     if not isinstance(name, str) or not name:
         raise TypeError(f"`name` of a {kind} must be a non-empty str, got {name!r}")
+    if validate is not None and not callable(validate):
+        raise TypeError(f"`validate` of {kind} {name!r} must be callable, got {type(validate).__name__}")
 
     def add(f: OperatorFn) -> OperatorFn:
         if not callable(f):
@@ -79,6 +87,9 @@ def _register(kind: str, name: str, fn: OperatorFn | None, overwrite: bool):
             )
         _check_keywords(kind, name, f)
         registry[name] = f
+        _VALIDATORS.pop((kind, name), None)
+        if validate is not None:
+            _VALIDATORS[(kind, name)] = validate
         return f
 
     return add if fn is None else add(fn)
@@ -101,33 +112,58 @@ def _check_keywords(kind: str, name: str, fn: OperatorFn) -> None:
         )
 
 
-def register_selection(name: str, fn: OperatorFn | None = None, *, overwrite: bool = False):
+def register_selection(
+    name: str, fn: OperatorFn | None = None, *, overwrite: bool = False,
+    validate: Callable[..., None] | None = None,
+):
     """Register a survivor selection; use directly or as ``@register_selection('name')``.
+
+    Args:
+        name: the registry key (the built-ins use their function name).
+        fn: ``fn(fitnesses (g, m), num, *, generator, **options) -> (g, num)``;
+            omit it to use the call as a decorator.
+        overwrite: replace an operator already registered under ``name``.
+        validate: optional ``validate(**options)`` raising ``TypeError`` /
+            ``ValueError`` on bad option values; :func:`check_options` runs it.
 
     Raises:
         ValueError: ``name`` is taken and ``overwrite`` is False.
         TypeError: ``fn`` does not accept the keyword ``generator``.
     """
-    return _register("selection", name, fn, overwrite)
+    return _register("selection", name, fn, overwrite, validate)
 
 
-def register_parent_selection(name: str, fn: OperatorFn | None = None, *, overwrite: bool = False):
-    """Register a parent selection; use directly or as a decorator. See :func:`register_selection`."""
-    return _register("parent_selection", name, fn, overwrite)
+def register_parent_selection(
+    name: str, fn: OperatorFn | None = None, *, overwrite: bool = False,
+    validate: Callable[..., None] | None = None,
+):
+    """Register a parent selection; use directly or as a decorator. See :func:`register_selection`.
+
+    ``fn(fitnesses (g, s), num_children, num_parents, *, generator, **options) -> (g, c, k)``.
+    """
+    return _register("parent_selection", name, fn, overwrite, validate)
 
 
-def register_crossover(name: str, fn: OperatorFn | None = None, *, overwrite: bool = False):
+def register_crossover(
+    name: str, fn: OperatorFn | None = None, *, overwrite: bool = False,
+    validate: Callable[..., None] | None = None,
+):
     """Register a crossover; use directly or as a decorator. See :func:`register_selection`.
 
-    ``fn`` must accept the keywords ``fitnesses``, ``generator`` and ``num_groups``.
+    ``fn(stacks, parents (c, k), *, fitnesses, generator, num_groups, **options) -> list[Factors]``
+    must accept the keywords ``fitnesses``, ``generator`` and ``num_groups``.
     """
-    return _register("crossover", name, fn, overwrite)
+    return _register("crossover", name, fn, overwrite, validate)
 
 
-def register_mutation(name: str, fn: OperatorFn | None = None, *, overwrite: bool = False):
+def register_mutation(
+    name: str, fn: OperatorFn | None = None, *, overwrite: bool = False,
+    validate: Callable[..., None] | None = None,
+):
     """Register a mutation; use directly or as a decorator. See :func:`register_selection`.
 
-    ``fn`` must accept the keywords ``epsilon``, ``floors`` and ``generator``.
+    ``fn(factors, *, epsilon, floors, generator, **options) -> list[Factors]``
+    must accept the keywords ``epsilon``, ``floors`` and ``generator``.
 
     Example:
         >>> @register_mutation("identity_example")
@@ -137,7 +173,7 @@ def register_mutation(name: str, fn: OperatorFn | None = None, *, overwrite: boo
         True
         >>> del MUTATIONS["identity_example"]
     """
-    return _register("mutation", name, fn, overwrite)
+    return _register("mutation", name, fn, overwrite, validate)
 
 
 def get_operator(kind: str, name: str) -> OperatorFn:
@@ -180,7 +216,10 @@ def option_names(kind: str, name: str) -> list[str]:
 
 
 def check_options(kind: str, name: str, options: Mapping[str, object] | None) -> OperatorFn:
-    """Check ``options`` against an operator's signature without running it.
+    """Check ``options`` against an operator's signature and value rules, without running it.
+
+    The population calls this before changing any state, so a bad option
+    never leaves a generation half done.
 
     Args:
         kind: the operator kind (see :func:`get_operator`).
@@ -194,7 +233,8 @@ def check_options(kind: str, name: str, options: Mapping[str, object] | None) ->
         ValueError: unknown ``kind`` or ``name``.
         TypeError: ``options`` is not a mapping, or names a keyword the operator
             does not take (the message lists the ones it does take), or one the
-            population passes itself.
+            population passes itself, or an option has the wrong type.
+        ValueError: an option value is out of range (e.g. ``rho=2``).
     """
     fn = get_operator(kind, name)
     if options is None:
@@ -218,7 +258,28 @@ def check_options(kind: str, name: str, options: Mapping[str, object] | None) ->
         raise TypeError(
             f"{kind} `{name}` got unexpected option(s) {unknown}; accepted options: {accepted}"
         )
+    validate = _VALIDATORS.get((kind, name))
+    if validate is not None:
+        validate(**options)
     return fn
+
+
+def check_number(name: str, value, ok: Callable[[float], bool], expect: str, *, integer: bool = False) -> None:
+    """Validate a numeric option: ``TypeError`` if not a (finite) number, ``ValueError`` unless ``ok(value)``.
+
+    Example:
+        >>> check_number("rho", 0.5, lambda v: 0 <= v <= 1, "in [0, 1]")
+        >>> check_number("rho", 2, lambda v: 0 <= v <= 1, "in [0, 1]")
+        Traceback (most recent call last):
+        ...
+        ValueError: `rho` must be in [0, 1], got 2
+    """
+    kind = numbers.Integral if integer else numbers.Real
+    what = "an int" if integer else "a real number"
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise TypeError(f"`{name}` must be {what} {expect}, got {type(value).__name__} {value!r}")
+    if not (math.isfinite(value) and ok(value)):
+        raise ValueError(f"`{name}` must be {'an int ' if integer else ''}{expect}, got {value!r}")
 
 
 # Random draws. Every draw happens on the generator's device (so a CPU

@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from .base import Factors, randint, register_crossover, uniform
+from .base import Factors, check_number, randint, register_crossover, uniform
 from .linalg import _svd_compute, compute_dtype, effective_rank, rebuild_balanced
 
 
@@ -58,6 +58,20 @@ def _gather(stack: Factors, ids: Tensor) -> tuple[Tensor, Tensor]:
     """Parents' factors in the compute dtype: ``ids (c, ...)`` -> ``(c, ..., d, r)``, ``(c, ..., e, r)``."""
     dtype = compute_dtype(stack.down)
     return stack.down[ids].to(dtype), stack.up[ids].to(dtype)
+
+
+def _dare_options(drop_rate: float = 0.7) -> None:
+    check_number("drop_rate", drop_rate, lambda v: 0 <= v < 1, "in [0, 1)")
+
+
+def _extrapolative_options(eta_min: float = 1.0, eta_max: float = 1.5) -> None:
+    check_number("eta_min", eta_min, lambda v: True, "(finite)")
+    check_number("eta_max", eta_max, lambda v: v >= eta_min, f">= `eta_min` ({eta_min})")
+
+
+def _xes_options(eta: float = 1.0, tournament_size: int = 3) -> None:
+    check_number("eta", eta, lambda v: True, "(finite)")
+    check_number("tournament_size", tournament_size, lambda v: v >= 1, ">= 1", integer=True)
 
 
 def average(
@@ -124,8 +138,7 @@ def dare(
         (The rest: see the module docstring.)
     """
     _, parents = _check(stacks, parents, fitnesses, "dare")
-    if not 0.0 <= drop_rate < 1.0:
-        raise ValueError(f"`drop_rate` must be in [0, 1), got {drop_rate!r}")
+    _dare_options(drop_rate)
     keep = 1.0 - drop_rate
     out = []
     for stack in stacks:
@@ -215,8 +228,7 @@ def extrapolative(
         ValueError: ``parents`` is not ``(c, 2)``, or ``eta_min > eta_max``.
     """
     _, parents = _check(stacks, parents, fitnesses, "extrapolative", k=2)
-    if not eta_min <= eta_max:
-        raise ValueError(f"`eta_min` must be <= `eta_max`, got {eta_min!r} > {eta_max!r}")
+    _extrapolative_options(eta_min, eta_max)
     better, worse = parents[:, 0], parents[:, 1]
     if fitnesses is not None:
         f = fitnesses.to(parents.device)
@@ -268,8 +280,7 @@ def xes(
     if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1 \
             or pop % num_groups:
         raise ValueError(f"`num_groups` must be an int >= 1 dividing P={pop}, got {num_groups!r}")
-    if isinstance(tournament_size, bool) or not isinstance(tournament_size, int) or tournament_size < 1:
-        raise ValueError(f"`tournament_size` must be an int >= 1, got {tournament_size!r}")
+    _xes_options(eta, tournament_size)
     c, k = parents.shape
     dev = parents.device
     fit = fitnesses.to(dev, compute_dtype(stacks[0].down))
@@ -309,5 +320,10 @@ def xes(
     return out
 
 
-for _fn in (average, average_delta, dare, layer_wise, svd_subspace, extrapolative, xes):
-    register_crossover(_fn.__name__, _fn)
+register_crossover("average", average)
+register_crossover("average_delta", average_delta)
+register_crossover("dare", dare, validate=_dare_options)
+register_crossover("layer_wise", layer_wise)
+register_crossover("svd_subspace", svd_subspace)
+register_crossover("extrapolative", extrapolative, validate=_extrapolative_options)
+register_crossover("xes", xes, validate=_xes_options)

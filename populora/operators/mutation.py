@@ -24,7 +24,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from .base import Factors, normal, register_mutation, uniform
+from .base import Factors, check_number, normal, register_mutation, uniform
 from .linalg import _svd_compute, compute_dtype, effective_rank, rebuild_balanced
 
 
@@ -39,8 +39,7 @@ def _check(factors: Sequence[Factors], epsilon: float, floors: Sequence[float], 
                 f"factors[{t}] must be down (m, d, r) and up (m, e, r) with m={m}, "
                 f"got {tuple(down.shape)} and {tuple(up.shape)}"
             )
-    if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon >= 0):
-        raise ValueError(f"`epsilon` must be a finite float >= 0, got {epsilon!r}")
+    check_number("epsilon", epsilon, lambda v: v >= 0, ">= 0")
     floors = [float(f) for f in floors]
     if len(floors) != len(factors) or not all(math.isfinite(f) and f >= 0 for f in floors):
         raise ValueError(
@@ -62,6 +61,18 @@ def _gaussian(x: Tensor, rank: int, epsilon: float, floor: float, generator) -> 
     scale = epsilon * scale.clamp_min(0.1 * floor)
     noise = normal(x.shape, generator=generator, device=x.device, dtype=dtype) * _columns(x, rank)
     return xf + scale * noise
+
+
+def _layer_selective_options(fraction: float = 1 / 3) -> None:
+    check_number("fraction", fraction, lambda v: 0 < v <= 1, "in (0, 1]")
+
+
+def _masking_options(rho: float = 0.3) -> None:
+    check_number("rho", rho, lambda v: 0 <= v <= 1, "in [0, 1]")
+
+
+def _neftune_options(alpha: float = 10.0) -> None:
+    check_number("alpha", alpha, lambda v: v >= 0, ">= 0")
 
 
 def full_gaussian(
@@ -101,8 +112,7 @@ def layer_selective_gaussian(
         (The rest: see the module docstring.)
     """
     floors = _check(factors, epsilon, floors, "layer_selective_gaussian")
-    if not 0.0 < fraction <= 1.0:
-        raise ValueError(f"`fraction` must be in (0, 1], got {fraction!r}")
+    _layer_selective_options(fraction)
     m, num_targets = factors[0].down.shape[0], len(factors)
     count = max(1, math.floor(fraction * num_targets + 0.5))
     device = factors[0].down.device
@@ -172,8 +182,7 @@ def component_masking(
         (The rest: see the module docstring.)
     """
     _check(factors, epsilon, floors, "component_masking")
-    if not 0.0 <= rho <= 1.0:
-        raise ValueError(f"`rho` must be in [0, 1], got {rho!r}")
+    _masking_options(rho)
     out = []
     for down, up in factors:
         rank = effective_rank(down, up)
@@ -201,8 +210,7 @@ def neftune_style(
         (The rest: see the module docstring.)
     """
     _check(factors, epsilon, floors, "neftune_style")
-    if not (math.isfinite(alpha) and alpha >= 0):
-        raise ValueError(f"`alpha` must be a finite float >= 0, got {alpha!r}")
+    _neftune_options(alpha)
     out = []
     for down, up in factors:
         rank = effective_rank(down, up)
@@ -214,5 +222,8 @@ def neftune_style(
     return out
 
 
-for _fn in (svd_structured, layer_selective_gaussian, component_masking, full_gaussian, neftune_style):
-    register_mutation(_fn.__name__, _fn)
+register_mutation("svd_structured", svd_structured)
+register_mutation("layer_selective_gaussian", layer_selective_gaussian, validate=_layer_selective_options)
+register_mutation("component_masking", component_masking, validate=_masking_options)
+register_mutation("full_gaussian", full_gaussian)
+register_mutation("neftune_style", neftune_style, validate=_neftune_options)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import register_parent_selection, uniform
+from .base import check_number, register_parent_selection, uniform
 from .shaping import check_fitnesses, fuss_weights, zscore
 
 
@@ -24,9 +24,12 @@ def _check(fitnesses: Tensor, num_children: int, num_parents: int) -> Tensor:
     return f
 
 
-def _check_size(tournament_size: int) -> None:
-    if isinstance(tournament_size, bool) or not isinstance(tournament_size, int) or tournament_size < 1:
-        raise ValueError(f"`tournament_size` must be an int >= 1, got {tournament_size!r}")
+def _tournament_options(tournament_size: int = 3) -> None:
+    check_number("tournament_size", tournament_size, lambda v: v >= 1, ">= 1", integer=True)
+
+
+def _roulette_options(temperature: float = 1.0) -> None:
+    check_number("temperature", temperature, lambda v: v > 0, "> 0")
 
 
 def _tournament(f: Tensor, num_children: int, num_parents: int, size: int, generator) -> Tensor:
@@ -70,7 +73,7 @@ def tournament(
         ``(g, num_children, num_parents)`` int64 local indices into ``s``.
     """
     f = _check(fitnesses, num_children, num_parents)
-    _check_size(tournament_size)
+    _tournament_options(tournament_size)
     return _tournament(f, num_children, num_parents, tournament_size, generator)
 
 
@@ -105,8 +108,7 @@ def roulette(
         ``(g, num_children, num_parents)`` int64 local indices into ``s``.
     """
     f = _check(fitnesses, num_children, num_parents)
-    if not temperature > 0:
-        raise ValueError(f"`temperature` must be > 0, got {temperature!r}")
+    _roulette_options(temperature)
     probs = torch.softmax(zscore(f) / temperature, dim=-1)
     idx = _categorical(probs, num_children * num_parents, generator)
     return idx.view(f.shape[0], num_children, num_parents)
@@ -157,7 +159,7 @@ def queen_bee(
         ``(g, num_children, num_parents)`` int64 local indices into ``s``.
     """
     f = _check(fitnesses, num_children, num_parents)
-    _check_size(tournament_size)
+    _tournament_options(tournament_size)
     g, s = f.shape
     queen = torch.argsort(f, dim=-1, descending=True, stable=True)[:, :1]  # (g, 1)
     queens = queen.unsqueeze(1).expand(g, num_children, 1)
@@ -172,5 +174,7 @@ def queen_bee(
     return torch.cat([queens, others], dim=-1)
 
 
-for _fn in (tournament, roulette, fuss, queen_bee):
-    register_parent_selection(_fn.__name__, _fn)
+register_parent_selection("tournament", tournament, validate=_tournament_options)
+register_parent_selection("roulette", roulette, validate=_roulette_options)
+register_parent_selection("fuss", fuss)
+register_parent_selection("queen_bee", queen_bee, validate=_tournament_options)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import register_selection, uniform
+from .base import check_number, register_selection, uniform
 from .shaping import check_fitnesses, fuss_weights, zscore
 
 
@@ -69,6 +69,10 @@ def deterministic(fitnesses: Tensor, num: int, *, generator: torch.Generator) ->
     return order[:, :num].to(fitnesses.device)
 
 
+def _probabilistic_options(temperature: float = 1.0) -> None:
+    check_number("temperature", temperature, lambda v: v > 0, "> 0")
+
+
 def probabilistic(
     fitnesses: Tensor, num: int, *, generator: torch.Generator, temperature: float = 1.0
 ) -> Tensor:
@@ -87,8 +91,7 @@ def probabilistic(
         ``(g, num)`` distinct int64 local indices.
     """
     f = _check(fitnesses, num)
-    if not temperature > 0:
-        raise ValueError(f"`temperature` must be > 0, got {temperature!r}")
+    _probabilistic_options(temperature)
     return gumbel_top_k(zscore(f) / temperature, num, generator=generator)
 
 
@@ -112,5 +115,6 @@ def fuss(fitnesses: Tensor, num: int, *, generator: torch.Generator) -> Tensor:
     return gumbel_top_k(fuss_weights(f).log(), num, generator=generator)
 
 
-for _fn in (deterministic, probabilistic, fuss):
-    register_selection(_fn.__name__, _fn)
+register_selection("deterministic", deterministic)
+register_selection("probabilistic", probabilistic, validate=_probabilistic_options)
+register_selection("fuss", fuss)

@@ -44,6 +44,12 @@ class TestContract:
         child = call(crossover_name, stacks, parents_for(crossover_name))[3]
         assert (child.down[..., 2:] == 0).all() and (child.up[..., 2:] == 0).all()
 
+    def test_global_rng_untouched(self, crossover_name, helpers):
+        stacks, parents = helpers.random_stacks(P), parents_for(crossover_name)
+        state = torch.get_rng_state()
+        call(crossover_name, stacks, parents)
+        assert torch.equal(torch.get_rng_state(), state)
+
     def test_pure(self, crossover_name, helpers):
         stacks = helpers.random_stacks(P)
         parents, fit = parents_for(crossover_name), torch.randn(P)

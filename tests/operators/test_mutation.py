@@ -34,6 +34,12 @@ class TestContract:
             assert new.down.dtype == new.up.dtype == dtype and new.down.device == old.down.device
             assert torch.isfinite(new.down).all() and torch.isfinite(new.up).all()
 
+    def test_global_rng_untouched(self, mutation_name, helpers):
+        factors = helpers.random_stacks(M)
+        state = torch.get_rng_state()
+        call(mutation_name, factors)
+        assert torch.equal(torch.get_rng_state(), state)
+
     def test_pure(self, mutation_name, helpers):
         factors = helpers.random_stacks(M)
         before = helpers.clone(factors)
@@ -168,5 +174,5 @@ def test_option_errors(helpers):
         call("component_masking", factors, rho=1.5)
     with pytest.raises(ValueError, match=r"`fraction` must be in \(0, 1\], got 0"):
         call("layer_selective_gaussian", factors, fraction=0)
-    with pytest.raises(ValueError, match="`epsilon` must be a finite float >= 0, got -0.1"):
+    with pytest.raises(ValueError, match="`epsilon` must be >= 0, got -0.1"):
         call("full_gaussian", factors, epsilon=-0.1)

@@ -27,6 +27,11 @@ class TestContract:
         out = PARENT_SELECTIONS[parent_selection_name](torch.randn(2, 4), 0, 2, generator=gen(0))
         assert out.shape == (2, 0, 2)
 
+    def test_global_rng_untouched(self, parent_selection_name):
+        state = torch.get_rng_state()
+        PARENT_SELECTIONS[parent_selection_name](torch.randn(3, 9, generator=gen(0)), 4, 2, generator=gen(1))
+        assert torch.equal(torch.get_rng_state(), state)
+
     def test_pure(self, parent_selection_name):
         f = torch.randn(2, 9, generator=gen(0))
         before = f.clone()

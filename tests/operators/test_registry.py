@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from populora.operators import base
 from populora.operators import (
     CROSSOVERS, MUTATIONS, PARENT_SELECTIONS, SELECTIONS, Factors, check_options, get_operator,
     option_names, register_crossover, register_mutation, register_parent_selection, register_selection,
@@ -15,7 +16,10 @@ from populora.operators import (
 def restore_registries():
     """Registrations made by a test never leak into the others."""
     saved = [dict(r) for r in (SELECTIONS, PARENT_SELECTIONS, CROSSOVERS, MUTATIONS)]
+    validators = dict(base._VALIDATORS)
     yield
+    base._VALIDATORS.clear()
+    base._VALIDATORS.update(validators)
     for registry, before in zip((SELECTIONS, PARENT_SELECTIONS, CROSSOVERS, MUTATIONS), saved):
         registry.clear()
         registry.update(before)
@@ -128,3 +132,38 @@ def test_check_options_accepts_good_options_without_running_the_operator():
 def test_check_options_with_var_keywords():
     register_mutation("loose", lambda factors, **kw: factors)
     check_options("mutation", "loose", {"whatever": 1})
+
+
+@pytest.mark.parametrize("kind,name,options,error,message", [
+    ("mutation", "component_masking", {"rho": 2}, ValueError, r"`rho` must be in \[0, 1\], got 2"),
+    ("mutation", "neftune_style", {"alpha": -1.0}, ValueError, "`alpha` must be >= 0, got -1.0"),
+    ("mutation", "layer_selective_gaussian", {"fraction": 0.0}, ValueError, r"`fraction` must be in \(0, 1\]"),
+    ("parent_selection", "tournament", {"tournament_size": "3"}, TypeError,
+     "`tournament_size` must be an int >= 1, got str '3'"),
+    ("parent_selection", "queen_bee", {"tournament_size": 0}, ValueError, "must be an int >= 1, got 0"),
+    ("parent_selection", "roulette", {"temperature": float("nan")}, ValueError, "`temperature` must be > 0"),
+    ("selection", "probabilistic", {"temperature": -1}, ValueError, "`temperature` must be > 0, got -1"),
+    ("crossover", "dare", {"drop_rate": 1.0}, ValueError, r"`drop_rate` must be in \[0, 1\), got 1.0"),
+    ("crossover", "extrapolative", {"eta_min": 2.0}, ValueError, r"`eta_max` must be >= `eta_min` \(2.0\)"),
+    ("crossover", "xes", {"eta": True}, TypeError, "`eta` must be a real number"),
+])
+def test_check_options_validates_values_before_running(kind, name, options, error, message):
+    """A bad option value is caught by check_options, before the population changes anything."""
+    with pytest.raises(error, match=message):
+        check_options(kind, name, options)
+
+
+def test_custom_validator_runs_in_check_options():
+    def positive(strength=1.0):
+        if strength <= 0:
+            raise ValueError(f"`strength` must be > 0, got {strength}")
+
+    @register_crossover("strong", validate=positive)
+    def strong(stacks, parents, *, fitnesses, generator, num_groups=1, strength=1.0):
+        return []
+
+    check_options("crossover", "strong", {"strength": 2.0})
+    with pytest.raises(ValueError, match="`strength` must be > 0, got -1"):
+        check_options("crossover", "strong", {"strength": -1})
+    register_crossover("strong", strong, overwrite=True)  # re-registered without: the old validator goes
+    check_options("crossover", "strong", {"strength": -1})

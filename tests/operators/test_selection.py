@@ -25,6 +25,11 @@ class TestContract:
         for row in out:
             assert len(set(row.tolist())) == num
 
+    def test_global_rng_untouched(self, selection_name):
+        state = torch.get_rng_state()
+        SELECTIONS[selection_name](torch.randn(3, 9, generator=gen(0)), 4, generator=gen(1))
+        assert torch.equal(torch.get_rng_state(), state)
+
     def test_pure(self, selection_name):
         f = torch.randn(2, 9, generator=gen(0))
         before = f.clone()
