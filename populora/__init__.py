@@ -1,0 +1,28 @@
+"""populora: a population of LoRA-adapted networks that costs about as much as one network."""
+
+from .errors import FitnessError, PopuloraError, RouteError, SpentPopulationError, TargetNotFoundError
+from .operators import (
+    Factors,
+    register_crossover,
+    register_mutation,
+    register_parent_selection,
+    register_selection,
+)
+from .population import Population, SelectionResult
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Factors",
+    "FitnessError",
+    "Population",
+    "PopuloraError",
+    "RouteError",
+    "SelectionResult",
+    "SpentPopulationError",
+    "TargetNotFoundError",
+    "register_crossover",
+    "register_mutation",
+    "register_parent_selection",
+    "register_selection",
+]

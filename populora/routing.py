@@ -1,0 +1,351 @@
+"""Who each row belongs to, and the batched low-rank delta for each layout.
+
+A routed forward runs the user's model ONCE. Forward hooks on the target
+layers read the active :class:`Route` and add, in place into the layer's
+output, the low-rank delta of the individual owning each row:
+
+    out[rows of i] += (x[rows of i] @ down[i]) @ up[i].T
+
+Inside a layer the rows are laid out as ``(k c)``: ``k`` groups of ``c`` rows,
+group ``g`` using adapter ``index[g]``, so the delta is two batched matmuls
+over ``(k, c*..., d)`` with no gather of weights per row. Rows of unequal
+groups (``individuals=`` routing) are sorted by id once per forward, packed
+into chunks of equal size (padding at most one chunk per group) and unsorted
+once at the end.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from .errors import RouteError
+
+__all__ = ["Adapter", "Route", "Router", "routed_call"]
+
+
+class Adapter(NamedTuple):
+    """Stacked low-rank factors of one target layer, in the layout the hot path reads.
+
+    Attributes:
+        down: ``(p, r, d)`` for ``nn.Linear`` (``down`` transposed, so each
+            individual's rows are contiguous for the batched matmul);
+            ``(p, V, r)`` for ``nn.Embedding`` (a table gathered by token).
+        up: ``(p, r, e)`` (``up`` transposed).
+        bias: optional ``(p, e)``, added to every row of its individual (ES
+            perturbs biases this way).
+    """
+
+    down: Tensor
+    up: Tensor
+    bias: Tensor | None = None
+
+
+Index = Tensor | slice | None
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where the rows of one forward go.
+
+    Attributes:
+        n: rows of the batch as every target layer sees it (leading dim).
+        groups: ``k``, number of row groups.
+        chunk: ``c``, rows per group (after padding).
+        index: adapter id of each group: ``None`` (group ``g`` uses adapter
+            ``g``), a ``slice`` or a ``(k,)`` int64 tensor.
+        dest: ``(n,)`` position of each row in the padded ``(k c)`` layout,
+            or ``None`` when the rows already are ``(k c)``.
+    """
+
+    n: int
+    groups: int
+    chunk: int
+    index: Index = None
+    dest: Tensor | None = None
+
+
+def _take(stack: Tensor, index: Index) -> Tensor:
+    return stack if index is None else stack[index]
+
+
+def _offsets(index: Index, groups: int, device: torch.device) -> Tensor:
+    """``(k,)`` adapter id of each group, as a tensor."""
+    if index is None:
+        return torch.arange(groups, device=device)
+    if isinstance(index, slice):
+        return torch.arange(index.start, index.stop, device=device)
+    return index
+
+
+def _rows_down(x: Tensor, module: nn.Module, adapter: Adapter, route: Route) -> Tensor:
+    """``(k, c*.., r)``: the rows projected by each group's ``down``; ``x`` is ``(k*c, ..)``."""
+    k = route.groups
+    if isinstance(module, nn.Embedding):  # row `token` of each group's table, no copy of tables
+        p, vocab, r = adapter.down.shape
+        flat = x.reshape(k, -1) + _offsets(route.index, k, x.device)[:, None] * vocab
+        return adapter.down.reshape(p * vocab, r)[flat]
+    down = _take(adapter.down, route.index)  # (k, r, d)
+    if down.dtype != x.dtype:
+        down = down.to(x.dtype)
+    return torch.bmm(x.reshape(k, -1, x.shape[-1]), down.transpose(1, 2))
+
+
+class Router:
+    """Forward hooks on the target modules that apply the active route.
+
+    Args:
+        targets: ``{path: module}`` of ``nn.Linear`` / ``nn.Embedding`` layers.
+
+    Outside :meth:`activate` the hooks return at once: the model is the plain
+    base model.
+    """
+
+    def __init__(self, targets: dict[str, nn.Module]):
+        self.names = list(targets)
+        self._state: tuple[Route, Sequence[Adapter], set[int]] | None = None
+        self._warned: set[str] = set()
+        self._handles = [
+            module.register_forward_hook(partial(self._hook, i), with_kwargs=True)
+            for i, module in enumerate(targets.values())
+        ]
+
+    @contextmanager
+    def activate(self, route: Route, adapters: Sequence[Adapter]):
+        """Route the forwards run inside the block; undone even if they raise."""
+        if self._state is not None:
+            raise RuntimeError("a routed forward is already running on this model (re-entrant call)")
+        called: set[int] = set()
+        self._state = (route, adapters, called)
+        try:
+            yield
+        finally:
+            self._state = None
+        for i, name in enumerate(self.names):
+            if i not in called and name not in self._warned:
+                self._warned.add(name)
+                warnings.warn(
+                    f"target {name!r} was not called through its forward during a routed forward, "
+                    "so its adapter had no effect (a fused fast path, e.g. nn.TransformerEncoderLayer "
+                    "in eval mode, bypasses its Linear layers)",
+                    stacklevel=3,
+                )
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _hook(self, i: int, module: nn.Module, args: tuple, kwargs: dict, out: Any) -> Tensor | None:
+        state = self._state
+        if state is None:
+            return None
+        route, adapters, called = state
+        called.add(i)
+        x = args[0] if args else kwargs.get("input")
+        if x.shape[0] != route.n:
+            raise RouteError(
+                f"target {self.names[i]!r} received {x.shape[0]} rows but this routed forward has "
+                f"{route.n}; the batch must be the leading dimension of every target's input"
+            )
+        adapter = adapters[i]
+        k, c = route.groups, route.chunk
+        if route.dest is not None:  # unequal groups: pack rows into (k c), padded
+            x = x.new_zeros((k * c, *x.shape[1:])).index_copy_(0, route.dest, x)
+        h = _rows_down(x, module, adapter, route)  # (k, c*.., r)
+        up = _take(adapter.up, route.index)  # (k, r, e)
+        if up.dtype != out.dtype:
+            h, up = h.to(out.dtype), up.to(out.dtype)
+        bias = None if adapter.bias is None else _take(adapter.bias, route.index).to(out.dtype)[:, None, :]
+        if route.dest is None and out.is_contiguous():
+            out3 = out.view(k, -1, out.shape[-1])  # (k, c*.., e)
+            out3.baddbmm_(h, up)
+            if bias is not None:
+                out3.add_(bias)
+            return out
+        delta = torch.bmm(h, up)  # (k, c*.., e)
+        if bias is not None:
+            delta = delta + bias
+        delta = delta.reshape(k * c, *out.shape[1:])
+        if route.dest is not None:
+            delta = delta.index_select(0, route.dest)
+        return out + delta
+
+
+# ----------------------------------------------------------------------------
+# inputs: nested tensors, batch size, expansion, permutation
+
+
+def _map(obj: Any, fn: Callable[[Tensor], Tensor]) -> Any:
+    """Apply ``fn`` to every tensor leaf of nested tuples / lists / dicts."""
+    if isinstance(obj, Tensor):
+        return fn(obj)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+        return type(obj)(*(_map(v, fn) for v in obj))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_map(v, fn) for v in obj)
+    if isinstance(obj, dict):
+        mapped = {key: _map(v, fn) for key, v in obj.items()}
+        try:
+            return type(obj)(mapped)
+        except TypeError:
+            return mapped
+    return obj
+
+
+def _leaves(obj: Any) -> list[Tensor]:
+    if isinstance(obj, tuple) and len(obj) == 2 and not obj[1] and len(obj[0]) == 1 and isinstance(obj[0][0], Tensor):
+        return [obj[0][0]]  # fast path: (args, kwargs) == ((x,), {})
+    found: list[Tensor] = []
+    _map(obj, lambda t: found.append(t) or t)
+    return found
+
+
+def _batch_size(leaves: list[Tensor]) -> int:
+    sizes = {t.shape[0] for t in leaves if t.dim() > 0}
+    if not sizes:
+        raise RouteError("a routed forward needs at least one tensor input with a leading batch dimension")
+    if len(sizes) > 1:
+        raise RouteError(f"tensor inputs disagree on the batch size (leading dims {sorted(sizes)}); "
+                         "every tensor input of a routed forward must have the batch first")
+    return sizes.pop()
+
+
+def _ids_tensor(ids: Any, num: int, device: torch.device) -> Tensor:
+    ids = torch.as_tensor(ids, device=device)
+    if ids.dim() != 1 or ids.numel() == 0 or ids.is_floating_point() or ids.dtype == torch.bool:
+        raise RouteError(f"`individuals` must be a non-empty 1-D list or integer tensor of ids, "
+                         f"got shape {tuple(ids.shape)} and dtype {ids.dtype}")
+    ids = ids.long()
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= num:
+        bad = lo if lo < 0 else hi
+        raise RouteError(f"individual id {bad} is out of range [0, {num})")
+    return ids
+
+
+def _plan_sorted(ids: Tensor, num: int) -> Route:
+    """Route for rows whose ids are sorted (non-decreasing)."""
+    n = ids.numel()
+    uniq, counts = torch.unique_consecutive(ids, return_counts=True)
+    u = uniq.numel()
+    if bool((counts == counts[0]).all()):
+        index = None if u == num else uniq
+        return Route(n=n, groups=u, chunk=n // u, index=index)
+    # unequal groups: chunks of c = ceil(n / u) rows; at most one padded chunk per group, k <= 2u
+    c = -(-n // u)
+    chunks = -(-counts // c)  # (u,) chunks per group
+    first_chunk = torch.cumsum(chunks, 0) - chunks  # (u,)
+    group_start = torch.cumsum(counts, 0) - counts  # (u,)
+    group = torch.repeat_interleave(torch.arange(u, device=ids.device), counts)  # (n,)
+    offset = torch.arange(n, device=ids.device) - group_start[group]
+    dest = (first_chunk[group] + offset // c) * c + offset % c
+    return Route(n=n, groups=int(chunks.sum()), chunk=c, index=torch.repeat_interleave(uniq, chunks), dest=dest)
+
+
+def routed_call(
+    model: nn.Module,
+    router: Router,
+    adapters: Sequence[Adapter],
+    num: int,
+    args: tuple,
+    kwargs: dict,
+    *,
+    individual: int | None = None,
+    individuals: Sequence[int] | Tensor | None = None,
+    all_individuals: bool = False,
+    broadcast: bool = False,
+    device: torch.device | None = None,
+) -> Any:
+    """Run ``model(*args, **kwargs)`` once with every row routed to its individual.
+
+    Layouts (exactly one, or none for the plain base model):
+        ``individual=i``: every row through individual ``i``; ``n`` rows out.
+        ``all_individuals=True``: a 1-row batch (or ``broadcast=True``) is
+            seen by every individual (``p*b`` rows out, layout ``(p b)``);
+            otherwise ``n`` must be divisible by ``num`` and is split ``(p b)``.
+        ``individuals=ids``: ``len(ids) == n`` gives one id per row in any
+            order; a 1-row batch is broadcast to each id; ``n`` divisible by
+            ``len(ids)`` is split ``(p b)``.
+
+    Raises:
+        RouteError: conflicting arguments, ids out of ``[0, num)``, or a batch
+            size that does not fit the layout (both sizes are named).
+    """
+    given = [individual is not None, individuals is not None, bool(all_individuals)]
+    if sum(given) > 1:
+        raise RouteError("pass at most one of `individual=`, `individuals=` and `all_individuals=True`, got "
+                         + ", ".join(name for name, g in zip(("individual", "individuals", "all_individuals"), given) if g))
+    if broadcast and not (all_individuals or individuals is not None):
+        raise RouteError("`broadcast=True` needs `all_individuals=True` or `individuals=`")
+    leaves = _leaves((args, kwargs))
+    if device is not None and any(t.device != device for t in leaves):
+        args, kwargs = _map((args, kwargs), lambda t: t.to(device, non_blocking=True))
+    if not any(given):
+        return model(*args, **kwargs)
+
+    n_in = _batch_size(leaves)
+    dev = device if device is not None else leaves[0].device
+    perm = None
+    if individual is not None:
+        if isinstance(individual, bool) or not isinstance(individual, int) and not (
+            isinstance(individual, Tensor) and individual.numel() == 1 and not individual.is_floating_point()
+        ):
+            raise RouteError(f"`individual` must be an int id, got {individual!r}")
+        i = int(individual)
+        if not 0 <= i < num:
+            raise RouteError(f"individual id {i} is out of range [0, {num})")
+        route = Route(n=n_in, groups=1, chunk=n_in, index=slice(i, i + 1))
+    elif all_individuals:
+        if n_in == 1 or broadcast:
+            args, kwargs = _expand((args, kwargs), num)
+            route = Route(n=num * n_in, groups=num, chunk=n_in)
+        elif n_in % num == 0:
+            route = Route(n=n_in, groups=num, chunk=n_in // num)
+        else:
+            raise RouteError(
+                f"batch of {n_in} rows cannot be split among pop_size={num} individuals; pass a batch "
+                f"divisible by {num} (rows laid out (p b)), a single row, or `broadcast=True` to give "
+                "every individual the whole batch"
+            )
+    else:
+        ids = _ids_tensor(individuals, num, dev)
+        m = ids.numel()
+        if n_in == m:
+            row_ids = ids
+        elif n_in == 1 or broadcast:
+            args, kwargs = _expand((args, kwargs), m)
+            row_ids = ids.repeat_interleave(n_in)
+        elif n_in % m == 0:
+            row_ids = ids.repeat_interleave(n_in // m)
+        else:
+            raise RouteError(
+                f"batch of {n_in} rows does not fit {m} individual ids: pass one id per row, a single "
+                f"row, a batch divisible by {m} (split (p b)), or `broadcast=True`"
+            )
+        if bool((row_ids[1:] < row_ids[:-1]).any()):
+            perm = torch.argsort(row_ids, stable=True)
+            row_ids = row_ids[perm]
+            args, kwargs = _map((args, kwargs), lambda t: t.index_select(0, perm) if t.dim() else t)
+        route = _plan_sorted(row_ids, num)
+
+    with router.activate(route, adapters):
+        out = model(*args, **kwargs)
+    if perm is None:
+        return out
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(perm.numel(), device=perm.device)
+    return _map(out, lambda t: t.index_select(0, inverse) if t.dim() and t.shape[0] == route.n else t)
+
+
+def _expand(inputs: Any, times: int) -> Any:
+    """Repeat every tensor leaf ``times`` times along the batch: ``(b, ..) -> ((times b), ..)``."""
+    return _map(inputs, lambda t: t.unsqueeze(0).expand(times, *t.shape).reshape(times * t.shape[0], *t.shape[1:])
+                if t.dim() else t)

@@ -1,0 +1,207 @@
+"""Population construction, fitness hygiene, merge, save / load."""
+
+import copy
+
+import pytest
+import torch
+from models import mlp
+from torch import nn
+
+from populora import Population
+from populora.errors import FitnessError, SpentPopulationError
+
+
+def make(**kwargs):
+    torch.manual_seed(0)
+    model = mlp()
+    kwargs = {"pop_size": 8, "low_rank": 2, **kwargs}
+    return Population(model, **kwargs), model
+
+
+class TestConstruction:
+    def test_wraps_in_place_and_freezes(self):
+        model = mlp()
+        model[2].bias.requires_grad_(False)
+        pop = Population(model, pop_size=4, low_rank=2)
+        assert pop.model is model
+        assert not any(p.requires_grad for p in model.parameters())
+        assert pop.pop_size == 4 and pop.low_rank == 2
+        assert [tuple(f.down.shape) for f in pop.factors()] == [(4, 6, 2), (4, 16, 2)]
+        assert [tuple(f.up.shape) for f in pop.factors()] == [(4, 16, 2), (4, 3, 2)]
+
+    def test_seeded_and_no_global_rng(self):
+        model, other = mlp(), mlp()
+        twins = [copy.deepcopy(model) for _ in range(2)]
+        state = torch.get_rng_state()
+        a = Population(model, pop_size=8, low_rank=2, seed=3)
+        Population(other, pop_size=8, low_rank=2).evolve_(torch.arange(8.0))
+        assert torch.equal(torch.get_rng_state(), state)
+        b = Population(twins[0], pop_size=8, low_rank=2, seed=3)
+        c = Population(twins[1], pop_size=8, low_rank=2, seed=4)
+        assert all(torch.equal(x.down, y.down) and torch.equal(x.up, y.up) for x, y in zip(a.factors(), b.factors()))
+        assert not torch.equal(a.factors()[0].down, c.factors()[0].down)
+
+    def test_individuals_differ_but_stay_close(self):
+        pop, model = make(init_scale=0.1, pop_size=64)
+        x = torch.randn(256, 6)
+        with torch.no_grad():
+            h = model[0](x)
+            outs = pop.model[0](x)
+            deltas = torch.stack([pop.delta_weight(i)["0"] for i in range(64)])  # (p, e, d)
+            rel = (x @ deltas.transpose(1, 2)).pow(2).mean((1, 2)).sqrt() / (h - model[0].bias).pow(2).mean().sqrt()
+        assert torch.equal(outs, h)
+        assert 0.05 < rel.mean().item() < 0.2  # init_scale is the expected relative change
+        assert rel.std() > 0  # individuals differ
+
+    def test_init_scale_zero_is_exactly_base(self):
+        pop, model = make(init_scale=0.0)
+        base = copy.deepcopy(model)
+        x = torch.randn(5, 6)
+        with torch.no_grad():
+            assert torch.equal(pop(x[:1], all_individuals=True), base(x[:1]).expand(8, -1))
+
+    def test_effective_rank(self):
+        pop = Population(nn.Sequential(nn.Linear(32, 2)), pop_size=4, low_rank=16)
+        assert pop.ranks == [2] and pop.factors()[0].down.shape == (4, 32, 2)
+        down, up = pop._full_factors()[0]  # (4, 32, 16), (4, 2, 16): surplus columns are zero
+        assert torch.count_nonzero(down[..., 2:]) == 0 and torch.count_nonzero(up[..., 2:]) == 0
+        pop.evolve_(torch.arange(4.0), mutation_type="full_gaussian")
+        assert torch.count_nonzero(down[..., 2:]) == 0 and torch.count_nonzero(up[..., 2:]) == 0
+
+    @pytest.mark.parametrize(
+        "kwargs, message",
+        [
+            ({"pop_size": 1}, r"`pop_size` must be an int >= 2, got 1"),
+            ({"pop_size": 4.0}, r"`pop_size` must be an int >= 2, got 4.0"),
+            ({"low_rank": 0}, r"`low_rank` must be an int >= 1, got 0"),
+            ({"init_scale": -1.0}, r"`init_scale` must be a finite number >= 0, got -1.0"),
+            ({"nan_policy": "ignore"}, r"`nan_policy` must be one of \('raise', 'worst'\), got 'ignore'"),
+        ],
+    )
+    def test_bad_arguments(self, kwargs, message):
+        with pytest.raises(ValueError, match=message):
+            make(**kwargs)
+
+
+class TestFitness:
+    def test_converts_lists_and_numpy(self):
+        import numpy as np
+
+        pop, _ = make()
+        assert pop.check_fitnesses(list(range(8))).dtype == torch.float32
+        assert torch.equal(pop.check_fitnesses(np.arange(8.0)), torch.arange(8.0))
+
+    def test_wrong_shape_names_both(self):
+        pop, _ = make()
+        with pytest.raises(FitnessError, match=r"must have shape \(8,\), got \(4,\)"):
+            pop.check_fitnesses(torch.zeros(4))
+        with pytest.raises(FitnessError, match=r"must have shape \(8,\), got \(8, 1\)"):
+            pop.check_fitnesses(torch.zeros(8, 1))
+
+    def test_nan_raises_by_default(self):
+        pop, _ = make()
+        f = torch.arange(8.0)
+        f[3] = float("nan")
+        with pytest.raises(FitnessError, match=r"must be finite, got \[nan\] at ids \[3\]; pass nan_policy='worst'"):
+            pop.evolve_(f)
+        assert pop.generation == 0
+
+    def test_nan_worst_never_elite(self):
+        """NaN fitness under nan_policy='worst' becomes the lowest and is culled, never an elite."""
+        pop, _ = make(nan_policy="worst")
+        f = torch.arange(8.0)
+        f[7] = float("nan")  # would be the best if it counted
+        checked = pop.check_fitnesses(f)
+        assert checked[7] < checked[:7].min()
+        result = pop.select(fitnesses=f, elite_frac=0.25)
+        assert 7 in result.selected_out_indices.tolist() and 7 not in result.elite_indices.tolist()
+
+    def test_inf_always_raises(self):
+        pop, _ = make(nan_policy="worst")
+        with pytest.raises(FitnessError, match=r"must be finite, got \[inf\] at ids \[0\]"):
+            pop.check_fitnesses(torch.tensor([float("inf")] + [0.0] * 7))
+
+
+class TestMerge:
+    def test_merge_equals_routed_individual_and_restores_flags(self):
+        pop, model = make(init_scale=0.5)
+        model[0].bias.requires_grad_(True)  # frozen by the population anyway
+        x = torch.randn(5, 6)
+        with torch.no_grad():
+            expected = pop(x, individual=5)
+        fitnesses = torch.zeros(8)
+        fitnesses[5] = 1.0
+        merged = pop.select_and_merge_best_(fitnesses)
+        assert merged is model
+        torch.testing.assert_close(merged(x), expected, rtol=1e-5, atol=1e-6)
+        assert all(p.requires_grad for p in model.parameters())  # mlp() params all required grad before
+        assert not model._forward_hooks and not model[0]._forward_hooks
+
+    def test_spent_population_refuses(self):
+        pop, _ = make()
+        pop.merge_(0)
+        with pytest.raises(SpentPopulationError, match="merged into its model"):
+            pop(torch.randn(1, 6), all_individuals=True)
+        with pytest.raises(SpentPopulationError):
+            pop.evolve_(torch.zeros(8))
+
+    def test_merge_bad_id(self):
+        pop, _ = make()
+        with pytest.raises(ValueError, match=r"individual id 8 is out of range \[0, 8\)"):
+            pop.merge_(8)
+
+
+class TestCheckpoint:
+    def run(self, pop, generations, seed=0):
+        gen = torch.Generator().manual_seed(seed)
+        for _ in range(generations):
+            pop.evolve_(torch.randn(pop.pop_size, generator=gen), crossover_type="average", mutation_type="full_gaussian")
+
+    def test_save_load_continue_is_bitwise(self, tmp_path):
+        a, _ = make(seed=1)
+        fitness_stream = [torch.randn(8, generator=torch.Generator().manual_seed(s)) for s in range(6)]
+        for f in fitness_stream[:3]:
+            a.evolve_(f)
+        a.save(tmp_path / "pop.pt")
+        for f in fitness_stream[3:]:
+            a.evolve_(f)
+
+        torch.manual_seed(0)
+        b = Population.from_checkpoint(tmp_path / "pop.pt", mlp())
+        assert b.generation == 3 and b.eval_seed == 1 + 3
+        for f in fitness_stream[3:]:
+            b.evolve_(f)
+        assert all(torch.equal(x.down, y.down) and torch.equal(x.up, y.up) for x, y in zip(a.factors(), b.factors()))
+        assert torch.equal(a.generator.get_state(), b.generator.get_state())
+
+    def test_atomic_no_temp_left_and_loadable_weights_only(self, tmp_path):
+        pop, _ = make()
+        pop.save(tmp_path / "ckpt" / "pop.pt")
+        assert [p.name for p in (tmp_path / "ckpt").iterdir()] == ["pop.pt"]
+        state = torch.load(tmp_path / "ckpt" / "pop.pt", weights_only=True)
+        assert state["config"]["pop_size"] == 8
+
+    def test_failed_save_keeps_previous_checkpoint(self, tmp_path, monkeypatch):
+        pop, _ = make()
+        path = tmp_path / "pop.pt"
+        pop.save(path)
+        before = path.read_bytes()
+
+        def broken(obj, f, *a, **k):
+            f.write(b"partial")
+            raise OSError("disk full")
+
+        monkeypatch.setattr(torch, "save", broken)
+        with pytest.raises(OSError, match="disk full"):
+            pop.save(path)
+        assert path.read_bytes() == before
+        assert [p.name for p in tmp_path.iterdir()] == ["pop.pt"]
+
+    def test_load_mismatch_raises_before_change(self, tmp_path):
+        pop, _ = make()
+        pop.save(tmp_path / "pop.pt")
+        other = Population(mlp(), pop_size=4, low_rank=2)
+        before = other.factors()[0].down.clone()
+        with pytest.raises(ValueError, match=r"checkpoint has pop_size=8, this population has 4"):
+            other.load(tmp_path / "pop.pt")
+        assert torch.equal(other.factors()[0].down, before)

@@ -1,0 +1,205 @@
+"""A routed forward equals, row by row, single-individual forwards of merged weights."""
+
+import copy
+
+import pytest
+import torch
+from models import TinyTransformer, mlp
+from torch import nn
+
+from populora import Population
+from populora.errors import RouteError
+
+P = 6
+
+
+def merged(pop: Population, model: nn.Module, i: int) -> nn.Module:
+    """An independent copy of the base model with individual ``i``'s delta written into its weights."""
+    clone = copy.deepcopy(model)
+    modules = dict(clone.named_modules())
+    for name, dw in pop.delta_weight(i).items():
+        modules[name].weight.data += dw
+    return clone
+
+
+def reference(pop, base, x, ids):
+    """Row j through a plain forward of individual ids[j]'s merged model."""
+    with torch.no_grad():
+        return torch.cat([merged(pop, base, int(i))(x[j : j + 1]) for j, i in enumerate(ids)])
+
+
+def close(a, b):
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def make(kind: str, targets=None, seed=0):
+    torch.manual_seed(seed)
+    if kind == "mlp":
+        model, x = mlp(), torch.randn(12, 6)
+    else:
+        model, x = TinyTransformer(), torch.randint(0, 11, (12, 8))
+        if targets is None:
+            targets = ["embed", "*.q", "*.k", "*.v", "*.o", "*.mlp.*", "head"]
+    base = copy.deepcopy(model)
+    pop = Population(model, pop_size=P, low_rank=3, lora_targets=targets, seed=seed, init_scale=0.5)
+    return pop, base, x
+
+
+@pytest.mark.parametrize("kind", ["mlp", "transformer"])
+class TestLayouts:
+    def test_individual(self, kind):
+        pop, base, x = make(kind)
+        with torch.no_grad():
+            for i in (0, 4):
+                close(pop(x, individual=i), merged(pop, base, i)(x))
+
+    def test_all_split(self, kind):
+        pop, base, x = make(kind)
+        ids = torch.arange(P).repeat_interleave(len(x) // P)
+        with torch.no_grad():
+            close(pop(x, all_individuals=True), reference(pop, base, x, ids))
+
+    def test_all_broadcast_single_row(self, kind):
+        pop, base, x = make(kind)
+        with torch.no_grad():
+            out = pop(x[:1], all_individuals=True)
+            assert out.shape[0] == P
+            close(out, reference(pop, base, x[:1].expand(P, *x.shape[1:]), range(P)))
+
+    def test_all_broadcast_flag(self, kind):
+        pop, base, x = make(kind)
+        with torch.no_grad():
+            out = pop(x[:4], all_individuals=True, broadcast=True)  # (p b) with b = 4
+            ids = torch.arange(P).repeat_interleave(4)
+            close(out, reference(pop, base, x[:4].repeat(P, *([1] * (x.dim() - 1))), ids))
+
+    def test_ids_shuffled_unequal(self, kind):
+        pop, base, x = make(kind)
+        ids = [3, 0, 5, 5, 1, 3, 3, 0, 2, 5, 5, 5]  # unequal groups, any order, id 4 absent
+        with torch.no_grad():
+            close(pop(x, individuals=ids), reference(pop, base, x, ids))
+
+    def test_ids_permutation_equal(self, kind):
+        pop, base, x = make(kind)
+        ids = torch.randperm(len(x), generator=torch.Generator().manual_seed(1)) % P
+        with torch.no_grad():
+            close(pop(x, individuals=ids), reference(pop, base, x, ids.tolist()))
+
+    def test_ids_broadcast_and_split(self, kind):
+        pop, base, x = make(kind)
+        with torch.no_grad():
+            close(pop(x[:1], individuals=[2, 5, 2]), reference(pop, base, x[:1].expand(3, *x.shape[1:]), [2, 5, 2]))
+            close(pop(x, individuals=[4, 1]), reference(pop, base, x, [4] * 6 + [1] * 6))
+
+
+def test_plain_forward_without_route_is_base_model():
+    pop, base, x = make("mlp")
+    close(pop(x), base(x))
+
+
+def test_nested_inputs_and_kwargs():
+    class TwoInputs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(3, 4), nn.Linear(5, 4)
+
+        def forward(self, pair, extra=None, scale=1.0):
+            return {"y": (self.a(pair[0]) + self.b(extra["z"])) * scale, "tag": "kept"}
+
+    torch.manual_seed(0)
+    model = TwoInputs()
+    base = copy.deepcopy(model)
+    pop = Population(model, pop_size=4, low_rank=2, init_scale=0.5)
+    u, z = torch.randn(8, 3), torch.randn(8, 5)
+    ids = [1, 3, 0, 0, 2, 1, 3, 3]
+    with torch.no_grad():
+        out = pop((u, None), extra={"z": z}, scale=2.0, individuals=ids)
+        assert out["tag"] == "kept"
+        for j, i in enumerate(ids):
+            ref = merged(pop, base, i)((u[j : j + 1], None), extra={"z": z[j : j + 1]}, scale=2.0)
+            close(out["y"][j : j + 1], ref["y"])
+
+
+def test_keyword_call_of_target_is_routed():
+    class Kw(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.lin(input=x)
+
+    torch.manual_seed(0)
+    model = Kw()
+    base = copy.deepcopy(model)
+    pop = Population(model, pop_size=3, low_rank=1, init_scale=1.0)
+    x = torch.randn(3, 3)
+    with torch.no_grad():
+        close(pop(x, all_individuals=True), reference(pop, base, x, [0, 1, 2]))
+        assert not torch.allclose(pop(x, all_individuals=True), base(x))
+
+
+def test_route_undone_when_forward_raises():
+    class Boom(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+            self.fail = True
+
+        def forward(self, x):
+            y = self.lin(x)
+            if self.fail:
+                raise RuntimeError("boom")
+            return y
+
+    model = Boom()
+    pop = Population(model, pop_size=2, low_rank=1, init_scale=1.0)
+    with pytest.raises(RuntimeError, match="boom"):
+        pop(torch.randn(2, 2), all_individuals=True)
+    model.fail = False
+    x = torch.randn(2, 2)
+    close(model(x), nn.functional.linear(x, model.lin.weight, model.lin.bias))  # no adapter left behind
+    pop(x, all_individuals=True)  # and routing works again
+
+
+def test_route_errors():
+    pop, _, x = make("mlp")
+    with pytest.raises(RouteError, match=r"batch of 7 rows cannot be split among pop_size=6.*broadcast=True"):
+        pop(x[:7], all_individuals=True)
+    with pytest.raises(RouteError, match=r"individual id 6 is out of range \[0, 6\)"):
+        pop(x, individual=6)
+    with pytest.raises(RouteError, match=r"individual id -1 is out of range \[0, 6\)"):
+        pop(x[:2], individuals=[0, -1])
+    with pytest.raises(RouteError, match=r"at most one of .*individual, all_individuals"):
+        pop(x, individual=0, all_individuals=True)
+    with pytest.raises(RouteError, match=r"batch of 12 rows does not fit 5 individual ids"):
+        pop(x, individuals=[0, 1, 2, 3, 4])
+    with pytest.raises(RouteError, match=r"disagree on the batch size \(leading dims \[2, 3\]\)"):
+        pop((x[:2], x[:3]), all_individuals=True)
+
+
+def test_batch_not_leading_raises():
+    class SeqFirst(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):  # x (n, t, d) -> (t, n, d): batch no longer leading
+            return self.lin(x.transpose(0, 1)).transpose(0, 1)
+
+    pop = Population(SeqFirst(), pop_size=2, low_rank=1)
+    with pytest.raises(RouteError, match=r"target 'lin' received 3 rows but this routed forward has 4"):
+        pop(torch.randn(4, 3, 4), all_individuals=True)
+
+
+def test_grad_flows_to_adapters_only_when_asked():
+    torch.manual_seed(0)
+    model = mlp()
+    pop = Population(model, pop_size=3, low_rank=2)
+    assert not any(p.requires_grad for p in pop.parameters())
+    pop = Population(mlp(), pop_size=3, low_rank=2, requires_grad=True)
+    loss = pop(torch.randn(6, 6), all_individuals=True).pow(2).sum()
+    loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in pop.parameters() if p.requires_grad)
+    assert sum(p.requires_grad for p in pop.parameters()) == 4
+    assert all(p.grad is None for p in pop.model.parameters())
