@@ -23,12 +23,19 @@ from torch import Tensor
 
 from .base import Factors, check_number, randint, register_crossover, uniform
 from .linalg import _svd_compute, compute_dtype, effective_rank, rebuild_balanced
+from .shaping import check_fitnesses, clamp_infinities
 
 
 def _check(
     stacks: Sequence[Factors], parents: Tensor, fitnesses: Tensor | None, name: str, k: int | None = None
-) -> tuple[int, Tensor]:
-    """Validate the common arguments; returns ``P`` and ``parents`` on the stacks' device."""
+) -> tuple[int, Tensor, Tensor | None]:
+    """Validate the common arguments.
+
+    Returns:
+        ``P``; ``parents`` as int64 on the stacks' device; ``fitnesses`` as a
+        float ``(P,)`` tensor on that device with infinities clamped to the
+        finite extremes (or None).
+    """
     if len(stacks) == 0:
         raise ValueError(f"`stacks` of {name} must hold at least one target, got none")
     pop = stacks[0].down.shape[0]
@@ -49,9 +56,13 @@ def _check(
     if parents.numel() and (int(parents.min()) < 0 or int(parents.max()) >= pop):
         raise ValueError(f"`parents` must be population ids in [0, {pop}), got values in "
                          f"[{int(parents.min())}, {int(parents.max())}]")
-    if fitnesses is not None and tuple(fitnesses.shape) != (pop,):
-        raise ValueError(f"`fitnesses` must have shape ({pop},), got {tuple(fitnesses.shape)}")
-    return pop, parents.to(stacks[0].down.device, torch.long)
+    device = stacks[0].down.device
+    if fitnesses is not None:
+        fitnesses = check_fitnesses(fitnesses)
+        if tuple(fitnesses.shape) != (pop,):
+            raise ValueError(f"`fitnesses` must have shape ({pop},), got {tuple(fitnesses.shape)}")
+        fitnesses = clamp_infinities(fitnesses, 0).to(device)
+    return pop, parents.to(device, torch.long), fitnesses
 
 
 def _gather(stack: Factors, ids: Tensor) -> tuple[Tensor, Tensor]:
@@ -80,13 +91,25 @@ def average(
 ) -> list[Factors]:
     """The mean of the parents' ``down`` and the mean of their ``up``.
 
-    Deterministic; ``fitnesses`` (higher is better), ``generator`` and
-    ``num_groups`` are not used. Note ``mean(up) mean(down)^T`` is not the
-    mean ``dW``: see :func:`average_delta` for that.
+    Deterministic. Note ``mean(up) mean(down)^T`` is not the mean ``dW``:
+    see :func:`average_delta` for that.
 
-    Args and returns: see the module docstring.
+    Args:
+        stacks: per target ``Factors(down (P, d, r), up (P, e, r))``, read only.
+        parents: ``(c, k)`` population ids.
+        fitnesses: ``(P,)`` or None; higher is better. Not used.
+        generator: the source of randomness. Not used.
+        num_groups: islands (contiguous equal blocks). Not used.
+
+    Returns:
+        Per target ``Factors(down (c, d, r), up (c, e, r))``, the input dtype and device.
+
+    Example:
+        >>> stack = Factors(torch.arange(3.0).view(3, 1, 1), torch.ones(3, 1, 1))
+        >>> average([stack], torch.tensor([[0, 2]]), fitnesses=None, generator=torch.Generator()).pop().down
+        tensor([[[1.]]])
     """
-    _, parents = _check(stacks, parents, fitnesses, "average")
+    _, parents, _ = _check(stacks, parents, fitnesses, "average")
     out = []
     for stack in stacks:
         down, up = _gather(stack, parents)  # (c, k, d, r), (c, k, e, r)
@@ -104,12 +127,19 @@ def average_delta(
     its thin SVD comes from QR of the concatenated ``(d, k r)`` and
     ``(e, k r)`` factors and the SVD of the small core, never forming ``dW``.
     Truncating to the top ``r`` components is optimal (Eckart-Young).
-    Deterministic; ``fitnesses`` (higher is better), ``generator`` and
-    ``num_groups`` are not used.
+    Deterministic.
 
-    Args and returns: see the module docstring.
+    Args:
+        stacks: per target ``Factors(down (P, d, r), up (P, e, r))``, read only.
+        parents: ``(c, k)`` population ids.
+        fitnesses: ``(P,)`` or None; higher is better. Not used.
+        generator: the source of randomness. Not used.
+        num_groups: islands (contiguous equal blocks). Not used.
+
+    Returns:
+        Per target ``Factors(down (c, d, r), up (c, e, r))``, the input dtype and device.
     """
-    _, parents = _check(stacks, parents, fitnesses, "average_delta")
+    _, parents, _ = _check(stacks, parents, fitnesses, "average_delta")
     c, k = parents.shape
     out = []
     for stack in stacks:
@@ -130,14 +160,20 @@ def dare(
 
     Every entry of every parent's ``down`` and ``up`` is kept with probability
     ``1 - drop_rate`` and rescaled by ``1 / (1 - drop_rate)``, so the child's
-    expected factors equal :func:`average`'s. ``fitnesses`` (higher is
-    better) and ``num_groups`` are not used.
+    expected factors equal :func:`average`'s.
 
     Args:
+        stacks: per target ``Factors(down (P, d, r), up (P, e, r))``, read only.
+        parents: ``(c, k)`` population ids.
+        fitnesses: ``(P,)`` or None; higher is better. Not used.
+        generator: the source of randomness.
+        num_groups: islands (contiguous equal blocks). Not used.
         drop_rate: probability of dropping an entry, in ``[0, 1)``.
-        (The rest: see the module docstring.)
+
+    Returns:
+        Per target ``Factors(down (c, d, r), up (c, e, r))``, the input dtype and device.
     """
-    _, parents = _check(stacks, parents, fitnesses, "dare")
+    _, parents, _ = _check(stacks, parents, fitnesses, "dare")
     _dare_options(drop_rate)
     keep = 1.0 - drop_rate
     out = []
@@ -156,11 +192,17 @@ def layer_wise(
 ) -> list[Factors]:
     """X2: per target and per child, copy ``(down, up)`` of one parent chosen uniformly.
 
-    ``fitnesses`` (higher is better) and ``num_groups`` are not used.
+    Args:
+        stacks: per target ``Factors(down (P, d, r), up (P, e, r))``, read only.
+        parents: ``(c, k)`` population ids.
+        fitnesses: ``(P,)`` or None; higher is better. Not used.
+        generator: the source of randomness.
+        num_groups: islands (contiguous equal blocks). Not used.
 
-    Args and returns: see the module docstring.
+    Returns:
+        Per target ``Factors(down (c, d, r), up (c, e, r))``, the input dtype and device.
     """
-    _, parents = _check(stacks, parents, fitnesses, "layer_wise")
+    _, parents, _ = _check(stacks, parents, fitnesses, "layer_wise")
     c, k = parents.shape
     out = []
     for stack in stacks:
@@ -181,15 +223,22 @@ def svd_subspace(
     ``r_eff = min(r, d, e)`` is the effective rank; components ``< m`` come
     from ``parents[:, 0]`` (the fitter, after a tournament), ``>= m`` from
     ``parents[:, 1]``; the child is rebuilt balanced. With ``r_eff == 1``
-    the child is an exact copy of parent 0. ``fitnesses`` (higher is better)
-    and ``num_groups`` are not used.
+    the child is an exact copy of parent 0.
 
-    Args and returns: see the module docstring.
+    Args:
+        stacks: per target ``Factors(down (P, d, r), up (P, e, r))``, read only.
+        parents: ``(c, 2)`` population ids.
+        fitnesses: ``(P,)`` or None; higher is better. Not used.
+        generator: the source of randomness.
+        num_groups: islands (contiguous equal blocks). Not used.
+
+    Returns:
+        Per target ``Factors(down (c, d, r), up (c, e, r))``, the input dtype and device.
 
     Raises:
         ValueError: ``parents`` is not ``(c, 2)``.
     """
-    _, parents = _check(stacks, parents, fitnesses, "svd_subspace", k=2)
+    _, parents, _ = _check(stacks, parents, fitnesses, "svd_subspace", k=2)
     c = parents.shape[0]
     out = []
     for stack in stacks:
@@ -218,21 +267,28 @@ def extrapolative(
     as the better). With ``fitnesses=None`` parent 0 is taken as the better
     one (tournaments put the fittest first). ``eta`` is one draw per child,
     shared by every target's ``down`` and ``up``; ``eta > 1`` steps past the
-    better parent. ``num_groups`` is not used.
+    better parent.
 
     Args:
-        eta_min, eta_max: range of ``eta`` (default ``U(1, 1.5)``).
-        (The rest: see the module docstring.)
+        stacks: per target ``Factors(down (P, d, r), up (P, e, r))``, read only.
+        parents: ``(c, 2)`` population ids.
+        fitnesses: ``(P,)`` or None; higher is better. None: parent 0 is the better.
+        generator: the source of randomness.
+        num_groups: islands (contiguous equal blocks). Not used.
+        eta_min: lower end of ``eta``'s range.
+        eta_max: upper end of ``eta``'s range.
+
+    Returns:
+        Per target ``Factors(down (c, d, r), up (c, e, r))``, the input dtype and device.
 
     Raises:
         ValueError: ``parents`` is not ``(c, 2)``, or ``eta_min > eta_max``.
     """
-    _, parents = _check(stacks, parents, fitnesses, "extrapolative", k=2)
+    _, parents, fitnesses = _check(stacks, parents, fitnesses, "extrapolative", k=2)
     _extrapolative_options(eta_min, eta_max)
     better, worse = parents[:, 0], parents[:, 1]
     if fitnesses is not None:
-        f = fitnesses.to(parents.device)
-        swap = f[worse] > f[better]
+        swap = fitnesses[worse] > fitnesses[better]
         better, worse = torch.where(swap, worse, better), torch.where(swap, better, worse)
     dtype = compute_dtype(stacks[0].down)
     eta = uniform((parents.shape[0], 1, 1), generator=generator, device=parents.device, dtype=dtype)
@@ -265,25 +321,30 @@ def xes(
     others gives ``n = k`` (good parents only).
 
     Args:
-        fitnesses: ``(P,)``, required.
-        num_groups: number of islands; ``P`` must be divisible by it.
-        eta: step size (default 1).
+        stacks: per target ``Factors(down (P, d, r), up (P, e, r))``, read only.
+        parents: ``(c, k)`` population ids.
+        fitnesses: ``(P,)``, required; higher is better.
+        generator: the source of randomness.
+        num_groups: islands (contiguous equal blocks). ``P`` must be divisible by it.
+        eta: step size.
         tournament_size: contenders in the reverse tournament.
-        (The rest: see the module docstring.)
+
+    Returns:
+        Per target ``Factors(down (c, d, r), up (c, e, r))``, the input dtype and device.
 
     Raises:
         ValueError: ``fitnesses`` is None, or ``P`` is not divisible by ``num_groups``.
     """
     if fitnesses is None:
         raise ValueError("crossover `xes` needs `fitnesses` ((P,), higher is better), got None")
-    pop, parents = _check(stacks, parents, fitnesses, "xes")
+    pop, parents, fitnesses = _check(stacks, parents, fitnesses, "xes")
     if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1 \
             or pop % num_groups:
         raise ValueError(f"`num_groups` must be an int >= 1 dividing P={pop}, got {num_groups!r}")
     _xes_options(eta, tournament_size)
     c, k = parents.shape
     dev = parents.device
-    fit = fitnesses.to(dev, compute_dtype(stacks[0].down))
+    fit = fitnesses
     size = pop // num_groups
     members = (parents[:, :1] // size) * size + torch.arange(size, device=dev)  # (c, size)
     is_parent = (members.unsqueeze(-1) == parents.unsqueeze(1)).any(-1)  # (c, size)

@@ -84,7 +84,21 @@ def full_gaussian(
     module docstring). Moves the adapter's subspace. Fitness plays no part
     (higher is better elsewhere).
 
-    Args and returns: see the module docstring.
+    Args:
+        factors: per target ``Factors(down (m, d, r), up (m, e, r))`` of the individuals to mutate.
+        epsilon: relative strength, ``>= 0``.
+        floors: per target reference RMS, ``>= 0``.
+        generator: the source of randomness.
+
+    Returns:
+        Per target new ``Factors`` of the same shapes, dtype and device.
+
+    Example:
+        >>> zero = Factors(torch.zeros(1, 100, 4), torch.zeros(1, 8, 4))
+        >>> g = torch.Generator().manual_seed(0)
+        >>> new = full_gaussian([zero], epsilon=0.5, floors=[1.0], generator=g)[0]
+        >>> round(new.down.std().item(), 2)  # a zero factor moves: 0.5 * 0.1 * 1.0
+        0.05
     """
     floors = _check(factors, epsilon, floors, "full_gaussian")
     out = []
@@ -108,8 +122,14 @@ def layer_selective_gaussian(
     plays no part (higher is better elsewhere).
 
     Args:
+        factors: per target ``Factors(down (m, d, r), up (m, e, r))`` of the individuals to mutate.
+        epsilon: relative strength, ``>= 0``.
+        floors: per target reference RMS, ``>= 0``.
+        generator: the source of randomness.
         fraction: share of the targets to mutate, in ``(0, 1]``.
-        (The rest: see the module docstring.)
+
+    Returns:
+        Per target new ``Factors`` of the same shapes, dtype and device.
     """
     floors = _check(factors, epsilon, floors, "layer_selective_gaussian")
     _layer_selective_options(fraction)
@@ -151,7 +171,14 @@ def svd_structured(
     Gaussian mutations are the ones that move them), so a zero adapter stays
     zero and ``floors`` is not used. Fitness plays no part.
 
-    Args and returns: see the module docstring.
+    Args:
+        factors: per target ``Factors(down (m, d, r), up (m, e, r))`` of the individuals to mutate.
+        epsilon: relative strength, ``>= 0``.
+        floors: per target reference RMS, ``>= 0``. Not used.
+        generator: the source of randomness.
+
+    Returns:
+        Per target new ``Factors`` of the same shapes, dtype and device.
     """
     _check(factors, epsilon, floors, "svd_structured")
     out = []
@@ -178,8 +205,14 @@ def component_masking(
     ignores ``epsilon`` and ``floors``. Fitness plays no part.
 
     Args:
+        factors: per target ``Factors(down (m, d, r), up (m, e, r))`` of the individuals to mutate.
+        epsilon: relative strength, ``>= 0``. Ignored.
+        floors: per target reference RMS, ``>= 0``. Ignored.
+        generator: the source of randomness.
         rho: share of the components to zero, in ``[0, 1]``.
-        (The rest: see the module docstring.)
+
+    Returns:
+        Per target new ``Factors`` of the same shapes, dtype and device.
     """
     _check(factors, epsilon, floors, "component_masking")
     _masking_options(rho)
@@ -206,8 +239,14 @@ def neftune_style(
     Fitness plays no part.
 
     Args:
+        factors: per target ``Factors(down (m, d, r), up (m, e, r))`` of the individuals to mutate.
+        epsilon: relative strength, ``>= 0``. Ignored.
+        floors: per target reference RMS, ``>= 0``. Ignored.
+        generator: the source of randomness.
         alpha: noise strength, ``>= 0``.
-        (The rest: see the module docstring.)
+
+    Returns:
+        Per target new ``Factors`` of the same shapes, dtype and device.
     """
     _check(factors, epsilon, floors, "neftune_style")
     _neftune_options(alpha)

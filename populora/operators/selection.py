@@ -66,7 +66,7 @@ def deterministic(fitnesses: Tensor, num: int, *, generator: torch.Generator) ->
     """
     f = _check(fitnesses, num)
     order = torch.argsort(f, dim=-1, descending=True, stable=True)
-    return order[:, :num].to(fitnesses.device)
+    return order[:, :num]
 
 
 def _probabilistic_options(temperature: float = 1.0) -> None:

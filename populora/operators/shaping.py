@@ -32,8 +32,11 @@ def check_fitnesses(fitnesses: Tensor, name: str = "fitnesses") -> Tensor:
     return f
 
 
-def _finite(f: Tensor, dim: int) -> Tensor:
-    """Replace -inf/+inf by the smallest/largest finite value along ``dim`` (0 if none)."""
+def clamp_infinities(f: Tensor, dim: int) -> Tensor:
+    """Replace -inf/+inf by the smallest/largest finite value along ``dim`` (0 if there is none).
+
+    So a NaN mapped to -inf upstream (``nan_policy="worst"``) ties with the worst.
+    """
     finite = torch.isfinite(f)
     lo = torch.where(finite, f, torch.inf).amin(dim, keepdim=True)
     hi = torch.where(finite, f, -torch.inf).amax(dim, keepdim=True)
@@ -57,7 +60,7 @@ def zscore(f: Tensor, dim: int = -1) -> Tensor:
         >>> zscore(torch.tensor([1.0, 2.0, 3.0]))
         tensor([-1.2247,  0.0000,  1.2247])
     """
-    x = _finite(check_fitnesses(f, "f"), dim)
+    x = clamp_infinities(check_fitnesses(f, "f"), dim)
     centred = x - x.mean(dim, keepdim=True)
     std = centred.square().mean(dim, keepdim=True).sqrt()
     flat = std <= 8 * torch.finfo(x.dtype).eps * x.abs().amax(dim, keepdim=True)
@@ -86,7 +89,7 @@ def centered_rank(f: Tensor, dim: int = -1) -> Tensor:
         >>> centered_rank(torch.tensor([3.0, -1.0, 3.0, 0.0]))
         tensor([ 0.3333, -0.5000,  0.3333, -0.1667])
     """
-    x = _finite(check_fitnesses(f, "f"), dim).movedim(dim, -1)
+    x = clamp_infinities(check_fitnesses(f, "f"), dim).movedim(dim, -1)
     m = x.shape[-1]
     if m <= 1:
         return torch.zeros_like(x).movedim(-1, dim)
@@ -116,7 +119,7 @@ def fuss_weights(f: Tensor, dim: int = -1) -> Tensor:
         >>> fuss_weights(torch.tensor([10.0, 0.0, 1.0, 3.0]))
         tensor([0.3487, 0.0526, 0.1513, 0.4474])
     """
-    x = _finite(check_fitnesses(f, "f"), dim).movedim(dim, -1)
+    x = clamp_infinities(check_fitnesses(f, "f"), dim).movedim(dim, -1)
     m = x.shape[-1]
     values, lo, hi = _ranks(x)
     prev = values.gather(-1, (lo - 1).clamp_min(0))

@@ -240,3 +240,16 @@ def test_xes_island_of_parents_only_averages_them():
     # id 1 (fitness 1) and id 0 (fitness 0): z = +1, -1, child = mean + step = id 1
     assert torch.allclose(coef[:2], torch.tensor([0.0, 1.0], dtype=torch.float64), atol=1e-6)
     assert (coef[2:] == 0).all()
+
+
+@pytest.mark.parametrize("name", ["xes", "extrapolative"])
+def test_fitness_aware_crossovers_check_fitnesses(name, helpers):
+    stacks, parents = helpers.random_stacks(P), parents_for(name)
+    with pytest.raises(ValueError, match="`fitnesses` contains NaN"):
+        call(name, stacks, parents, fitnesses=torch.full((P,), float("nan")))
+    with pytest.raises(ValueError, match=rf"`fitnesses` must have shape \({P},\), got \(3,\)"):
+        call(name, stacks, parents, fitnesses=torch.zeros(3))
+    worst = torch.linspace(0.0, 1.0, P)
+    worst[0] = -float("inf")  # nan_policy='worst' upstream
+    for child in call(name, stacks, parents, fitnesses=worst):
+        assert torch.isfinite(child.down).all() and torch.isfinite(child.up).all()
