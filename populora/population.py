@@ -264,6 +264,41 @@ class Population(nn.Module):
             f = torch.where(bad, worst, f)
         return f
 
+    # ------------------------------------------------------------------ evaluation
+
+    def evaluate_distributed(self, fn: Callable[..., Any], sync_base_model: bool = False) -> Tensor:
+        """Evaluate every individual, each rank its share of ids; ``(P,)`` fitness on every rank.
+
+        ``fn`` has one of three signatures (see :mod:`populora.fitness`):
+        ``fn(population, individuals=ids)``, ``fn(population, idx)`` or
+        ``fn(population)`` (run on the main rank, result broadcast). Higher is
+        better; NaNs are returned as they are (``evolve_`` applies the NaN
+        policy). Works unchanged without torchrun (one rank does everything).
+
+        Before the first evaluation under torch.distributed, rank 0's adapters,
+        generator state, generation and eval seed are broadcast, and the base
+        model is compared by checksum: ranks that differ (e.g. each process
+        seeded differently) get rank 0's weights and a warning.
+        ``sync_base_model=True`` broadcasts the base model without checking.
+        """
+        from .distributed import broadcast_object, broadcast_tensors_, is_distributed, sync_if_different_
+        from .fitness import evaluate
+
+        self._check_alive()
+        if is_distributed() and not self._synced:
+            with torch.no_grad():
+                broadcast_tensors_([*self._down_list, *self._up_list])
+                base = [*self.model.parameters(), *self.model.buffers()]
+                if sync_base_model:
+                    broadcast_tensors_(base)
+                else:
+                    sync_if_different_(base, "base model parameters")
+            state = broadcast_object((self.generation, self.eval_seed, self.generator.get_state()))
+            self.generation, self.eval_seed = state[0], state[1]
+            self.generator.set_state(state[2])
+            self._synced = True
+        return evaluate(fn, self, self.pop_size).to(self.device)
+
     # ------------------------------------------------------------------ selection
 
     def _group_sizes(self, survive_frac: float, elite_frac: float, num_groups: int) -> tuple[int, int, int]:
