@@ -230,11 +230,11 @@ def check_options(kind: str, name: str, options: Mapping[str, object] | None) ->
         The operator.
 
     Raises:
-        ValueError: unknown ``kind`` or ``name``.
+        ValueError: unknown ``kind`` or ``name``, or an option value out of
+            range (e.g. ``rho=2``).
         TypeError: ``options`` is not a mapping, or names a keyword the operator
             does not take (the message lists the ones it does take), or one the
             population passes itself, or an option has the wrong type.
-        ValueError: an option value is out of range (e.g. ``rho=2``).
     """
     fn = get_operator(kind, name)
     if options is None:
