@@ -19,7 +19,6 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -51,8 +50,7 @@ class Adapter(NamedTuple):
 Index = Tensor | slice | None
 
 
-@dataclass(frozen=True)
-class Route:
+class Route(NamedTuple):
     """Where the rows of one forward go.
 
     Attributes:
@@ -95,7 +93,9 @@ def _rows_down(x: Tensor, module: nn.Module, adapter: Adapter, route: Route) -> 
     down = _take(adapter.down, route.index)  # (k, r, d)
     if down.dtype != x.dtype:
         down = down.to(x.dtype)
-    return torch.bmm(x.reshape(k, -1, x.shape[-1]), down.transpose(1, 2))
+    # (k, r, d) @ (k, d, c*..) -> (k, r, c*..): with r on the rows, BLAS runs these skinny products 2-5x
+    # faster than (k, c*.., d) @ (k, d, r); the transposed view feeds baddbmm as is.
+    return torch.bmm(down, x.reshape(k, -1, x.shape[-1]).transpose(1, 2)).transpose(1, 2)
 
 
 class Router:
@@ -223,12 +223,10 @@ def _ids_tensor(ids: Any, num: int, device: torch.device) -> Tensor:
     if ids.dim() != 1 or ids.numel() == 0 or ids.is_floating_point() or ids.dtype == torch.bool:
         raise RouteError(f"`individuals` must be a non-empty 1-D list or integer tensor of ids, "
                          f"got shape {tuple(ids.shape)} and dtype {ids.dtype}")
-    ids = ids.long()
-    lo, hi = int(ids.min()), int(ids.max())
+    lo, hi = (int(v) for v in torch.aminmax(ids))
     if lo < 0 or hi >= num:
-        bad = lo if lo < 0 else hi
-        raise RouteError(f"individual id {bad} is out of range [0, {num})")
-    return ids
+        raise RouteError(f"individual id {lo if lo < 0 else hi} is out of range [0, {num})")
+    return ids.long()
 
 
 def _plan_sorted(ids: Tensor, num: int) -> Route:
@@ -236,7 +234,8 @@ def _plan_sorted(ids: Tensor, num: int) -> Route:
     n = ids.numel()
     uniq, counts = torch.unique_consecutive(ids, return_counts=True)
     u = uniq.numel()
-    if bool((counts == counts[0]).all()):
+    smallest, largest = torch.aminmax(counts)
+    if int(smallest) == int(largest):
         index = None if u == num else uniq
         return Route(n=n, groups=u, chunk=n // u, index=index)
     # unequal groups: chunks of c = ceil(n / u) rows; at most one padded chunk per group, k <= 2u
@@ -330,19 +329,18 @@ def routed_call(
                 f"batch of {n_in} rows does not fit {m} individual ids: pass one id per row, a single "
                 f"row, a batch divisible by {m} (split (p b)), or `broadcast=True`"
             )
-        if bool((row_ids[1:] < row_ids[:-1]).any()):
-            perm = torch.argsort(row_ids, stable=True)
-            row_ids = row_ids[perm]
+        sorted_ids, perm = torch.sort(row_ids, stable=True)
+        if torch.equal(sorted_ids, row_ids):
+            perm = None
+        else:  # group rows by id once for the whole forward; unsorted once at the end
             args, kwargs = _map((args, kwargs), lambda t: t.index_select(0, perm) if t.dim() else t)
-        route = _plan_sorted(row_ids, num)
+        route = _plan_sorted(sorted_ids, num)
 
     with router.activate(route, adapters):
         out = model(*args, **kwargs)
     if perm is None:
         return out
-    inverse = torch.empty_like(perm)
-    inverse[perm] = torch.arange(perm.numel(), device=perm.device)
-    return _map(out, lambda t: t.index_select(0, inverse) if t.dim() and t.shape[0] == route.n else t)
+    return _map(out, lambda t: torch.empty_like(t).index_copy_(0, perm, t) if t.dim() and t.shape[0] == route.n else t)
 
 
 def _expand(inputs: Any, times: int) -> Any:
