@@ -1,5 +1,6 @@
 """populora: a population of LoRA-adapted networks that costs about as much as one network."""
 
+from .distributed import is_distributed, is_main_rank, local_device, rank, world_size
 from .errors import FitnessError, PopuloraError, RouteError, SpentPopulationError, TargetNotFoundError
 from .operators import (
     Factors,
@@ -21,8 +22,13 @@ __all__ = [
     "SelectionResult",
     "SpentPopulationError",
     "TargetNotFoundError",
+    "is_distributed",
+    "is_main_rank",
+    "local_device",
+    "rank",
     "register_crossover",
     "register_mutation",
     "register_parent_selection",
     "register_selection",
+    "world_size",
 ]

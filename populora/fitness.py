@@ -218,4 +218,5 @@ def evaluate(fn: Callable[..., Any], population: Any, num: int, *, distributed: 
         failure = error
     if not spread:
         return values
-    return _dist.all_gather_values(ids, values, num, error=failure)
+    # the ids come from partition (or all of them from rank 0): they cover [0, num) exactly once
+    return _dist.all_gather_values(ids, values, num, error=failure, exact_cover=True)

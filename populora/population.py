@@ -287,15 +287,18 @@ class Population(nn.Module):
         self._check_alive()
         if is_distributed() and not self._synced:
             with torch.no_grad():
-                broadcast_tensors_([*self._down_list, *self._up_list])
+                broadcast_tensors_([*self._down_list, *self._up_list], what="population adapters (pop_size, "
+                                   "low_rank and lora_targets must match on every rank)")
                 base = [*self.model.parameters(), *self.model.buffers()]
                 if sync_base_model:
-                    broadcast_tensors_(base)
+                    broadcast_tensors_(base, what="base model parameters")
                 else:
                     sync_if_different_(base, "base model parameters")
-            state = broadcast_object((self.generation, self.eval_seed, self.generator.get_state()))
+            # floors come from the base weights at construction: rank 0's, like the weights
+            state = broadcast_object((self.generation, self.eval_seed, self.generator.get_state(), self.floors))
             self.generation, self.eval_seed = state[0], state[1]
             self.generator.set_state(state[2])
+            self.floors = list(state[3])
             self._synced = True
         return evaluate(fn, self, self.pop_size).to(self.device)
 

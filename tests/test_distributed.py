@@ -79,6 +79,9 @@ def _distributed_worker(rank: int, world: int, store: str, out: str) -> None:
     before = pd.bytes_communicated
     res["gathered"] = pd.all_gather_values(ids, values, num)
     res["bytes"] = pd.bytes_communicated - before
+    before = pd.bytes_communicated
+    res["gathered_cover"] = pd.all_gather_values(ids, values, num, exact_cover=True)  # no per-id counts
+    res["bytes_cover"] = pd.bytes_communicated - before
 
     # interleaved, reversed ids (rank 0 evens, rank 1 odds); float64 and a list input
     mine = list(range(rank, num, world))[::-1]
@@ -105,6 +108,7 @@ def _distributed_worker(rank: int, world: int, store: str, out: str) -> None:
     res["broadcast_from_1"] = _rank_tensors(rank)
     pd.broadcast_tensors_(res["broadcast_from_1"], src=1)
     pd._BUCKET_BYTES = 64 * 1024 * 1024
+    res["broadcast_shapes"] = _error(pd.broadcast_tensors_, [torch.zeros(2 + rank)], what="adapters")
 
     # sync_if_different_: equal -> nothing; different -> warn once and repair
     same = [torch.arange(12.0).reshape(3, 4), torch.ones(3, dtype=torch.int64)]
@@ -281,6 +285,8 @@ class TestTwoRanks:
             torch.testing.assert_close(res["interleaved64"], torch.arange(7, dtype=torch.float64) * 10)
             torch.testing.assert_close(res["list_input"], torch.arange(7.0) + 0.5)
             assert res["bytes"] == (2 * 7 + WORLD) * 4  # values, counts, failure flags in float32
+            torch.testing.assert_close(res["gathered_cover"], expected, equal_nan=True)
+            assert res["bytes_cover"] == (7 + WORLD) * 4  # values and failure flags only
         assert torch.equal(two_ranks[0]["gathered"].nan_to_num(), two_ranks[1]["gathered"].nan_to_num())
 
     def test_coverage_errors_are_raised_on_every_rank(self, two_ranks):
@@ -311,6 +317,9 @@ class TestTwoRanks:
                 for got, want in zip(res[name], expected, strict=True):
                     assert got.dtype == want.dtype and torch.equal(got.detach(), want.detach())
         assert not torch.equal(_rank_tensors(0)[0], _rank_tensors(1)[0])  # the test would notice
+        for res in two_ranks:  # a layout mismatch fails on every rank instead of corrupting or aborting
+            assert res["broadcast_shapes"][0] == "ValueError"
+            assert res["broadcast_shapes"][1].startswith("adapters have different shapes or dtypes across ranks")
 
     def test_sync_if_different_(self, two_ranks):
         expected = _rank_tensors(0)
