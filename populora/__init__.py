@@ -1,6 +1,14 @@
 """populora: a population of LoRA-adapted networks that costs about as much as one network."""
 
 from .distributed import is_distributed, is_main_rank, local_device, rank, world_size
+from .es import (
+    EggrollES,
+    TorchEggrollES,
+    compute_es_gradient,
+    generate_lora_noise,
+    generate_noise_for_shapes,
+    generate_standard_noise,
+)
 from .errors import FitnessError, PopuloraError, RouteError, SpentPopulationError, TargetNotFoundError
 from .operators import (
     Factors,
@@ -14,6 +22,12 @@ from .population import Population, SelectionResult
 __version__ = "0.1.0"
 
 __all__ = [
+    "EggrollES",
+    "TorchEggrollES",
+    "compute_es_gradient",
+    "generate_lora_noise",
+    "generate_noise_for_shapes",
+    "generate_standard_noise",
     "Factors",
     "FitnessError",
     "Population",

@@ -1,0 +1,33 @@
+"""EggRoll evolution strategies on the routed low-rank path, and the torcheggroll 0.2.0 API.
+
+- :class:`EggrollES`: ask / tell / step ES whose population runs in one routed forward.
+- :class:`TorchEggrollES`: the torcheggroll 0.2.0 class, same API.
+- :func:`generate_lora_noise`, :func:`generate_standard_noise`,
+  :func:`generate_noise_for_shapes`, :func:`compute_es_gradient`: its utilities.
+
+Higher fitness is better everywhere. See ``spec/es.md`` for the semantics.
+"""
+
+from .compat import TorchEggrollES
+from .core import FITNESS_SHAPINGS, EggrollES, ESStats
+from .members import Members
+from .noise import (
+    compute_es_gradient,
+    generate_lora_noise,
+    generate_noise_for_shapes,
+    generate_standard_noise,
+    stable_seed,
+)
+
+__all__ = [
+    "FITNESS_SHAPINGS",
+    "ESStats",
+    "EggrollES",
+    "Members",
+    "TorchEggrollES",
+    "compute_es_gradient",
+    "generate_lora_noise",
+    "generate_noise_for_shapes",
+    "generate_standard_noise",
+    "stable_seed",
+]

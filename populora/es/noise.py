@@ -1,0 +1,280 @@
+"""EggRoll noise: low-rank factors regenerated from a seed, and the torcheggroll utilities.
+
+Every perturbation is a pure function of ``(seed, parameter name, epoch, pair)``
+(``epoch = generation // noise_reuse``): :func:`stable_seed` hashes the first
+three with BLAKE2b (Python's ``hash()`` is salted per process, so it would
+give every rank different noise) and seeds a ``torch.Generator`` on the
+parameter's device, which draws the blocks of all antithetic pairs at once;
+pair ``k``'s block is slice ``k`` of that draw. Nothing of size
+``N * e * d`` is ever stored: :class:`PairNoise` holds ``pairs * r * (e + d)``
+numbers per matrix.
+
+A matrix ``W`` of shape ``(R, C)`` (``(e, d)`` for ``nn.Linear``, ``(V, e)``
+for ``nn.Embedding``) is perturbed for pair ``k`` by
+``E_k = A_k B_k^T / sqrt(r)`` with ``A_k (R, r)``, ``B_k (C, r)`` standard
+normal, so every entry of ``E_k`` has unit variance whatever ``r``.
+
+The four torcheggroll 0.2.0 utilities at the bottom keep its signatures and
+semantics (not its random streams): they materialise noise, by contract.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..errors import FitnessError
+from ..operators.shaping import check_fitnesses, zscore
+
+__all__ = [
+    "PairNoise",
+    "compute_es_gradient",
+    "draw_noise",
+    "generate_lora_noise",
+    "generate_noise_for_shapes",
+    "generate_standard_noise",
+    "stable_seed",
+]
+
+
+def stable_seed(*parts: object) -> int:
+    """A 63-bit seed from ``parts``, identical in every process and on every platform.
+
+    Example:
+        >>> stable_seed(0, "0.weight", 3) == stable_seed(0, "0.weight", 3)
+        True
+    """
+    text = "\x1f".join(repr(p) for p in parts).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") & ((1 << 63) - 1)
+
+
+@dataclass(frozen=True)
+class PairNoise:
+    """The noise of one parameter for one epoch, per antithetic pair.
+
+    Attributes:
+        at: ``(pairs, r, R)`` the row factors ``A_k`` transposed (matrices), else ``None``.
+        bt: ``(pairs, r, C)`` the column factors ``B_k`` transposed (matrices), else ``None``.
+        full: ``(pairs, *shape)`` full Gaussian noise (vectors), else ``None``.
+    """
+
+    at: Tensor | None = None
+    bt: Tensor | None = None
+    full: Tensor | None = None
+
+    @property
+    def rank(self) -> int:
+        return 0 if self.at is None else self.at.shape[1]
+
+    def dense(self, pair_weights: Tensor) -> Tensor:
+        """``sum_k w_k E_k`` from the factors: one matmul with inner size ``pairs * r``.
+
+        Args:
+            pair_weights: ``(pairs,)`` weight of each pair.
+
+        Returns:
+            ``(R, C)`` for a matrix (``E_k = A_k B_k^T / sqrt(r)``), ``shape`` for a vector.
+        """
+        w = pair_weights.to(device=self._any.device, dtype=torch.float32)
+        if self.full is not None:
+            return torch.tensordot(w, self.full, dims=1)
+        pairs, r, rows = self.at.shape
+        weighted = (self.at * (w / math.sqrt(r))[:, None, None]).reshape(pairs * r, rows)  # (k r, R)
+        return weighted.T @ self.bt.reshape(pairs * r, -1)  # (R, k r) @ (k r, C) -> (R, C)
+
+    @property
+    def _any(self) -> Tensor:
+        return self.full if self.full is not None else self.at
+
+
+def draw_noise(
+    seed: int, name: str, epoch: int, pairs: int, shape: tuple[int, ...], rank: int | None, device: torch.device
+) -> PairNoise:
+    """Regenerate one parameter's noise for one epoch (float32, on ``device``).
+
+    Args:
+        seed: the run's seed.
+        name: the parameter's name (``model.named_parameters()``).
+        epoch: ``generation // noise_reuse``.
+        pairs: number of antithetic pairs (members when not antithetic).
+        shape: the parameter's shape.
+        rank: low rank for a 2-D parameter (cut to ``min(rank, R, C)``), or
+            ``None`` for full Gaussian noise.
+        device: where to draw (the generator lives there too).
+
+    Returns:
+        :class:`PairNoise`: factors ``(pairs, r, R)`` / ``(pairs, r, C)`` from one
+        ``(pairs, r, R + C)`` draw, or ``(pairs, *shape)`` full noise.
+    """
+    device = torch.device(device)
+    generator = torch.Generator(device=device).manual_seed(stable_seed("populora.es", seed, name, epoch))
+    if rank is None:
+        return PairNoise(full=torch.randn(pairs, *shape, generator=generator, device=device))
+    rows, cols = shape
+    r = min(rank, rows, cols)
+    block = torch.randn(pairs, r, rows + cols, generator=generator, device=device)  # one (R + C, r) block per pair
+    return PairNoise(at=block[:, :, :rows], bt=block[:, :, rows:])
+
+
+def _signs(pop_size: int, antithetic: bool, device: torch.device) -> tuple[Tensor, Tensor]:
+    """``(N,)`` pair of each member and ``(N,)`` sign: first half ``+``, second half ``-``."""
+    if not antithetic:
+        return torch.arange(pop_size, device=device), torch.ones(pop_size, device=device)
+    half = pop_size // 2
+    pair = torch.arange(pop_size, device=device) % half
+    sign = torch.ones(pop_size, device=device)
+    sign[half:] = -1
+    return pair, sign
+
+
+# ----------------------------------------------------------------------------- torcheggroll 0.2.0 utilities
+
+
+def _check_device(device: torch.device | str | None, like: Tensor | None = None) -> torch.device:
+    if device is None:
+        return like.device if like is not None else torch.device("cpu")
+    return torch.device(device)
+
+
+def generate_lora_noise(param: Tensor, rank: int, sigma: float, seed: int, device: torch.device) -> Tensor:
+    """Low-rank noise ``sigma * A @ B.T / sqrt(r)`` shaped like a 2-D ``param``.
+
+    ``A (R, r)`` and ``B (C, r)`` are standard normal from a generator seeded
+    with ``seed``; ``r = min(rank, R, C)``, so entries have standard deviation
+    ``sigma`` whatever the rank. Same seed, same noise.
+
+    Args:
+        param: a 2-D tensor ``(R, C)`` (only its shape is read).
+        rank: the rank ``r >= 1``.
+        sigma: noise scale.
+        seed: generator seed.
+        device: where the noise is drawn.
+
+    Returns:
+        ``(R, C)`` float32 noise on ``device``.
+
+    Raises:
+        ValueError: if ``param`` is not 2-D or ``rank < 1``.
+    """
+    if param.dim() != 2:
+        raise ValueError(f"`param` must be 2-D for low-rank noise, got shape {tuple(param.shape)}; "
+                         "use generate_standard_noise for other shapes")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"`rank` must be an int >= 1, got {rank!r}")
+    device = _check_device(device, param)
+    rows, cols = param.shape
+    r = min(rank, rows, cols)
+    generator = torch.Generator(device=device).manual_seed(int(seed))
+    block = torch.randn(rows + cols, r, generator=generator, device=device)
+    return (sigma / math.sqrt(r)) * (block[:rows] @ block[rows:].T)
+
+
+def generate_standard_noise(param: Tensor, sigma: float, seed: int, device: torch.device) -> Tensor:
+    """Full Gaussian noise ``sigma * N(0, 1)`` shaped like ``param`` (float32, on ``device``)."""
+    device = _check_device(device, param)
+    generator = torch.Generator(device=device).manual_seed(int(seed))
+    return sigma * torch.randn(param.shape, generator=generator, device=device)
+
+
+def generate_noise_for_shapes(
+    shapes: Mapping[str, tuple[int, ...]],
+    ranks: Mapping[str, int | None],
+    pop_size: int,
+    sigma: float,
+    epoch: int,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+    antithetic: bool = True,
+) -> dict[str, Tensor]:
+    """Noise for a whole population over several tensors, materialised ``(N, *shape)``.
+
+    A 2-D shape with an int rank in ``ranks`` gets low-rank noise
+    ``sigma * A_k B_k^T / sqrt(r)``; any other shape, or rank ``None`` (or a
+    missing key), gets full Gaussian noise. With ``antithetic`` the second half
+    of the members are the negatives of the first half (member ``i + N/2`` of
+    member ``i``). The noise is a pure function of ``(name, epoch)``:
+    ``noise[name][i]`` is the perturbation ``sigma * E_i`` that
+    :class:`~populora.EggrollES` (``seed=0``, same ``N`` and rank) gives the
+    parameter called ``name`` at generation ``epoch``.
+
+    Args:
+        shapes: ``{name: shape}``.
+        ranks: ``{name: rank or None}``.
+        pop_size: ``N`` members (even when ``antithetic``).
+        sigma: noise scale.
+        epoch: generation (or ``generation // noise_reuse``).
+        device: where to draw.
+        dtype: dtype of the returned noise.
+        antithetic: mirrored pairs.
+
+    Returns:
+        ``{name: (N, *shape)}``.
+
+    Raises:
+        ValueError: odd ``pop_size`` with ``antithetic``, ``pop_size < 1``, or a rank < 1.
+
+    Example:
+        >>> noise = generate_noise_for_shapes({"W": (3, 2), "b": (3,)}, {"W": 1, "b": None}, 4, 0.1, 0, "cpu")
+        >>> noise["W"].shape, bool((noise["W"][:2] == -noise["W"][2:]).all())
+        (torch.Size([4, 3, 2]), True)
+    """
+    if isinstance(pop_size, bool) or not isinstance(pop_size, int) or pop_size < 1:
+        raise ValueError(f"`pop_size` must be a positive int, got {pop_size!r}")
+    if antithetic and pop_size % 2:
+        raise ValueError(f"pop_size must be even when using antithetic sampling, got pop_size={pop_size}")
+    device = torch.device(device)
+    pairs = pop_size // 2 if antithetic else pop_size
+    pair, sign = _signs(pop_size, antithetic, device)
+    out = {}
+    for name, shape in shapes.items():
+        shape = tuple(int(s) for s in shape)
+        rank = ranks.get(name)
+        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
+            raise ValueError(f"`ranks[{name!r}]` must be an int >= 1 or None, got {rank!r}")
+        noise = draw_noise(0, name, epoch, pairs, shape, rank if len(shape) == 2 else None, device)
+        if noise.full is not None:
+            per_pair = noise.full
+        else:
+            r = noise.rank
+            per_pair = torch.bmm(noise.at.transpose(1, 2), noise.bt) / math.sqrt(r)  # (pairs, R, C)
+        per_member = per_pair[pair] * (sigma * sign).view(-1, *[1] * len(shape))
+        out[name] = per_member.to(dtype)
+    return out
+
+
+def compute_es_gradient(
+    noise: Mapping[str, Tensor], rewards: Tensor, normalize_fitness: bool = True
+) -> dict[str, Tensor]:
+    """ES gradient ``sqrt(N) * mean_i(z_i * noise_i)`` for each tensor (higher reward is better).
+
+    ``z`` is the z-score of ``rewards`` (population std, centring only when
+    the std is ~0) or, with ``normalize_fitness=False``, the rewards minus
+    their mean. Add ``lr`` times the result to the parameters to ascend.
+
+    Args:
+        noise: ``{name: (N, *shape)}``, e.g. from :func:`generate_noise_for_shapes`.
+        rewards: ``(N,)`` fitness per member, higher is better.
+        normalize_fitness: z-score (default) or mean-centre.
+
+    Returns:
+        ``{name: shape}``.
+
+    Raises:
+        FitnessError: (a ``ValueError``) if ``rewards`` is not ``(N,)`` for the
+            ``N`` of every noise tensor, or contains NaN.
+    """
+    r = check_fitnesses(torch.as_tensor(rewards), "rewards")
+    if r.dim() != 1:
+        raise FitnessError(f"`rewards` must be 1-D (one per member), got shape {tuple(r.shape)}")
+    for name, n in noise.items():
+        if n.dim() == 0 or n.shape[0] != r.shape[0]:
+            raise FitnessError(f"`rewards` has {r.shape[0]} values but noise[{name!r}] has shape "
+                               f"{tuple(n.shape)}; expected ({r.shape[0]}, ...)")
+    z = zscore(r) if normalize_fitness else r - r.mean()
+    scale = 1.0 / math.sqrt(r.shape[0])  # sqrt(N) * mean = sum / sqrt(N)
+    return {name: torch.tensordot(z.to(n.device, n.dtype) * scale, n, dims=1) for name, n in noise.items()}
