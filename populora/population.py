@@ -266,6 +266,36 @@ class Population(nn.Module):
 
     # ------------------------------------------------------------------ evaluation
 
+    def sync_from_main_rank_(self, sync_base_model: bool = False) -> None:
+        """Make every rank hold rank 0's population (once; a no-op without torch.distributed).
+
+        Broadcasts the adapters, generator state, generation, eval seed and
+        mutation floors from rank 0; the base model is compared by checksum
+        and, where ranks differ (e.g. each process seeded differently), rank
+        0's weights are broadcast with a warning. ``sync_base_model=True``
+        broadcasts the base model without checking. Called by
+        :meth:`evaluate_distributed` and by the layers built on it.
+        """
+        from .distributed import broadcast_object, broadcast_tensors_, is_distributed, sync_if_different_
+
+        self._check_alive()
+        if self._synced or not is_distributed():
+            return
+        with torch.no_grad():
+            broadcast_tensors_([*self._down_list, *self._up_list], what="population adapters (pop_size, "
+                               "low_rank and lora_targets must match on every rank)")
+            base = [*self.model.parameters(), *self.model.buffers()]
+            if sync_base_model:
+                broadcast_tensors_(base, what="base model parameters")
+            else:
+                sync_if_different_(base, "base model parameters")
+        # floors come from the base weights at construction: rank 0's, like the weights
+        state = broadcast_object((self.generation, self.eval_seed, self.generator.get_state(), self.floors))
+        self.generation, self.eval_seed = state[0], state[1]
+        self.generator.set_state(state[2])
+        self.floors = list(state[3])
+        self._synced = True
+
     def evaluate_distributed(self, fn: Callable[..., Any], sync_base_model: bool = False) -> Tensor:
         """Evaluate every individual, each rank its share of ids; ``(P,)`` fitness on every rank.
 
@@ -274,32 +304,12 @@ class Population(nn.Module):
         ``fn(population)`` (run on the main rank, result broadcast). Higher is
         better; NaNs are returned as they are (``evolve_`` applies the NaN
         policy). Works unchanged without torchrun (one rank does everything).
-
-        Before the first evaluation under torch.distributed, rank 0's adapters,
-        generator state, generation and eval seed are broadcast, and the base
-        model is compared by checksum: ranks that differ (e.g. each process
-        seeded differently) get rank 0's weights and a warning.
-        ``sync_base_model=True`` broadcasts the base model without checking.
+        Before the first evaluation, :meth:`sync_from_main_rank_` makes every
+        rank hold rank 0's population (and repairs a differing base model).
         """
-        from .distributed import broadcast_object, broadcast_tensors_, is_distributed, sync_if_different_
         from .fitness import evaluate
 
-        self._check_alive()
-        if is_distributed() and not self._synced:
-            with torch.no_grad():
-                broadcast_tensors_([*self._down_list, *self._up_list], what="population adapters (pop_size, "
-                                   "low_rank and lora_targets must match on every rank)")
-                base = [*self.model.parameters(), *self.model.buffers()]
-                if sync_base_model:
-                    broadcast_tensors_(base, what="base model parameters")
-                else:
-                    sync_if_different_(base, "base model parameters")
-            # floors come from the base weights at construction: rank 0's, like the weights
-            state = broadcast_object((self.generation, self.eval_seed, self.generator.get_state(), self.floors))
-            self.generation, self.eval_seed = state[0], state[1]
-            self.generator.set_state(state[2])
-            self.floors = list(state[3])
-            self._synced = True
+        self.sync_from_main_rank_(sync_base_model)
         return evaluate(fn, self, self.pop_size).to(self.device)
 
     # ------------------------------------------------------------------ selection
