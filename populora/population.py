@@ -266,14 +266,15 @@ class Population(nn.Module):
 
     # ------------------------------------------------------------------ evaluation
 
-    def sync_from_main_rank_(self, sync_base_model: bool = False) -> None:
+    def sync_from_main_rank_(self, sync_base_model: bool = False, *, name: str | None = None) -> None:
         """Make every rank hold rank 0's population (once; a no-op without torch.distributed).
 
         Broadcasts the adapters, generator state, generation, eval seed and
         mutation floors from rank 0; the base model is compared by checksum
         and, where ranks differ (e.g. each process seeded differently), rank
         0's weights are broadcast with a warning. ``sync_base_model=True``
-        broadcasts the base model without checking. Called by
+        broadcasts the base model without checking; ``name`` labels the
+        population in warnings and errors. Called by
         :meth:`evaluate_distributed` and by the layers built on it.
         """
         from .distributed import broadcast_object, broadcast_tensors_, is_distributed, sync_if_different_
@@ -281,14 +282,15 @@ class Population(nn.Module):
         self._check_alive()
         if self._synced or not is_distributed():
             return
+        of = f" of population {name!r}" if name else ""
         with torch.no_grad():
-            broadcast_tensors_([*self._down_list, *self._up_list], what="population adapters (pop_size, "
-                               "low_rank and lora_targets must match on every rank)")
+            broadcast_tensors_([*self._down_list, *self._up_list], what=f"adapters{of} (pop_size, low_rank and "
+                               "lora_targets must match on every rank)")
             base = [*self.model.parameters(), *self.model.buffers()]
             if sync_base_model:
-                broadcast_tensors_(base, what="base model parameters")
+                broadcast_tensors_(base, what=f"base model parameters{of}")
             else:
-                sync_if_different_(base, "base model parameters")
+                sync_if_different_(base, f"base model parameters{of}")
         # floors come from the base weights at construction: rank 0's, like the weights
         state = broadcast_object((self.generation, self.eval_seed, self.generator.get_state(), self.floors))
         self.generation, self.eval_seed = state[0], state[1]
