@@ -1,0 +1,130 @@
+"""EggrollES under torch.distributed: 2 real gloo processes (spawned, FileStore in tmp_path).
+
+Each rank evaluates its slice of members and only the fitnesses are exchanged; every rank applies the
+same update, so the parameters stay bitwise identical. Ranks that start from different weights (or
+seeds) are repaired from rank 0 with a warning at the first step. The workers record what they saw;
+the assertions run here, in the parent.
+"""
+
+from __future__ import annotations
+
+import datetime
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from populora import EggrollES
+from populora import distributed as pd
+
+POP, STEPS = 8, 4
+
+
+def model_for(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(5, 12), nn.Tanh(), nn.Linear(12, 3))
+
+
+def data():
+    gen = torch.Generator().manual_seed(123)
+    return torch.randn(6, 5, generator=gen), torch.randn(6, 3, generator=gen), torch.randn(POP, 2, 5, generator=gen)
+
+
+def mse(out, target):
+    return ((out - target) ** 2).mean()
+
+
+def train(es: EggrollES) -> list[float]:
+    x, y, xs = data()
+    means = []
+    for step in range(STEPS):
+        if step % 2:
+            stats = es.step(xs, mse, torch.zeros(POP, 2, 3), per_member=True)
+        else:
+            stats = es.step(x, mse, y)
+        means.append(stats.mean)
+    return means
+
+
+def _worker(rank: int, world: int, store: str, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    res: dict = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # rank-dependent weights AND seeds: both repaired from rank 0 at the first step
+        es = EggrollES(model_for(rank), POP, 0.1, 0.2, 2, seed=rank)
+        before = pd.bytes_communicated
+        res["means"] = train(es)
+        res["bytes_per_generation"] = (pd.bytes_communicated - before) / STEPS
+    res["warnings"] = [str(w.message) for w in caught]
+    res["params"] = {n: p.detach().clone() for n, p in es.model.named_parameters()}
+    res["seed"], res["generation"] = es.seed, es.generation
+
+    # a fitness function in the batch form is called with this rank's ids only
+    calls = []
+
+    def fitness(members, individuals):
+        calls.append(list(individuals))
+        return members(data()[0], individuals=individuals).mean(dim=(1, 2))
+
+    res["fitness"] = es.evaluate(fitness)
+    res["fitness_ids"] = calls
+
+    es.debug_sync = True
+    es.step(data()[0], mse, data()[1])  # in sync: passes
+    if rank == 1:
+        with torch.no_grad():
+            es.model[0].weight[0, 0] += 1.0
+    try:
+        es.check_sync()
+        res["check_sync"] = None
+    except RuntimeError as error:
+        res["check_sync"] = str(error)
+
+    def failing(out, target):
+        if dist.get_rank() == 1:
+            raise ZeroDivisionError("loss blew up on rank 1")
+        return mse(out, target)
+
+    try:
+        es.losses(data()[0], failing, data()[1])
+        res["failure"] = None
+    except Exception as error:  # noqa: BLE001 - recorded for the parent
+        res["failure"] = f"{type(error).__name__}: {error}"
+    torch.save(res, f"{out}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_two_ranks_stay_in_lockstep_exchanging_only_fitnesses(tmp_path):
+    mp.spawn(_worker, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2))
+
+    for name in r0["params"]:
+        assert torch.equal(r0["params"][name], r1["params"][name]), name
+    assert r0["means"] == r1["means"]
+    assert r1["seed"] == 0 and r1["generation"] == STEPS  # rank 0's seed won
+    assert any("ES model parameters differ across ranks" in w for w in r1["warnings"])
+    assert any("ES seeds / generations differ across ranks" in w for w in r1["warnings"])
+
+    # the same run in one process, from rank 0's start, reaches the same parameters
+    single = EggrollES(model_for(0), POP, 0.1, 0.2, 2, seed=0)
+    means = train(single)
+    for name, p in single.model.named_parameters():
+        torch.testing.assert_close(r0["params"][name], p.detach(), rtol=1e-5, atol=1e-6)
+    assert means == pytest.approx(r0["means"], rel=1e-5)
+
+    # only the N fitnesses cross the network: all_gather_values' buffer of (2N + world) float32 per generation
+    assert r0["bytes_per_generation"] == (2 * POP + 2) * 4
+    assert r0["fitness_ids"] == [[0, 1, 2, 3]] and r1["fitness_ids"] == [[4, 5, 6, 7]]
+    assert torch.equal(r0["fitness"], r1["fitness"])
+
+    for res in (r0, r1):
+        assert res["check_sync"] is not None and "ES parameters differ across ranks" in res["check_sync"]
+    assert r1["failure"].startswith("ZeroDivisionError: loss blew up on rank 1")
+    assert r0["failure"].startswith("RuntimeError") and "loss blew up on rank 1" in r0["failure"]
