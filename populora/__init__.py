@@ -18,6 +18,7 @@ from .operators import (
     register_selection,
 )
 from .population import Population, SelectionResult
+from .coevolve import Coevolve, HallOfFame
 
 __version__ = "0.1.0"
 
@@ -28,8 +29,10 @@ __all__ = [
     "generate_lora_noise",
     "generate_noise_for_shapes",
     "generate_standard_noise",
+    "Coevolve",
     "Factors",
     "FitnessError",
+    "HallOfFame",
     "Population",
     "PopuloraError",
     "RouteError",
