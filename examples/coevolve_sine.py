@@ -17,7 +17,7 @@ a frozen random MLP, evolved by a genetic algorithm, all of them in one
 that the script reports on.
 
     pip install matplotlib
-    python examples/coevolve_sine.py                        # ~15 s on a laptop CPU; held-out mse ~0.01
+    python examples/coevolve_sine.py                        # ~20 s on a laptop CPU; held-out mse ~0.01
     python examples/coevolve_sine.py --generations 200 --plot /tmp/sine.png
     torchrun --standalone --nproc-per-node=3 examples/coevolve_sine.py --distributed  # one probe per rank
 """

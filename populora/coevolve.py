@@ -331,6 +331,9 @@ class Coevolve:
         Raises:
             FitnessError: a fitness is not a finite ``(P,)`` tensor (the error
                 names the population and both shapes).
+            RuntimeError: (distributed) on the other ranks when a probe fails
+                on its owner, which re-raises the probe's own exception; no
+                rank is left waiting.
         """
         use_dist = bool(distributed) and pd.is_distributed()
         if use_dist and not self._synced:
