@@ -42,7 +42,6 @@ from .checkpoint import atomic_save, load_checkpoint
 from .errors import FitnessError
 from .operators import Factors
 from .population import Population
-from .routing import Adapter, routed_call
 from .stats import GenerationStats
 
 __all__ = ["Champion", "Coevolve", "HallOfFame"]
@@ -771,16 +770,10 @@ class HallOfFame:
             raise ValueError(f"`champions` must all come from one population, got {sorted(names)}")
         name = self._name(names.pop())
         pop = self.populations[name]
-        pop._check_alive()  # a merged population has no routing hooks left
-        adapters = []
-        for t, target in enumerate(pop.target_names):
-            down = torch.stack([c.factors[t].down for c in group])  # (k, d, r)
-            up = torch.stack([c.factors[t].up for c in group])  # (k, e, r)
-            embedding = isinstance(pop.model.get_submodule(target), nn.Embedding)
-            adapters.append(Adapter(down if embedding else down.transpose(1, 2), up.transpose(1, 2)))
+        stacks = [Factors(torch.stack([c.factors[t].down for c in group]), torch.stack([c.factors[t].up for c in group]))
+                  for t in range(len(pop.target_names))]  # (k, d, r), (k, e, r) per target
         route = {"individual": 0} if single else {"all_individuals": True, "broadcast": broadcast}
-        # TODO(population): a public `Population.forward_factors(factors, ...)` would avoid reaching for _router.
-        return routed_call(pop.model, pop._router, adapters, len(group), args, kwargs, device=pop.device, **route)
+        return pop.forward_factors(stacks, *args, **route, **kwargs)
 
     # ------------------------------------------------------------------ save / load
 

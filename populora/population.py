@@ -203,6 +203,34 @@ class Population(nn.Module):
             broadcast=broadcast, device=self.device,
         )
 
+    def forward_factors(
+        self,
+        factors: Sequence[Factors],
+        *args: Any,
+        individual: int | None = None,
+        individuals: Sequence[int] | Tensor | None = None,
+        all_individuals: bool = False,
+        broadcast: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """Like :meth:`forward`, but routed through the given stacks instead of the population's.
+
+        Args:
+            factors: one ``Factors(down (k, d, r_t), up (k, e, r_t))`` per
+                target (as :meth:`factors` returns them, e.g. archived
+                champions); ids in the routing arguments index ``k``.
+        """
+        self._check_alive()
+        if len(factors) != len(self.target_names):
+            raise ValueError(f"`factors` must hold one entry per target ({len(self.target_names)}), got {len(factors)}")
+        adapters = [Adapter(down if emb else down.transpose(1, 2), up.transpose(1, 2))
+                    for (down, up), emb in zip(factors, self._embedding)]
+        return routed_call(
+            self.model, self._router, adapters, factors[0].down.shape[0], args, kwargs,
+            individual=individual, individuals=individuals, all_individuals=all_individuals,
+            broadcast=broadcast, device=self.device,
+        )
+
     def adapters(self) -> list[Adapter]:
         """Every target's stacks in the routing layout, cut to the effective rank."""
         return [

@@ -203,3 +203,14 @@ def test_grad_flows_to_adapters_only_when_asked():
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in pop.parameters() if p.requires_grad)
     assert sum(p.requires_grad for p in pop.parameters()) == 4
     assert all(p.grad is None for p in pop.model.parameters())
+
+
+def test_forward_factors_routes_given_stacks():
+    pop, base, x = make("transformer")
+    own = pop.factors()
+    picked = [type(f)(f.down[[4, 1]], f.up[[4, 1]]) for f in own]  # a 2-member stack: individuals 4 and 1
+    with torch.no_grad():
+        close(pop.forward_factors(picked, x, all_individuals=True), pop(x, individuals=[4, 1]))
+        close(pop.forward_factors(own, x, individual=3), pop(x, individual=3))
+    with pytest.raises(ValueError, match=r"one entry per target \(10\), got 1"):
+        pop.forward_factors(own[:1], x, individual=0)
