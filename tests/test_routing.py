@@ -212,5 +212,5 @@ def test_forward_factors_routes_given_stacks():
     with torch.no_grad():
         close(pop.forward_factors(picked, x, all_individuals=True), pop(x, individuals=[4, 1]))
         close(pop.forward_factors(own, x, individual=3), pop(x, individual=3))
-    with pytest.raises(ValueError, match=r"one entry per target \(10\), got 1"):
+    with pytest.raises(ValueError, match=r"one entry per target \(14\), got 1"):
         pop.forward_factors(own[:1], x, individual=0)
