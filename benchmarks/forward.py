@@ -7,7 +7,9 @@ For each point of the grid, in one process: time and peak memory of
 - ``ids``:   ``pop(x, individuals=ids)`` with the same rows shuffled (one id per row),
 - ``loop``:  a naive per-individual loop, ``pop(x_i, individual=i)`` for each ``i``.
 
-Outputs are checked to agree before timing. Ratios are to ``pure``. Points where
+Outputs are checked to agree before timing. Ratios are to ``pure``. On CPU the
+time is the thread's CPU time (robust to other processes on a shared machine).
+Points where
 the adapters are larger than the base weights (``P*r*(d+e) > d*e``) are marked
 ``*`` (reported, not judged).
 
@@ -88,10 +90,10 @@ class Timer:
                 b.record()
                 torch.cuda.synchronize()
                 times.append(a.elapsed_time(b) / 1e3)
-            else:
-                t0 = time.perf_counter()
+            else:  # CPU time of this thread: robust to other processes on a shared machine
+                t0 = time.thread_time()
                 fn()
-                times.append(time.perf_counter() - t0)
+                times.append(time.thread_time() - t0)
         return statistics.median(times)
 
 
