@@ -424,3 +424,14 @@ def test_custom_optimizer_must_hold_the_parameters():
         EggrollES(model, 4, 0.1, None, 2, optimizer=torch.optim.SGD(model[0].parameters(), lr=0.1))
     with pytest.warns(UserWarning, match="`lr=0.1` is ignored"):
         EggrollES(model, 4, 0.1, 0.1, 2, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_max_rows_evaluates_in_chunks_with_the_same_losses():
+    es, _, x = make("transformer", pop=6)
+    loss = lambda o, t: o.square().mean()  # noqa: E731
+    whole = es.losses(x, loss)
+    close(es.losses(x, loss, max_rows=7), whole)  # 7 // 3 rows per member = 2 members per forward
+    xs = torch.randint(0, 11, (6, 2, 8))
+    close(es.losses(xs, loss, per_member=True, max_rows=1), es.losses(xs, loss, per_member=True))
+    with pytest.raises(ValueError, match="`max_rows` must be an int >= 1, got 0"):
+        es.losses(x, loss, max_rows=0)

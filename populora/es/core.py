@@ -35,7 +35,7 @@ from ..errors import FitnessError
 from ..fitness import evaluate as evaluate_fitness
 from ..operators.shaping import centered_rank, check_fitnesses, zscore
 from ..routing import Adapter, Router
-from .members import Members, map_tensors, member_losses, split_members
+from .members import Members, _leading, map_tensors, member_losses, split_members
 from .noise import PairNoise, _signs, draw_noise
 from .params import ESParam, select_params
 
@@ -196,6 +196,7 @@ class EggrollES:
         self._loss_modes: dict = {}
         self._noise: tuple[int, dict[str, PairNoise]] | None = None
         self._members: tuple[int, float, list[Adapter]] | None = None
+        self._buffers: dict[tuple, Tensor] = {}
 
         targets: dict[str, nn.Module] = {}
         for p in self._params:
@@ -261,11 +262,32 @@ class EggrollES:
     def _noises(self) -> dict[str, PairNoise]:
         epoch = self.epoch
         if self._noise is None or self._noise[0] != epoch:
-            self._noise = (epoch, {
-                p.name: draw_noise(self.seed, p.name, epoch, self.pairs, tuple(p.param.shape), p.rank, self.device)
-                for p in self._params
-            })
+            noises = {}
+            for p in self._params:
+                shape = tuple(p.param.shape)
+                size = (self.pairs, *shape) if p.rank is None else (self.pairs, p.rank, sum(shape))
+                buf = self._buffer(("noise", p.name), size, torch.float32)
+                noises[p.name] = draw_noise(self.seed, p.name, epoch, self.pairs, shape, p.rank, self.device, out=buf)
+            self._noise = (epoch, noises)
         return self._noise[1]
+
+    def _buffer(self, key: tuple, size: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+        """A persistent buffer, allocated once: each generation's noise and adapters are written in place."""
+        buf = self._buffers.get(key)
+        if buf is None or tuple(buf.shape) != tuple(size) or buf.dtype != dtype:
+            buf = self._buffers[key] = torch.empty(size, dtype=dtype, device=self.device)
+        return buf
+
+    def _stack(self, key: tuple, per_pair: Tensor, scale: float | None, dtype: torch.dtype) -> Tensor:
+        """``(pairs, ...) -> (N, ...)``: member ``i`` gets ``s_i * scale * per_pair[k(i)]`` (``scale=None``: no sign)."""
+        out = self._buffer(key, (self.pop_size, *per_pair.shape[1:]), dtype)
+        halves = (out[: self.pairs], out[self.pairs :]) if self.antithetic else (out,)
+        for half, sign in zip(halves, (1.0, -1.0)):
+            if scale is None:
+                half.copy_(per_pair)
+            else:
+                torch.mul(per_pair, sign * scale, out=half)
+        return out
 
     def _sigma_now(self) -> float:
         """The sigma the current generation's members were built with."""
@@ -274,26 +296,27 @@ class EggrollES:
         return self.sigma
 
     def _adapters(self, sigma: float) -> list[Adapter]:
+        """Every target's member stacks in the routing layout (buffers reused across generations)."""
         noises = self._noises()
-        pair, sign = _signs(self.pop_size, self.antithetic, self.device)
         adapters = []
         for path, module in self._targets.items():
             weight, bias = self._by_use.get((path, "weight")), self._by_use.get((path, "bias"))
             dtype = module.weight.dtype
             if weight is None:
-                down = torch.zeros(self.pop_size, 0, module.in_features, device=self.device, dtype=dtype)
-                up = torch.zeros(self.pop_size, 0, module.out_features, device=self.device, dtype=dtype)
+                down = self._buffer((path, "down"), (self.pop_size, 0, module.in_features), dtype)
+                up = self._buffer((path, "up"), (self.pop_size, 0, module.out_features), dtype)
             else:
                 noise = noises[weight.name]
-                coef = ((sigma / math.sqrt(noise.rank)) * sign)[:, None, None]  # (N, 1, 1): sigma s_i / sqrt(r)
+                coef = sigma / math.sqrt(noise.rank)  # sigma * s_i / sqrt(r), the sign added per half
                 if isinstance(module, nn.Embedding):  # W (V, e): down (N, V, r) from A, up (N, r, e) from B
-                    down, up = (noise.at[pair] * coef).transpose(1, 2).contiguous(), noise.bt[pair]
+                    down = self._stack((path, "down"), noise.at.transpose(1, 2), coef, dtype)
+                    up = self._stack((path, "up"), noise.bt, None, dtype)
                 else:  # W (e, d): down (N, r, d) from B, up (N, r, e) from A
-                    down, up = noise.bt[pair] * coef, noise.at[pair]
-                down, up = down.to(dtype), up.to(dtype)
+                    down = self._stack((path, "down"), noise.bt, coef, dtype)
+                    up = self._stack((path, "up"), noise.at, None, dtype)
             bias_noise = None
-            if bias is not None:
-                bias_noise = (noises[bias.name].full[pair] * (sigma * sign)[:, None]).to(bias.param.dtype)  # (N, e)
+            if bias is not None:  # (N, e)
+                bias_noise = self._stack((path, "bias"), noises[bias.name].full, sigma, bias.param.dtype)
             adapters.append(Adapter(down, up, bias_noise))
         return adapters
 
@@ -322,14 +345,21 @@ class EggrollES:
         return Members(self, self.generation, self._members[2])
 
     def losses(
-        self, inputs: Any, loss_fn: Callable[[Any, Any], Any], targets: Any = None, *, per_member: bool = False
+        self,
+        inputs: Any,
+        loss_fn: Callable[[Any, Any], Any],
+        targets: Any = None,
+        *,
+        per_member: bool = False,
+        max_rows: int | None = None,
     ) -> Tensor:
         """``(N,)`` loss of every member (lower is better), the same on every rank.
 
         ``model(inputs)`` runs once over all members' rows (each rank: its
-        slice of members). ``loss_fn(outputs, targets)`` is called per member
-        on that member's ``(b, ...)`` outputs (vmapped, or looped when not
-        vmap-safe) and must return a scalar.
+        slice of members), or in chunks of members when ``max_rows`` is set.
+        ``loss_fn(outputs, targets)`` is called per member on that member's
+        ``(b, ...)`` outputs (vmapped, or looped when not vmap-safe) and must
+        return a scalar.
 
         Args:
             inputs: the model's single input (tensor or nest of tensors),
@@ -339,9 +369,17 @@ class EggrollES:
             targets: passed to ``loss_fn``; with ``per_member=True`` its
                 tensors are ``(N, ...)`` and member ``i`` gets ``targets[i]``.
             per_member: see ``inputs``.
+            max_rows: at most this many rows per routed forward (at least one
+                member's ``b``): bounds activation memory whatever ``N``.
+
+        Raises:
+            ValueError: per-member tensors not ``(N, b, ...)``, ``max_rows < 1``,
+                or ``loss_fn`` not returning one number per member.
         """
         if not callable(loss_fn):
             raise TypeError(f"`loss_fn` must be callable, got {type(loss_fn).__name__}")
+        if max_rows is not None:
+            _positive_int("max_rows", max_rows)
         n = self.pop_size
         if per_member:
             split_members(inputs, n, "inputs")
@@ -352,12 +390,20 @@ class EggrollES:
         local, failure = torch.empty(0), None
         try:
             if len(ids):
-                x, t = inputs, map_tensors(targets, lambda v: v.to(self.device))
-                if per_member and spread:
-                    x, t = (map_tensors(v, lambda v: v[ids.start:ids.stop]) for v in (x, t))
-                out = members(x, individuals=ids if spread else None, per_member=per_member)
-                local = member_losses(loss_fn, out, t, len(ids), per_member_targets=per_member,
-                                      cache=self._loss_modes)
+                shapes = _leading(inputs)
+                b = (shapes[0][1] if per_member else shapes[0][0]) if shapes and shapes[0] else 1
+                chunk = len(ids) if max_rows is None else max(1, max_rows // max(b, 1))
+                targets = map_tensors(targets, lambda v: v.to(self.device))
+                parts = []
+                for start in range(ids.start, ids.stop, chunk):
+                    part = range(start, min(start + chunk, ids.stop))
+                    x, t = inputs, targets
+                    if per_member and len(part) < n:
+                        x, t = (map_tensors(v, lambda v: v[part.start:part.stop]) for v in (x, t))
+                    out = members(x, individuals=None if len(part) == n else part, per_member=per_member)
+                    parts.append(member_losses(loss_fn, out, t, len(part), per_member_targets=per_member,
+                                               cache=self._loss_modes))
+                local = torch.cat(parts)
         except Exception as error:
             if not spread:
                 raise
@@ -385,17 +431,18 @@ class EggrollES:
         *,
         fitness: Callable[..., Any] | None = None,
         per_member: bool = False,
+        max_rows: int | None = None,
     ) -> ESStats:
         """One generation: evaluate every member, then :meth:`tell`.
 
-        Either ``inputs`` and ``loss_fn`` (fitness ``= -loss``, see :meth:`losses`),
-        or ``fitness=fn`` (see :meth:`evaluate`).
+        Either ``inputs`` and ``loss_fn`` (fitness ``= -loss``; ``per_member``
+        and ``max_rows`` as in :meth:`losses`), or ``fitness=fn`` (see :meth:`evaluate`).
         """
         if (fitness is None) == (loss_fn is None):
             raise ValueError("pass either `inputs` and `loss_fn` (fitness = -loss) or `fitness=fn`, not both/neither")
-        f = self.evaluate(fitness) if fitness is not None else -self.losses(inputs, loss_fn, targets,
-                                                                             per_member=per_member)
-        return self.tell(f)
+        if fitness is not None:
+            return self.tell(self.evaluate(fitness))
+        return self.tell(-self.losses(inputs, loss_fn, targets, per_member=per_member, max_rows=max_rows))
 
     def _check_fitnesses(self, fitnesses: Any) -> Tensor:
         if not isinstance(fitnesses, Tensor):

@@ -93,7 +93,14 @@ class PairNoise:
 
 
 def draw_noise(
-    seed: int, name: str, epoch: int, pairs: int, shape: tuple[int, ...], rank: int | None, device: torch.device
+    seed: int,
+    name: str,
+    epoch: int,
+    pairs: int,
+    shape: tuple[int, ...],
+    rank: int | None,
+    device: torch.device,
+    out: Tensor | None = None,
 ) -> PairNoise:
     """Regenerate one parameter's noise for one epoch (float32, on ``device``).
 
@@ -106,6 +113,8 @@ def draw_noise(
         rank: low rank for a 2-D parameter (cut to ``min(rank, R, C)``), or
             ``None`` for full Gaussian noise.
         device: where to draw (the generator lives there too).
+        out: optional float32 buffer of the drawn block's shape to draw into
+            (``(pairs, r, R + C)`` or ``(pairs, *shape)``), reused across epochs.
 
     Returns:
         :class:`PairNoise`: factors ``(pairs, r, R)`` / ``(pairs, r, C)`` from one
@@ -114,10 +123,10 @@ def draw_noise(
     device = torch.device(device)
     generator = torch.Generator(device=device).manual_seed(stable_seed("populora.es", seed, name, epoch))
     if rank is None:
-        return PairNoise(full=torch.randn(pairs, *shape, generator=generator, device=device))
+        return PairNoise(full=torch.randn(pairs, *shape, generator=generator, device=device, out=out))
     rows, cols = shape
     r = min(rank, rows, cols)
-    block = torch.randn(pairs, r, rows + cols, generator=generator, device=device)  # one (R + C, r) block per pair
+    block = torch.randn(pairs, r, rows + cols, generator=generator, device=device, out=out)  # a (R + C, r) block per pair
     return PairNoise(at=block[:, :, :rows], bt=block[:, :, rows:])
 
 
