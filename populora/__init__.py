@@ -18,6 +18,8 @@ from .operators import (
     register_selection,
 )
 from .population import Population, SelectionResult
+from .interact import EnvInteractor, EvolveResult, evolve_with_env, interact_with_env
+from .stats import GenerationStats
 from .coevolve import Coevolve, HallOfFame
 
 __version__ = "0.1.0"
@@ -30,8 +32,11 @@ __all__ = [
     "generate_noise_for_shapes",
     "generate_standard_noise",
     "Coevolve",
+    "EnvInteractor",
+    "EvolveResult",
     "Factors",
     "FitnessError",
+    "GenerationStats",
     "HallOfFame",
     "Population",
     "PopuloraError",
@@ -39,6 +44,8 @@ __all__ = [
     "SelectionResult",
     "SpentPopulationError",
     "TargetNotFoundError",
+    "evolve_with_env",
+    "interact_with_env",
     "is_distributed",
     "is_main_rank",
     "local_device",

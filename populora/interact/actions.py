@@ -1,0 +1,143 @@
+"""From routed model outputs to env actions: the user's ``action`` map, then checks.
+
+No silent change of a user's action: the only reshape is ``(n,)`` to
+``(n, 1)`` for a 1-dim Box (it keeps every element), the only rescale is
+``to_range=(lo, hi)`` from ``(-1, 1)``, and only when asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["ActionFormat", "ActionFn", "check_to_range"]
+
+ActionFn = Callable[[Any], Any]
+
+
+def _space_name(space: Any) -> str:
+    text = repr(space)
+    if text.startswith("<") or len(text) > 60:
+        shape = getattr(space, "shape", None)
+        return f"{type(space).__name__}(shape={tuple(shape) if shape is not None else None})"
+    return text
+
+
+class ActionFormat:
+    """What one slot's action looks like, read from the env's action space.
+
+    * ``Discrete(n, start)``: integer ``(k,)`` actions in ``[start, start + n)``;
+      the default ``action`` is ``argmax(-1)``.
+    * anything with a ``shape`` (Box, MultiDiscrete, MultiBinary, dm_control
+      action specs): ``(k, *shape)``, integer when the space's dtype is;
+      floating actions are sent as float32. The default ``action`` passes the
+      outputs through.
+    * no space known (``None``, dict or tuple spaces): actions pass through
+      with only the batch dim checked.
+
+    Args:
+        space: the single-slot action space (gymnasium space or look-alike).
+    """
+
+    def __init__(self, space: Any):
+        self.space = space
+        self.name = _space_name(space)
+        n = getattr(space, "n", None)
+        shape = getattr(space, "shape", None)
+        self.discrete = n is not None and (shape is None or tuple(shape) == ())
+        self.known = self.discrete or (shape is not None and not hasattr(space, "spaces"))
+        if self.discrete:
+            self.shape: tuple[int, ...] = ()
+            self.integer = True
+            self.start = int(np.asarray(getattr(space, "start", 0)))
+            self.n = int(n)
+        else:
+            self.shape = tuple(int(s) for s in shape) if self.known else ()
+            dtype = getattr(space, "dtype", None)
+            self.integer = dtype is not None and np.issubdtype(np.dtype(dtype), np.integer)
+
+    def default_action(self, outputs: Any) -> Any:
+        """``argmax(-1)`` for a Discrete space, the outputs themselves otherwise."""
+        if self.discrete:
+            return outputs.argmax(-1)
+        return outputs
+
+    def convert(self, actions: Any, k: int, to_range: tuple[Tensor, Tensor] | None) -> Any:
+        """Check ``actions`` for ``k`` slots and return them on the CPU, ready for the env.
+
+        Raises:
+            ValueError: wrong shape (both shapes named) or Discrete values out of range.
+            TypeError: floating actions for an integer space, or not a tensor / array.
+        """
+        if not self.known:
+            return actions
+        if not isinstance(actions, Tensor):
+            try:
+                actions = torch.as_tensor(np.asarray(actions))
+            except (TypeError, ValueError, RuntimeError):
+                raise TypeError(
+                    f"`action(logits)` must return a tensor or array of actions, got {type(actions).__name__}"
+                ) from None
+        actions = actions.detach()
+        expected = (k, *self.shape)
+        if tuple(actions.shape) != expected:
+            if self.shape == (1,) and tuple(actions.shape) == (k,):
+                actions = actions.reshape(k, 1)
+            else:
+                raise ValueError(
+                    f"`action(logits)` returned actions of shape {tuple(actions.shape)} for {k} slot(s); the "
+                    f"action space {self.name} needs shape {expected}"
+                    + (" (did you forget `.argmax(-1)`?)" if self.discrete and actions.dim() == 2 else "")
+                )
+        if to_range is not None:
+            lo, hi = to_range
+            actions = lo.to(actions.device) + (actions.to(lo.dtype) + 1) * ((hi - lo).to(actions.device) / 2)
+        if actions.device.type != "cpu":
+            actions = actions.cpu()
+        if self.integer:
+            if actions.is_floating_point() or actions.is_complex():
+                raise TypeError(
+                    f"the action space {self.name} takes integer actions, but `action(logits)` returned "
+                    f"{actions.dtype}" + (" (did you forget `.argmax(-1)`?)" if self.discrete else "")
+                )
+            actions = actions.long()
+            if self.discrete and actions.numel():
+                lo_v, hi_v = (int(v) for v in torch.aminmax(actions))
+                if lo_v < self.start or hi_v >= self.start + self.n:
+                    raise ValueError(
+                        f"`action(logits)` returned actions from {lo_v} to {hi_v}, outside the action space "
+                        f"{self.name} (valid: {self.start} to {self.start + self.n - 1})"
+                    )
+        elif actions.dtype != torch.float32:
+            actions = actions.to(torch.float32)
+        return actions
+
+
+def check_to_range(to_range: Any, fmt: ActionFormat) -> tuple[Tensor, Tensor] | None:
+    """Validate ``to_range=(lo, hi)`` (scalars or per-dimension) for ``fmt``'s Box.
+
+    Raises:
+        ValueError: not a pair, ``lo >= hi`` somewhere, a shape that does not
+            broadcast to the action, or a space that is not continuous.
+    """
+    if to_range is None:
+        return None
+    if fmt.integer or not fmt.known:
+        raise ValueError(f"`to_range` rescales continuous (Box) actions; the action space is {fmt.name}")
+    if not isinstance(to_range, (tuple, list)) or len(to_range) != 2:
+        raise ValueError(f"`to_range` must be a pair (lo, hi), got {to_range!r}")
+    lo, hi = (torch.as_tensor(np.asarray(v, dtype=np.float64)).to(torch.float32) for v in to_range)
+    try:
+        torch.broadcast_shapes(lo.shape, hi.shape, fmt.shape)
+    except RuntimeError:
+        raise ValueError(
+            f"`to_range` bounds of shapes {tuple(lo.shape)} and {tuple(hi.shape)} do not broadcast to the "
+            f"action shape {fmt.shape}"
+        ) from None
+    if not bool(torch.all(lo < hi)):
+        raise ValueError(f"`to_range=(lo, hi)` needs lo < hi everywhere, got {to_range!r}")
+    return lo, hi

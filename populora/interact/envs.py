@@ -1,0 +1,472 @@
+"""Environment slots: one env, a list, a vector env or a factory as ``N`` torch slots.
+
+Every source is adapted by env-ssl-wrapper, whose per-simulator adapter
+(``StandardizeWrapper``) turns gymnasium, dm_control (``TimeStep``, dict
+observations), legacy gym and the other simulators it knows into
+``(obs, reward, terminated, truncated, info)``. Vector envs also go through
+its ``TensorWrapper`` (torch tensors, one call per timestep); single envs are
+batched and converted here, once per timestep for all of them (the per-env
+AutoBatched + Tensor layers cost several times a cheap env's step). This
+module keeps one observation buffer over all slots and resets any chosen
+slots with given seeds:
+
+* a single env is one slot, reset with ``env_ssl_wrapper.reset_env`` (which
+  seeds gymnasium's ``reset(seed=)`` or dm_control's task random state);
+* a gymnasium ``SyncVectorEnv`` / ``AsyncVectorEnv`` resets several slots in
+  one call through ``options['reset_mask']`` with one seed per slot;
+* any other vector env must reset one slot with a seed (``reset_at``), found
+  by ``env_ssl_wrapper.reset_env_at``; gymnasium's native ``CartPoleVectorEnv``
+  cannot, and is refused with a hint.
+
+Slots are assumed interchangeable (same environment and configuration): a
+seeded episode must play the same in every slot.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ..errors import PopuloraError
+
+__all__ = ["EnvSlots", "EnvStepError", "build_slots"]
+
+
+class EnvStepError(PopuloraError, RuntimeError):
+    """An environment raised while being reset or stepped (the slot and individual are named)."""
+
+
+class SlotFailure(Exception):
+    """Internal: a source failed; carries the slots involved and the cause."""
+
+    def __init__(self, slots: Sequence[int], what: str, cause: BaseException):
+        super().__init__(what)
+        self.slots = list(slots)
+        self.what = what
+        self.cause = cause
+
+
+def _is_factory(obj: Any) -> bool:
+    if isinstance(obj, str) or isinstance(obj, type):
+        return True
+    return callable(obj) and not hasattr(obj, "reset") and not hasattr(obj, "step")
+
+
+def _describe_env(env: Any) -> str:
+    text = repr(env) if type(env).__repr__ is not object.__repr__ else type(env).__name__
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _masked_reset_capable(env: Any) -> bool:
+    try:
+        from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
+    except ImportError:  # pragma: no cover - gymnasium is a dependency
+        return False
+    inner = getattr(env, "unwrapped", env)
+    return isinstance(inner, (SyncVectorEnv, AsyncVectorEnv))
+
+
+class _VectorSource:
+    """A vector env covering slots ``[start, start + num)``, through env-ssl-wrapper's TensorWrapper."""
+
+    vector = True
+
+    def __init__(self, env: Any, start: int):
+        from env_ssl_wrapper import compose_env, get_adapter
+        from env_ssl_wrapper.standardize.helpers import env_autoresets, env_num_envs
+
+        self.raw = env
+        self.start = start
+        self.num = int(env_num_envs(env))
+        self.stop = start + self.num
+        self.autoresets = bool(env_autoresets(env))
+        self.masked_reset = _masked_reset_capable(env)
+        self.env = compose_env(env, ("tensor", dict(device="cpu")), pad_episodes=False)
+        self.action_space = get_adapter(env).action_space
+        # slots that ended while nobody used them: reset before the next step unless the env autoresets
+        self.stale = np.zeros(self.num, dtype=bool)
+        self.started = False
+
+    def reset(self, local: np.ndarray, seeds: Sequence[int | None]) -> Any:
+        """Reset local slots ``local`` with ``seeds``; their observations, batched ``(len(local), ..)``."""
+        from env_ssl_wrapper import reset_env_at
+
+        self.stale[local] = False
+        seeds = [None if seed is None else int(seed) for seed in seeds]
+        if self.masked_reset:  # gymnasium: every chosen slot in one call, one seed each
+            mask = np.zeros(self.num, dtype=np.bool_)
+            mask[local] = True
+            seed_list: list[int | None] = [None] * self.num
+            for slot, seed in zip(local.tolist(), seeds):
+                seed_list[slot] = seed
+            if self.started:
+                obs, _ = self.env.reset(seed=seed_list, options={"reset_mask": mask})
+            else:  # a masked reset needs every slot reset once before
+                obs, _ = self.env.reset(seed=seed_list)
+                self.started = True
+            index = torch.from_numpy(np.asarray(local, dtype=np.int64))
+            return tree_map(lambda t: t.index_select(0, index) if isinstance(t, Tensor) else t, obs)
+        rows = []
+        for slot, seed in zip(local.tolist(), seeds):
+            out = reset_env_at(self.env, slot, seed=seed)
+            if out is None:
+                raise TypeError(
+                    f"the vector env {_describe_env(self.raw)} cannot reset one slot with a seed (no "
+                    "`reset_at` and no gymnasium `options['reset_mask']`), which common random numbers "
+                    "need; pass a gymnasium SyncVectorEnv (gym.make_vec(..., vectorization_mode='sync')), "
+                    "a list of envs or a factory instead"
+                )
+            rows.append(tree_map(lambda t: t.unsqueeze(0) if isinstance(t, Tensor) else t, out[0]))
+        return tree_map(lambda *ts: torch.cat(ts, 0), *rows) if len(rows) > 1 else rows[0]
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray]:
+        """Step all slots with ``(num, ..)`` actions: ``(obs, reward (num,) float64, done (num,) bool)``."""
+        if not self.autoresets and self.stale.any():
+            local = np.flatnonzero(self.stale)
+            self.reset(local, [None] * local.size)  # observations unused: nobody acts in those slots
+        obs, reward, terminated, truncated, _ = self.env.step(actions)
+        reward = torch.as_tensor(reward).reshape(-1).numpy().astype(np.float64)
+        done = (torch.as_tensor(terminated) | torch.as_tensor(truncated)).reshape(-1).numpy()
+        if reward.size != self.num or done.size != self.num:
+            raise ValueError(f"env returned {reward.size} rewards and {done.size} done flags for {self.num} slots")
+        if not self.autoresets:
+            self.stale |= done
+        return obs, reward, done
+
+
+class _SingleSource:
+    """One single env (one slot), through env-ssl-wrapper's StandardizeWrapper only.
+
+    The adapter gives ``(obs, reward, terminated, truncated, info)`` for any
+    simulator; batching and tensor conversion happen once per timestep over
+    all single slots (env-ssl-wrapper's per-env AutoBatched + Tensor layers
+    would cost several times the step of a cheap env).
+    """
+
+    vector = False
+    num = 1
+
+    def __init__(self, env: Any, start: int):
+        from env_ssl_wrapper import compose_env, get_adapter
+
+        self.raw = env
+        self.start = start
+        self.stop = start + 1
+        adapter = get_adapter(env)
+        self.torch_native = bool(getattr(adapter, "torch_native", False))
+        self.env = compose_env(env, pad_episodes=False)
+        self.action_space = adapter.action_space
+
+    def reset(self, seed: int | None) -> Any:
+        from env_ssl_wrapper import reset_env
+
+        obs, _ = reset_env(self.env, None if seed is None else int(seed))
+        return obs
+
+    def step(self, action: Any) -> tuple[Any, float, bool]:
+        if self.torch_native and isinstance(action, np.ndarray):
+            action = torch.from_numpy(action)
+        obs, reward, terminated, truncated, _ = self.env.step(action)
+        reward = 0.0 if reward is None else float(np.asarray(reward).reshape(()))  # dm_env: None only at FIRST
+        return obs, reward, bool(np.asarray(terminated).any() or np.asarray(truncated).any())
+
+
+def _leaf_array(leaf: Any) -> np.ndarray:
+    if isinstance(leaf, Tensor):
+        return leaf.detach().cpu().numpy()
+    return np.asarray(leaf)
+
+
+class EnvSlots:
+    """``N`` environment slots over one or more sources, with one observation buffer.
+
+    Args:
+        sources: the sources, in slot order.
+        flatten_obs: concatenate every observation leaf (dict / tuple
+            observations) into one ``(N, D)`` float32 tensor.
+        created: environments this object made (from a factory) and closes.
+    """
+
+    def __init__(self, sources: list[Any], *, flatten_obs: bool = True, created: Sequence[Any] = ()):
+        self.sources = sources
+        self.num = sum(s.num for s in sources)
+        self.flatten_obs = flatten_obs
+        self.created = list(created)
+        self.obs: Any = None  # (N, D) tensor, or a pytree of (N, ..) tensors when not flattening
+        self.source_of = np.concatenate([np.full(s.num, k, dtype=np.int64) for k, s in enumerate(sources)])
+        self.action_space = sources[0].action_space
+        self._one_vector = len(sources) == 1 and sources[0].vector
+        self._all_single = all(not s.vector for s in sources)
+
+    # ------------------------------------------------------------------ observations
+
+    def _batched(self, obs: Any, rows: int) -> Any:
+        """A batched observation pytree of torch tensors, flattened to ``(rows, D)`` if asked."""
+        if not self.flatten_obs:
+            return tree_map(lambda t: t if isinstance(t, Tensor) else torch.as_tensor(np.asarray(t)), obs)
+        if isinstance(obs, Tensor) and obs.dim() == 2 and obs.dtype == torch.float32:
+            return obs
+        parts = []
+        for leaf in tree_flatten(obs)[0]:
+            t = leaf if isinstance(leaf, Tensor) else torch.as_tensor(np.asarray(leaf))
+            if t.dim() == 0 or t.shape[0] != rows:
+                raise ValueError(
+                    f"observation leaf of shape {tuple(t.shape)} has no leading batch dim of {rows}; pass "
+                    "`flatten_obs=False` and a model that takes the raw observation"
+                )
+            parts.append(t.reshape(rows, -1).to(torch.float32))
+        if not parts:
+            raise TypeError(f"observation {obs!r:.80} holds no arrays to flatten")
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+    def _stacked(self, rows: list[Any]) -> Any:
+        """Single-env observations stacked into a batch (flattened to ``(n, D)`` if asked)."""
+        if not self.flatten_obs:
+            return tree_map(lambda *xs: torch.as_tensor(np.stack([_leaf_array(x) for x in xs])), *rows)
+        flat = []
+        for obs in rows:
+            if isinstance(obs, np.ndarray):
+                flat.append(obs.reshape(-1))
+                continue
+            leaves = [_leaf_array(leaf).reshape(-1) for leaf in tree_flatten(obs)[0]]
+            if not leaves:
+                raise TypeError(f"observation {obs!r:.80} holds no arrays to flatten")
+            flat.append(leaves[0] if len(leaves) == 1 else np.concatenate(leaves))
+        sizes = {a.size for a in flat}
+        if len(sizes) > 1:
+            raise ValueError(f"slots returned observations of different sizes {sorted(sizes)}; every slot must run "
+                             "the same environment")
+        return torch.from_numpy(np.stack(flat).astype(np.float32, copy=False))
+
+    def _write(self, slots: np.ndarray, rows: Any) -> None:
+        if self.obs is None:
+            self.obs = tree_map(lambda t: t.new_zeros((self.num, *t.shape[1:])), rows)
+        index = torch.from_numpy(np.asarray(slots, dtype=np.int64))
+
+        def put(buf: Tensor, new: Tensor) -> Tensor:
+            if buf.shape[1:] != new.shape[1:]:
+                raise ValueError(
+                    f"slot(s) {slots.tolist()} returned observations of shape {tuple(new.shape[1:])}, other "
+                    f"slots {tuple(buf.shape[1:])}; every slot must run the same environment"
+                )
+            return buf.index_copy_(0, index, new.to(buf.dtype))
+
+        self.obs = tree_map(put, self.obs, rows)
+
+    def take(self, slots: np.ndarray) -> Any:
+        """Observations of ``slots`` (all slots without a copy when ``slots`` is every slot)."""
+        if slots.size == self.num:
+            return self.obs
+        index = torch.from_numpy(slots)
+        return tree_map(lambda t: t.index_select(0, index), self.obs)
+
+    # ------------------------------------------------------------------ reset / step
+
+    def reset(self, slots: np.ndarray, seeds: Sequence[int | None]) -> None:
+        """Reset ``slots`` with ``seeds`` and store their first observations.
+
+        Raises:
+            SlotFailure: a source raised (the caller names the individuals).
+            TypeError: a vector env that cannot reset one slot with a seed.
+        """
+        slots = np.asarray(slots, dtype=np.int64)
+        seeds = list(seeds)
+        groups = self.source_of[slots]
+        singles, single_rows = [], []
+        for k in np.unique(groups).tolist():
+            src = self.sources[k]
+            pick = np.flatnonzero(groups == k)
+            try:
+                if src.vector:
+                    rows = src.reset(slots[pick] - src.start, [seeds[j] for j in pick.tolist()])
+                else:
+                    single_rows.append(src.reset(seeds[int(pick[0])]))
+                    singles.append(int(slots[pick[0]]))
+                    continue
+            except TypeError as error:
+                if "cannot reset one slot" in str(error):
+                    raise
+                raise SlotFailure(slots[pick].tolist(), "reset", error) from error
+            except Exception as error:
+                raise SlotFailure(slots[pick].tolist(), "reset", error) from error
+            self._write(slots[pick], self._batched(rows, pick.size))
+        if singles:
+            self._write(np.asarray(singles, dtype=np.int64), self._stacked(single_rows))
+
+    def step(self, actions: Any, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Step the sources of ``slots`` with their ``(k, ..)`` actions.
+
+        Vector sources step all their slots; slots nobody uses get a copy of
+        the first action (their rewards are never read). Single envs step
+        only when their slot is in ``slots``.
+
+        Returns:
+            ``(reward (k,) float64, done (k,) bool)`` for ``slots``, in order.
+
+        Raises:
+            SlotFailure: a source raised.
+        """
+        k = slots.size
+        if self._one_vector:
+            src = self.sources[0]
+            full = actions if k == src.num else _fill(actions, slots, src.num)
+            try:
+                obs, reward, done = src.step(full)
+                self.obs = self._batched(obs, src.num)
+            except Exception as error:
+                raise SlotFailure(slots.tolist(), "step", error) from error
+            return (reward, done) if k == src.num else (reward[slots], done[slots])
+
+        rewards = np.empty(k, dtype=np.float64)
+        dones = np.empty(k, dtype=bool)
+        if self._all_single:
+            picks = range(k)
+            groups = None
+        else:
+            groups = self.source_of[slots]
+            picks = [j for j in range(k) if not self.sources[groups[j]].vector]
+            for k_src in np.unique(groups).tolist():
+                src = self.sources[k_src]
+                if not src.vector:
+                    continue
+                pick = np.flatnonzero(groups == k_src)
+                local = slots[pick] - src.start
+                act = _take_rows(actions, pick)
+                act = act if local.size == src.num else _fill(act, local, src.num)
+                try:
+                    obs, reward, done = src.step(act)
+                    obs = self._batched(obs, src.num)
+                except Exception as error:
+                    raise SlotFailure(slots[pick].tolist(), "step", error) from error
+                self._write(np.arange(src.start, src.stop, dtype=np.int64), obs)
+                rewards[pick] = reward[local]
+                dones[pick] = done[local]
+        if picks:
+            rows, stepped = [], []
+            act_np = actions.numpy() if isinstance(actions, Tensor) else None
+            for j in picks:
+                slot = int(slots[j])
+                src = self.sources[self.source_of[slot]]
+                if act_np is not None:
+                    act = act_np[j]
+                    act = act.item() if act.ndim == 0 else act.copy()
+                else:
+                    act = tree_map(lambda t, j=j: t[j], actions)
+                try:
+                    obs, rewards[j], dones[j] = src.step(act)
+                except Exception as error:
+                    raise SlotFailure([slot], "step", error) from error
+                rows.append(obs)
+                stepped.append(slot)
+            self._write(np.asarray(stepped, dtype=np.int64), self._stacked(rows))
+        return rewards, dones
+
+    def close(self) -> None:
+        """Close the environments this object created from a factory."""
+        for env in self.created:
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+        self.created = []
+
+
+def _take_rows(actions: Any, pick: np.ndarray) -> Any:
+    index = torch.from_numpy(pick)
+    return tree_map(lambda t: t.index_select(0, index) if isinstance(t, Tensor) else t[pick], actions)
+
+
+def _fill(actions: Any, slots: np.ndarray, num: int) -> Any:
+    """``(num, ..)`` actions: ``actions`` at ``slots``, a copy of the first action elsewhere."""
+    index = torch.from_numpy(slots)
+
+    def fill(t: Tensor) -> Tensor:
+        full = t[:1].expand(num, *t.shape[1:]).clone()
+        return full.index_copy_(0, index, t)
+
+    return tree_map(fill, actions)
+
+
+def build_slots(envs: Any, *, num_envs: int | None = None, flatten_obs: bool = True) -> EnvSlots:
+    """Adapt ``envs`` into :class:`EnvSlots`.
+
+    Args:
+        envs: one env, a list / tuple of envs, a vector env, or a factory (a
+            callable returning one env, an env class, or a gymnasium id
+            string, which becomes a ``SyncVectorEnv`` of ``num_envs`` envs).
+            The same object listed several times is one slot (with a warning).
+        num_envs: number of envs a factory makes (required for a factory,
+            refused otherwise).
+        flatten_obs: concatenate dict / tuple observations into one vector.
+
+    Raises:
+        ValueError: an empty list, a missing or needless ``num_envs``.
+        TypeError: a list entry that is a factory rather than an env.
+    """
+    created: list[Any] = []
+    if isinstance(envs, (list, tuple)):
+        if len(envs) == 0:
+            raise ValueError("`envs` is an empty list; pass at least one environment, a vector env or a factory")
+        if num_envs is not None:
+            raise ValueError(f"`num_envs={num_envs}` only applies to a factory; `envs` is a list of {len(envs)} envs")
+        for i, env in enumerate(envs):
+            if env is None or _is_factory(env):
+                raise TypeError(
+                    f"`envs[{i}]` is {type(env).__name__}, not an environment; pass env objects in the list, "
+                    "or the factory itself (with `num_envs=`)"
+                )
+        raw = _dedupe(list(envs), "`envs`")
+    elif _is_factory(envs):
+        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+            raise ValueError(f"a factory needs `num_envs=` (an int >= 1: how many envs to make), got {num_envs!r}")
+        if isinstance(envs, str):
+            import gymnasium as gym
+
+            raw = [gym.make_vec(envs, num_envs=num_envs, vectorization_mode="sync")]
+        else:
+            raw = _dedupe([envs() for _ in range(num_envs)], "the factory's products")
+        created = list(raw)
+    elif envs is None:
+        raise ValueError("`envs` is None; pass an environment, a list of them, a vector env or a factory")
+    else:
+        if num_envs is not None:
+            raise ValueError(f"`num_envs={num_envs}` only applies to a factory; `envs` is one env")
+        raw = [envs]
+
+    from env_ssl_wrapper.standardize.helpers import is_vectorized
+
+    sources, start = [], 0
+    for env in raw:
+        src = _VectorSource(env, start) if is_vectorized(env) else _SingleSource(env, start)
+        sources.append(src)
+        start += src.num
+    return EnvSlots(sources, flatten_obs=flatten_obs, created=created)
+
+
+def _dedupe(envs: list[Any], what: str) -> list[Any]:
+    seen: dict[int, int] = {}
+    unique = []
+    for env in envs:
+        if id(env) in seen:
+            seen[id(env)] += 1
+        else:
+            seen[id(env)] = 1
+            unique.append(env)
+    repeated = {id(e): c for e, c in ((e, seen[id(e)]) for e in unique) if c > 1}
+    if repeated:
+        counts = ", ".join(f"{_describe_env(e)} x{seen[id(e)]}" for e in unique if id(e) in repeated)
+        warnings.warn(
+            f"{what} holds the same environment object several times ({counts}); an env runs one episode at "
+            f"a time, so each distinct object is ONE slot ({len(unique)} slot(s) from {len(envs)} entries). "
+            "Pass distinct env objects, or a factory with `num_envs=`, for more slots.",
+            UserWarning,
+            stacklevel=4,
+        )
+    return unique
+

@@ -1,0 +1,206 @@
+"""evolve_with_env: evolve a model against an environment in one call.
+
+Each generation: evaluate every individual (:meth:`EnvInteractor.evaluate`),
+record ``GenerationStats(generation, best, mean)``, stop if the best reached
+``target_fitness`` or this was the last generation, otherwise ``evolve_``
+and write a checkpoint. The best individual of the last evaluated generation
+is merged into the model and returned. Higher fitness is better.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from ..checkpoint import atomic_save, load_checkpoint
+from ..distributed import checksum, is_main_rank
+from ..stats import GenerationStats
+from .actions import ActionFn
+from .interactor import EnvInteractor, interact_with_env
+
+__all__ = ["CHECKPOINT_NAME", "EvolveResult", "evolve_with_env"]
+
+CHECKPOINT_NAME = "evolve_with_env.pt"
+_FORMAT = "populora.evolve_with_env/1"
+
+
+class EvolveResult(NamedTuple):
+    """What :func:`evolve_with_env` returns (``policy, history = evolve_with_env(...)``).
+
+    Attributes:
+        policy: the model with the best individual of the last generation
+            merged in (``nn.Sequential(normaliser, model)`` with
+            ``normalize_obs=True``, so it takes raw observations).
+        history: one :class:`~populora.stats.GenerationStats` per evaluated generation.
+    """
+
+    policy: nn.Module
+    history: list[GenerationStats]
+
+
+def evolve_with_env(
+    envs: Any,
+    model: nn.Module,
+    pop_size: int,
+    low_rank: int,
+    action: ActionFn | None = None,
+    num_generations: int = 100,
+    horizon: int | None = None,
+    seed: int = 0,
+    progress: bool = False,
+    target_fitness: float | None = None,
+    return_history: bool = True,
+    lora_targets: str | Sequence[str] | None = None,
+    checkpoint_dir: str | Path | None = None,
+    resume: bool = False,
+    evolve_kwargs: dict[str, Any] | None = None,
+    *,
+    num_episodes: int = 1,
+    fitness: Callable[..., Any] | None = None,
+    to_range: tuple[Any, Any] | None = None,
+    normalize_obs: bool = False,
+    flatten_obs: bool = True,
+    num_envs: int | None = None,
+    device: str | torch.device | None = None,
+    population_kwargs: dict[str, Any] | None = None,
+) -> EvolveResult | nn.Module:
+    """Evolve ``model`` against ``envs`` with a LoRA population and return the best policy.
+
+    Higher fitness is better: by default the fitness of an individual is the
+    mean return of its ``num_episodes`` episodes (common random numbers: all
+    individuals of a generation meet the same episodes). Under torchrun each
+    rank plays its share of individuals on its own envs; every rank evolves
+    in lockstep and returns the same policy.
+
+    Args:
+        envs: one env, a list, a vector env, or a factory (see
+            :func:`~populora.interact_with_env`).
+        model: the base model, wrapped in place (its targets get adapters).
+        pop_size: individuals ``P >= 2``.
+        low_rank: adapter rank ``r >= 1``.
+        action: ``action(outputs) -> actions`` for ``k`` slots; default
+            ``argmax(-1)`` for a Discrete space, the outputs otherwise.
+        num_generations: generations evaluated at most.
+        horizon: maximum steps of one episode (``None``: until the env ends it).
+        seed: seeds the population (adapters, operators, episode seeds).
+        progress: tqdm bar over generations with best / mean fitness (main rank).
+        target_fitness: stop after the first generation whose best fitness
+            reaches it.
+        return_history: return ``EvolveResult(policy, history)``; ``False``
+            returns the policy alone.
+        lora_targets: target layers; ``None`` targets every ``nn.Linear``.
+        checkpoint_dir: write ``evolve_with_env.pt`` there atomically after
+            every generation (main rank only).
+        resume: continue from the checkpoint in ``checkpoint_dir`` if there is
+            one: the run goes on exactly as if never stopped (same model
+            needed: it is checked by checksum).
+        evolve_kwargs: keyword arguments of ``Population.evolve_``
+            (``survive_frac``, ``elite_frac``, ``mutation_type``, ``epsilon``, ...).
+        num_episodes: episodes per individual and generation.
+        fitness: custom fitness instead of the episode return, in any of the
+            three signatures (``fn(population, individuals=...)``,
+            ``fn(population, idx)``, ``fn(population)``).
+        to_range: ``(lo, hi)``: rescale Box actions from ``(-1, 1)``.
+        normalize_obs: running observation normalisation (frozen within a
+            generation); the returned policy includes the normaliser.
+        flatten_obs: flatten dict observations into one vector.
+        num_envs: envs a factory makes.
+        device: device of the population (default: the model's, or the local
+            GPU under torchrun).
+        population_kwargs: more Population arguments (``init_scale``,
+            default 1.0 here so that individuals act differently from the
+            start; ``nan_policy``; ``dtype``; ...).
+
+    Returns:
+        ``EvolveResult(policy, history)``, or the policy if ``return_history=False``.
+
+    Raises:
+        ValueError / TypeError: bad arguments, before any episode runs.
+    """
+    if isinstance(num_generations, bool) or not isinstance(num_generations, int) or num_generations < 1:
+        raise ValueError(f"`num_generations` must be an int >= 1, got {num_generations!r}")
+    if evolve_kwargs is not None and not isinstance(evolve_kwargs, dict):
+        raise TypeError(f"`evolve_kwargs` must be a dict of Population.evolve_ arguments, got {evolve_kwargs!r}")
+    if population_kwargs is not None and not isinstance(population_kwargs, dict):
+        raise TypeError(f"`population_kwargs` must be a dict of Population arguments, got {population_kwargs!r}")
+    if target_fitness is not None and not isinstance(target_fitness, (int, float)):
+        raise TypeError(f"`target_fitness` must be a number or None, got {target_fitness!r}")
+    if resume and checkpoint_dir is None:
+        raise ValueError("`resume=True` needs `checkpoint_dir`")
+    path = Path(checkpoint_dir) / CHECKPOINT_NAME if checkpoint_dir is not None else None
+
+    interactor = interact_with_env(envs, device, num_envs=num_envs, flatten_obs=flatten_obs,
+                                   normalize_obs=normalize_obs)
+    try:
+        population = interactor.population(model, pop_size, low_rank, lora_targets, seed=seed,
+                                           **(population_kwargs or {}))
+        base_sum = checksum([*population.model.parameters(), *population.model.buffers()]).tolist()
+        history: list[GenerationStats] = []
+        if resume and path is not None and path.is_file():
+            history = _resume(path, population, interactor, base_sum)
+        evolve_options = dict(evolve_kwargs or {})
+        run = dict(action=action, horizon=horizon, num_episodes=num_episodes, fitness=fitness, to_range=to_range)
+
+        bar = None
+        if progress and is_main_rank():
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=num_generations, initial=len(history), desc="generations", unit="gen")
+            if history:
+                bar.set_postfix(best=f"{history[-1].best:.4g}", mean=f"{history[-1].mean:.4g}")
+        fitnesses = None
+        try:
+            for gen in range(len(history), num_generations):
+                fitnesses = population.check_fitnesses(interactor.evaluate(population, **run))
+                stats = GenerationStats(population.generation, float(fitnesses.max()), float(fitnesses.mean()))
+                history.append(stats)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(best=f"{stats.best:.4g}", mean=f"{stats.mean:.4g}")
+                reached = target_fitness is not None and stats.best >= target_fitness
+                if reached or gen == num_generations - 1:
+                    break
+                population.evolve_(fitnesses, **evolve_options)
+                interactor.update_obs_stats(population)  # fold this generation's observations in (all ranks)
+                if path is not None and is_main_rank():
+                    atomic_save(_checkpoint(population, interactor, history, base_sum), path)
+            if fitnesses is None:  # resumed a finished run: evaluate the last generation again
+                fitnesses = population.check_fitnesses(interactor.evaluate(population, **run))
+        finally:
+            if bar is not None:
+                bar.close()
+        policy = interactor.wrap_policy(population.select_and_merge_best_(fitnesses))
+    finally:
+        interactor.close()
+    return EvolveResult(policy, history) if return_history else policy
+
+
+def _checkpoint(population: Any, interactor: EnvInteractor, history: list[GenerationStats],
+                base_sum: list[int]) -> dict[str, Any]:
+    return {
+        "format": _FORMAT,
+        "population": population.state(),
+        "normalizer": interactor.normalizer_state(),
+        "history": [tuple(h) for h in history],
+        "base_checksum": base_sum,
+    }
+
+
+def _resume(path: Path, population: Any, interactor: EnvInteractor, base_sum: list[int]) -> list[GenerationStats]:
+    state = load_checkpoint(path)
+    if not isinstance(state, dict) or state.get("format") != _FORMAT:
+        raise ValueError(f"{str(path)!r} is not an evolve_with_env checkpoint (format {_FORMAT!r})")
+    if state["base_checksum"] != base_sum:
+        raise ValueError(
+            f"the model passed differs from the one {str(path)!r} was written with (checksum of its parameters); "
+            "resuming needs the same base model (seed its construction)"
+        )
+    if (state["normalizer"] is None) != (interactor.normalizer_state() is None):
+        raise ValueError(f"{str(path)!r} was written with normalize_obs={state['normalizer'] is not None}")
+    population.load_state(state["population"])
+    interactor.load_normalizer_state(state["normalizer"])
+    return [GenerationStats(int(g), float(b), float(m)) for g, b, m in state["history"]]

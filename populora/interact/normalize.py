@@ -1,0 +1,138 @@
+"""Running observation normalisation, frozen within a generation.
+
+:class:`ObsNormalizer` is the frozen map ``obs -> clamp((obs - mean) / std)``
+the policy sees; :class:`ObsStatistics` gathers the observations met during
+a generation and folds them in between generations (summed over ranks), so a
+fitness never depends on how episodes were scheduled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["ObsNormalizer", "ObsStatistics"]
+
+
+class ObsNormalizer(nn.Module):
+    """``obs -> clamp((obs - mean) / sqrt(var + eps), -clip, clip)``, statistics frozen in buffers.
+
+    The evolved policy returned by :func:`~populora.evolve_with_env` with
+    ``normalize_obs=True`` is ``nn.Sequential(ObsNormalizer, model)``, so it
+    takes raw observations.
+
+    Args:
+        dim: observation size ``D``.
+        clip: bound of the normalised values.
+        eps: added to the variance.
+    """
+
+    def __init__(self, dim: int, clip: float = 10.0, eps: float = 1e-8):
+        super().__init__()
+        self.clip = float(clip)
+        self.eps = float(eps)
+        self.register_buffer("mean", torch.zeros(dim, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(dim, dtype=torch.float64))
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+        self._cache: tuple[torch.dtype, torch.device, Tensor, Tensor] | None = None
+
+    def forward(self, obs: Tensor) -> Tensor:
+        """``(n, D)`` raw observations -> ``(n, D)`` normalised, in ``obs``' dtype."""
+        cache = self._cache
+        if cache is None or cache[0] != obs.dtype or cache[1] != obs.device:
+            mean = self.mean.to(device=obs.device, dtype=obs.dtype)
+            inv_std = torch.rsqrt(self.var + self.eps).to(device=obs.device, dtype=obs.dtype)
+            cache = self._cache = (obs.dtype, obs.device, mean, inv_std)
+        return ((obs - cache[2]) * cache[3]).clamp_(-self.clip, self.clip)
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        self._cache = None
+        super()._load_from_state_dict(*args, **kwargs)
+
+    def update_(self, count: float, mean: Tensor, var: Tensor) -> None:
+        """Fold in a batch's ``count``, ``mean (D,)`` and (population) ``var (D,)`` (Chan et al.)."""
+        if count <= 0:
+            return
+        with torch.no_grad():
+            total = self.count + count
+            delta = mean - self.mean
+            m2 = self.var * self.count + var * count + delta.pow(2) * self.count * count / total
+            self.mean.add_(delta * count / total)
+            self.var.copy_(m2 / total)
+            self.count.copy_(total)
+        self._cache = None
+
+    def extra_repr(self) -> str:
+        return f"dim={self.mean.numel()}, clip={self.clip}, count={int(self.count)}"
+
+
+class ObsStatistics:
+    """Pending observation sums of the current generation, and the frozen normaliser.
+
+    Sums are kept in float64, shifted by the frozen mean. :meth:`advance`
+    folds them in when the population's generation changes, after summing
+    them over ranks, so every rank keeps the same normaliser.
+    """
+
+    def __init__(self, dim: int, clip: float = 10.0):
+        self.normalizer = ObsNormalizer(dim, clip=clip)
+        self.generation: int | None = None
+        self._zero()
+
+    def _zero(self) -> None:
+        dim = self.normalizer.mean.numel()
+        self.pending = torch.zeros(2 * dim + 1, dtype=torch.float64)  # [sum (D), sum sq (D), count]
+
+    def observe(self, obs: Tensor) -> None:
+        """Add ``(k, D)`` raw observations to the pending sums."""
+        x = obs.detach().to(device="cpu", dtype=torch.float64) - self.normalizer.mean
+        dim = x.shape[1]
+        self.pending[:dim] += x.sum(0)
+        self.pending[dim : 2 * dim] += x.pow(2).sum(0)
+        self.pending[-1] += x.shape[0]
+
+    def advance(self, generation: int) -> None:
+        """Fold the pending sums in (over all ranks) if ``generation`` differs from the last one seen.
+
+        Every rank must call this at the same points (it may all-reduce).
+        """
+        if self.generation == generation:
+            return
+        if self.generation is not None:
+            pending = _sum_over_ranks(self.pending)
+            dim = self.normalizer.mean.numel()
+            count = float(pending[-1])
+            if count > 0:
+                shifted_mean = pending[:dim] / count
+                var = (pending[dim : 2 * dim] / count - shifted_mean.pow(2)).clamp_(min=0.0)
+                self.normalizer.update_(count, self.normalizer.mean + shifted_mean, var)
+        self._zero()
+        self.generation = generation
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything an exact resume needs."""
+        return {
+            "normalizer": {k: v.clone() for k, v in self.normalizer.state_dict().items()},
+            "clip": self.normalizer.clip,
+            "pending": self.pending.clone(),
+            "generation": self.generation,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        self.normalizer.load_state_dict(state["normalizer"])
+        self.normalizer.clip = float(state["clip"])
+        self.pending = state["pending"].clone().to(torch.float64)
+        self.generation = state["generation"]
+
+
+def _sum_over_ranks(values: Tensor) -> Tensor:
+    from .. import distributed as dist
+
+    if not dist.is_distributed():
+        return values
+    world, me, n = dist.world_size(), dist.rank(), values.numel()
+    gathered = dist.all_gather_values(range(me * n, (me + 1) * n), values, world * n)
+    return gathered.to(torch.float64).view(world, n).sum(0)
