@@ -9,8 +9,9 @@ Higher fitness is better everywhere. See ``spec/es.md`` for the semantics.
 """
 
 from .compat import TorchEggrollES
-from .core import FITNESS_SHAPINGS, EggrollES, ESStats
+from .core import EggrollES, ESStats
 from .members import Members
+from .shaping import FITNESS_SHAPINGS
 from .noise import (
     compute_es_gradient,
     generate_lora_noise,

@@ -31,23 +31,15 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from .. import distributed as pd
-from ..errors import FitnessError
 from ..fitness import evaluate as evaluate_fitness
-from ..operators.shaping import centered_rank, check_fitnesses, zscore
 from ..routing import Adapter, Router
+from .factors import MemberFactors
 from .members import Members, _leading, map_tensors, member_losses, split_members
-from .noise import PairNoise, _signs, draw_noise
+from .noise import PairNoise
 from .params import ESParam, select_params
+from .shaping import FITNESS_SHAPINGS, check_es_fitnesses, group_table, shape_fitness
 
-__all__ = ["FITNESS_SHAPINGS", "ESStats", "EggrollES"]
-
-FITNESS_SHAPINGS: dict[str, Callable[[Tensor], Tensor]] = {
-    "zscore": lambda f: zscore(f, dim=-1),
-    "centered_rank": lambda f: centered_rank(f, dim=-1),
-    "center": lambda f: f - f.mean(-1, keepdim=True),
-    "raw": lambda f: f,
-}
-"""Fitness shapings by name; each maps ``(groups, m)`` fitnesses to weights along the last dim."""
+__all__ = ["ESStats", "EggrollES"]
 
 _FORMAT = "populora.es/1"
 
@@ -194,9 +186,7 @@ class EggrollES:
         self.debug_sync = os.environ.get("POPULORA_ES_DEBUG_SYNC", "").strip().lower() in ("1", "true", "yes")
         self._synced = False
         self._loss_modes: dict = {}
-        self._noise: tuple[int, dict[str, PairNoise]] | None = None
         self._members: tuple[int, float, list[Adapter]] | None = None
-        self._buffers: dict[tuple, Tensor] = {}
 
         targets: dict[str, nn.Module] = {}
         for p in self._params:
@@ -204,7 +194,7 @@ class EggrollES:
                 targets.setdefault(owner.path, owner.module)
         order = {path: i for i, (path, _) in enumerate(model.named_modules())}
         self._targets = dict(sorted(targets.items(), key=lambda kv: order[kv[0]]))
-        self._by_use = {(o.path, o.attr): p for p in self._params for o in p.owners}
+        self._factors = MemberFactors(self._params, self._targets, pop_size, antithetic, self.device)
         self._router = Router(self._targets)
 
     # ------------------------------------------------------------------ construction helpers
@@ -251,83 +241,18 @@ class EggrollES:
         With antithetic sampling a group holds ``G/2`` whole pairs: group ``j``
         is members ``[j*G/2, (j+1)*G/2)`` and their mirrors ``+ N/2``.
         """
-        n, g = self.pop_size, self.group_size or self.pop_size
-        if not self.antithetic:
-            return torch.arange(n).view(n // g, g)
-        plus = torch.arange(n // 2).view(n // g, g // 2)
-        return torch.cat([plus, plus + n // 2], dim=1)
+        return group_table(self.pop_size, self.group_size, self.antithetic)
 
     # ------------------------------------------------------------------ noise
 
     def _noises(self) -> dict[str, PairNoise]:
-        epoch = self.epoch
-        if self._noise is None or self._noise[0] != epoch:
-            noises = {}
-            for p in self._params:
-                shape = tuple(p.param.shape)
-                size = (self.pairs, *shape) if p.rank is None else (self.pairs, p.rank, sum(shape))
-                buf = self._buffer(("noise", p.name), size, torch.float32)
-                noises[p.name] = draw_noise(self.seed, p.name, epoch, self.pairs, shape, p.rank, self.device, out=buf)
-            self._noise = (epoch, noises)
-        return self._noise[1]
-
-    def _buffer(self, key: tuple, size: tuple[int, ...], dtype: torch.dtype) -> Tensor:
-        """A persistent buffer, allocated once: each generation's noise and adapters are written in place."""
-        buf = self._buffers.get(key)
-        if buf is None or tuple(buf.shape) != tuple(size) or buf.dtype != dtype:
-            buf = self._buffers[key] = torch.empty(size, dtype=dtype, device=self.device)
-        return buf
-
-    def _stack(self, key: tuple, per_pair: Tensor, scale: float | None, dtype: torch.dtype) -> Tensor:
-        """``(pairs, ...) -> (N, ...)``: member ``i`` gets ``s_i * scale * per_pair[k(i)]`` (``scale=None``: no sign)."""
-        out = self._buffer(key, (self.pop_size, *per_pair.shape[1:]), dtype)
-        halves = (out[: self.pairs], out[self.pairs :]) if self.antithetic else (out,)
-        for half, sign in zip(halves, (1.0, -1.0)):
-            if scale is None:
-                half.copy_(per_pair)
-            else:
-                torch.mul(per_pair, sign * scale, out=half)
-        return out
+        return self._factors.noises(self.seed, self.epoch)
 
     def _sigma_now(self) -> float:
         """The sigma the current generation's members were built with."""
         if self._members is not None and self._members[0] == self.generation:
             return self._members[1]
         return self.sigma
-
-    def _adapters(self, sigma: float) -> list[Adapter]:
-        """Every target's member stacks in the routing layout (buffers reused across generations)."""
-        noises = self._noises()
-        adapters = []
-        for path, module in self._targets.items():
-            weight, bias = self._by_use.get((path, "weight")), self._by_use.get((path, "bias"))
-            dtype = module.weight.dtype
-            if weight is None:
-                down = self._buffer((path, "down"), (self.pop_size, 0, module.in_features), dtype)
-                up = self._buffer((path, "up"), (self.pop_size, 0, module.out_features), dtype)
-            else:
-                noise = noises[weight.name]
-                coef = sigma / math.sqrt(noise.rank)  # sigma * s_i / sqrt(r), the sign added per half
-                if isinstance(module, nn.Embedding):  # W (V, e): down (N, V, r) from A, up (N, r, e) from B
-                    down = self._stack((path, "down"), noise.at.transpose(1, 2), coef, dtype)
-                    up = self._stack((path, "up"), noise.bt, None, dtype)
-                else:  # W (e, d): down (N, r, d) from B, up (N, r, e) from A
-                    down = self._stack((path, "down"), noise.bt, coef, dtype)
-                    up = self._stack((path, "up"), noise.at, None, dtype)
-            bias_noise = None
-            if bias is not None:  # (N, e)
-                bias_noise = self._stack((path, "bias"), noises[bias.name].full, sigma, bias.param.dtype)
-            adapters.append(Adapter(down, up, bias_noise))
-        return adapters
-
-    def _perturbation(self, p: ESParam, noise: PairNoise, sigma: float) -> Tensor:
-        """``(N, *shape)``: ``sigma * E_i`` of every member, materialised."""
-        pair, sign = _signs(self.pop_size, self.antithetic, self.device)
-        if noise.full is not None:
-            per_pair = noise.full
-        else:
-            per_pair = torch.bmm(noise.at.transpose(1, 2), noise.bt) / math.sqrt(noise.rank)  # (pairs, R, C)
-        return per_pair[pair] * (sigma * sign).view(-1, *[1] * p.param.dim())
 
     # ------------------------------------------------------------------ ask / evaluate / tell
 
@@ -341,7 +266,7 @@ class EggrollES:
         self._sync_once()
         if self._members is None or self._members[0] != self.generation:
             sigma = self.sigma
-            self._members = (self.generation, sigma, self._adapters(sigma))
+            self._members = (self.generation, sigma, self._factors.adapters(self._noises(), sigma))
         return Members(self, self.generation, self._members[2])
 
     def losses(
@@ -445,36 +370,11 @@ class EggrollES:
         return self.tell(-self.losses(inputs, loss_fn, targets, per_member=per_member, max_rows=max_rows))
 
     def _check_fitnesses(self, fitnesses: Any) -> Tensor:
-        if not isinstance(fitnesses, Tensor):
-            try:
-                fitnesses = torch.as_tensor(fitnesses, dtype=torch.float32)
-            except (TypeError, ValueError, RuntimeError):
-                raise FitnessError(f"fitnesses must be a tensor or a sequence of {self.pop_size} numbers, got "
-                                   f"{type(fitnesses).__name__}") from None
-        f = fitnesses.detach()
-        if f.dim() != 1 or f.shape[0] != self.pop_size:
-            raise FitnessError(f"Expected {self.pop_size} fitness scores, got {f.numel()} (shape {tuple(f.shape)}); "
-                               f"pass one fitness per member, shape ({self.pop_size},)")
-        try:
-            f = check_fitnesses(f.cpu(), "fitnesses")
-        except ValueError as error:
-            raise FitnessError(str(error)) from None
-        if self.fitness_shaping in ("raw", "center") and not bool(torch.isfinite(f).all()):
-            raise FitnessError(f"fitnesses must be finite with fitness_shaping={self.fitness_shaping!r}, got "
-                               f"{f[~torch.isfinite(f)].tolist()} at ids {(~torch.isfinite(f)).nonzero().flatten().tolist()}")
-        return f
+        return check_es_fitnesses(fitnesses, self.pop_size, self.fitness_shaping)
 
     def shape_fitness(self, fitnesses: Any) -> Tensor:
-        """``(N,)`` shaped fitness ``z`` (within groups when ``group_size`` is set)."""
-        f = self._check_fitnesses(fitnesses)
-        table = self.groups()
-        shaper = FITNESS_SHAPINGS[self.fitness_shaping] if isinstance(self.fitness_shaping, str) else self.fitness_shaping
-        z = torch.as_tensor(shaper(f[table]), dtype=f.dtype)
-        if z.shape != table.shape:
-            raise FitnessError(f"`fitness_shaping` must keep the shape {tuple(table.shape)}, got {tuple(z.shape)}")
-        out = torch.empty_like(f)
-        out[table] = z
-        return out
+        """``(N,)`` shaped fitness ``z`` of raw fitnesses (within groups when ``group_size`` is set)."""
+        return shape_fitness(self._check_fitnesses(fitnesses), self.groups(), self.fitness_shaping)
 
     def estimate_gradient(self, fitnesses: Any) -> dict[str, Tensor]:
         """The ES gradient ``g = sqrt(N) * mean_i(z_i * sigma * E_i)`` per parameter (ascent direction).
@@ -546,7 +446,7 @@ class EggrollES:
         """
         noises, sigma = self._noises(), self._sigma_now()
         ids = torch.arange(self.pop_size) if members is None else torch.as_tensor(list(members), dtype=torch.long)
-        return {p.name: self._perturbation(p, noises[p.name], sigma)[ids.to(self.device)] for p in self._params}
+        return {p.name: self._factors.perturbation(p, noises[p.name], sigma)[ids.to(self.device)] for p in self._params}
 
     @torch.no_grad()
     def population_params(self, members: Sequence[int] | None = None) -> dict[str, Tensor]:
@@ -570,7 +470,8 @@ class EggrollES:
             pd.sync_if_different_([state], "ES seeds / generations")
         self.seed, self.generation = (int(v) for v in state.tolist())
         self._synced = True
-        self._noise = self._members = None
+        self._factors.clear()
+        self._members = None
 
     def check_sync(self) -> bool:
         """Compare a checksum of the evolved parameters across ranks (a collective; debugging).
@@ -650,7 +551,8 @@ class EggrollES:
         self.seed, self.sigma, self.generation = int(state["seed"]), float(state["sigma"]), int(state["generation"])
         self.best_fitness = float(state["best_fitness"])
         self.best_member = None if state["best_member"] is None else tuple(state["best_member"])
-        self._noise = self._members = None
+        self._factors.clear()
+        self._members = None
 
     def close(self) -> None:
         """Remove the routing hooks from the model (it keeps its trained weights)."""

@@ -1,0 +1,116 @@
+"""Each generation's noise, drawn into reused buffers, laid out per member for the routed forward.
+
+Member ``i`` (pair ``k``, sign ``s_i``) perturbs a matrix by
+``sigma * s_i * A_k B_k^T / sqrt(r)``: in routing terms an adapter whose
+``down`` carries ``sigma * s_i / sqrt(r)`` and the column factor, and whose
+``up`` is the row factor (for ``nn.Embedding`` the roles swap: ``down`` is
+the ``(V, r)`` table gathered by token). Biases get ``sigma * s_i * eps_k``.
+The stacks are written half by half (``+`` then ``-``) into buffers kept
+from one generation to the next, so a step allocates nothing of size
+``N * r * (d + e)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ..routing import Adapter
+from .noise import PairNoise, _signs, draw_noise
+from .params import ESParam
+
+__all__ = ["MemberFactors"]
+
+
+class MemberFactors:
+    """The factors of every generation of one ES run.
+
+    Args:
+        params: the evolved parameters.
+        targets: ``{path: module}`` the routed forward hooks, in model order.
+        pop_size: ``N``.
+        antithetic: mirrored pairs (``pairs = N / 2``), else ``pairs = N``.
+        device: where noise and stacks live.
+    """
+
+    def __init__(self, params: list[ESParam], targets: dict[str, nn.Module], pop_size: int, antithetic: bool,
+                 device: torch.device):
+        self.params, self.targets = params, targets
+        self.pop_size, self.antithetic, self.device = pop_size, antithetic, device
+        self.pairs = pop_size // 2 if antithetic else pop_size
+        self._by_use = {(o.path, o.attr): p for p in params for o in p.owners}
+        self._buffers: dict[tuple, Tensor] = {}
+        self._noise: tuple[tuple[int, int], dict[str, PairNoise]] | None = None
+
+    def noises(self, seed: int, epoch: int) -> dict[str, PairNoise]:
+        """``{name: PairNoise}`` of noise epoch ``epoch`` (drawn once per epoch, into reused buffers)."""
+        if self._noise is None or self._noise[0] != (seed, epoch):
+            noises = {}
+            for p in self.params:
+                shape = tuple(p.param.shape)
+                size = (self.pairs, *shape) if p.rank is None else (self.pairs, p.rank, sum(shape))
+                buf = self._buffer(("noise", p.name), size, torch.float32)
+                noises[p.name] = draw_noise(seed, p.name, epoch, self.pairs, shape, p.rank, self.device, out=buf)
+            self._noise = ((seed, epoch), noises)
+        return self._noise[1]
+
+    def clear(self) -> None:
+        """Forget the drawn noise (the next :meth:`noises` draws again)."""
+        self._noise = None
+
+    def _buffer(self, key: tuple, size: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+        buf = self._buffers.get(key)
+        if buf is None or tuple(buf.shape) != tuple(size) or buf.dtype != dtype:
+            buf = self._buffers[key] = torch.empty(size, dtype=dtype, device=self.device)
+        return buf
+
+    def _stack(self, key: tuple, per_pair: Tensor, scale: float | None, dtype: torch.dtype) -> Tensor:
+        """``(pairs, ...) -> (N, ...)``: member ``i`` gets ``s_i * scale * per_pair[k(i)]`` (``scale=None``: no sign)."""
+        out = self._buffer(key, (self.pop_size, *per_pair.shape[1:]), dtype)
+        halves = (out[: self.pairs], out[self.pairs :]) if self.antithetic else (out,)
+        for half, sign in zip(halves, (1.0, -1.0)):
+            if scale is None:
+                half.copy_(per_pair)
+            else:
+                torch.mul(per_pair, sign * scale, out=half)
+        return out
+
+    def adapters(self, noises: dict[str, PairNoise], sigma: float) -> list[Adapter]:
+        """Every target's member stacks in the routing layout (:class:`~populora.routing.Adapter`).
+
+        Linear: ``down (N, r, d)``, ``up (N, r, e)``; Embedding: ``down (N, V, r)``,
+        ``up (N, r, e)``; ``bias (N, e)`` for a perturbed bias. A Linear whose
+        weight is not evolved (bias only) gets rank-0 stacks.
+        """
+        adapters = []
+        for path, module in self.targets.items():
+            weight, bias = self._by_use.get((path, "weight")), self._by_use.get((path, "bias"))
+            dtype = module.weight.dtype
+            if weight is None:
+                down = self._buffer((path, "down"), (self.pop_size, 0, module.in_features), dtype)
+                up = self._buffer((path, "up"), (self.pop_size, 0, module.out_features), dtype)
+            else:
+                noise = noises[weight.name]
+                coef = sigma / math.sqrt(noise.rank)  # sigma * s_i / sqrt(r), the sign added per half
+                if isinstance(module, nn.Embedding):  # W (V, e): down (N, V, r) from A, up (N, r, e) from B
+                    down = self._stack((path, "down"), noise.at.transpose(1, 2), coef, dtype)
+                    up = self._stack((path, "up"), noise.bt, None, dtype)
+                else:  # W (e, d): down (N, r, d) from B, up (N, r, e) from A
+                    down = self._stack((path, "down"), noise.bt, coef, dtype)
+                    up = self._stack((path, "up"), noise.at, None, dtype)
+            bias_noise = None
+            if bias is not None:  # (N, e)
+                bias_noise = self._stack((path, "bias"), noises[bias.name].full, sigma, bias.param.dtype)
+            adapters.append(Adapter(down, up, bias_noise))
+        return adapters
+
+    def perturbation(self, p: ESParam, noise: PairNoise, sigma: float) -> Tensor:
+        """``(N, *shape)``: ``sigma * E_i`` of every member, materialised (float32)."""
+        pair, sign = _signs(self.pop_size, self.antithetic, self.device)
+        if noise.full is not None:
+            per_pair = noise.full
+        else:
+            per_pair = torch.bmm(noise.at.transpose(1, 2), noise.bt) / math.sqrt(noise.rank)  # (pairs, R, C)
+        return per_pair[pair] * (sigma * sign).view(-1, *[1] * p.param.dim())

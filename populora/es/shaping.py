@@ -1,0 +1,80 @@
+"""ES fitness checks and shaping (higher fitness is better).
+
+The shapings are the shared ones of :mod:`populora.operators.shaping`
+(z-score, centred ranks) plus mean-centring (torcheggroll's
+``normalize_fitness=False``) and raw values, applied within groups of
+members that share a prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..errors import FitnessError
+from ..operators.shaping import centered_rank, check_fitnesses, zscore
+
+__all__ = ["FITNESS_SHAPINGS", "check_es_fitnesses", "group_table", "shape_fitness"]
+
+FITNESS_SHAPINGS: dict[str, Callable[[Tensor], Tensor]] = {
+    "zscore": lambda f: zscore(f, dim=-1),
+    "centered_rank": lambda f: centered_rank(f, dim=-1),
+    "center": lambda f: f - f.mean(-1, keepdim=True),
+    "raw": lambda f: f,
+}
+"""Fitness shapings by name; each maps ``(groups, m)`` fitnesses to weights along the last dim."""
+
+
+def group_table(pop_size: int, group_size: int | None, antithetic: bool) -> Tensor:
+    """``(N/G, G)`` member ids of each shaping group (``(1, N)`` without groups).
+
+    With antithetic sampling a group holds ``G/2`` whole pairs: group ``j`` is
+    members ``[j*G/2, (j+1)*G/2)`` and their mirrors ``+ N/2``.
+    """
+    n, g = pop_size, group_size or pop_size
+    if not antithetic:
+        return torch.arange(n).view(n // g, g)
+    plus = torch.arange(n // 2).view(n // g, g // 2)
+    return torch.cat([plus, plus + n // 2], dim=1)
+
+
+def check_es_fitnesses(fitnesses: Any, pop_size: int, shaping: str | Callable) -> Tensor:
+    """Validate raw fitnesses: ``(N,)`` real numbers without NaN; returns a float32 CPU tensor.
+
+    Raises:
+        FitnessError: (a ``ValueError``) not numbers, wrong length (both sizes
+            named), NaN, or inf with the ``'raw'`` / ``'center'`` shapings.
+    """
+    if not isinstance(fitnesses, Tensor):
+        try:
+            fitnesses = torch.as_tensor(fitnesses, dtype=torch.float32)
+        except (TypeError, ValueError, RuntimeError):
+            raise FitnessError(f"fitnesses must be a tensor or a sequence of {pop_size} numbers, got "
+                               f"{type(fitnesses).__name__}") from None
+    f = fitnesses.detach()
+    if f.dim() != 1 or f.shape[0] != pop_size:
+        raise FitnessError(f"Expected {pop_size} fitness scores, got {f.numel()} (shape {tuple(f.shape)}); "
+                           f"pass one fitness per member, shape ({pop_size},)")
+    try:
+        f = check_fitnesses(f.cpu(), "fitnesses")
+    except (TypeError, ValueError) as error:
+        raise FitnessError(str(error)) from None
+    bad = ~torch.isfinite(f)
+    if shaping in ("raw", "center") and bool(bad.any()):
+        raise FitnessError(f"fitnesses must be finite with fitness_shaping={shaping!r}, got "
+                           f"{f[bad].tolist()} at ids {bad.nonzero().flatten().tolist()}")
+    return f
+
+
+def shape_fitness(f: Tensor, table: Tensor, shaping: str | Callable[[Tensor], Tensor]) -> Tensor:
+    """``(N,)`` shaped fitness ``z``: ``shaping`` applied to ``f[table]`` along its last dim, scattered back."""
+    shaper = FITNESS_SHAPINGS[shaping] if isinstance(shaping, str) else shaping
+    z = torch.as_tensor(shaper(f[table]), dtype=f.dtype)
+    if z.shape != table.shape:
+        raise FitnessError(f"`fitness_shaping` must keep the shape {tuple(table.shape)}, got {tuple(z.shape)}")
+    out = torch.empty_like(f)
+    out[table] = z
+    return out
