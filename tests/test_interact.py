@@ -149,6 +149,7 @@ def test_list_vector_env_factory_and_slot_count_give_the_same_fitness():
         "factory": (lambda: gym.make("CartPole-v1"), {"num_envs": 3}),
         "id": ("CartPole-v1", {"num_envs": 5}),
         "one env": (gym.make("CartPole-v1"), {}),
+        "vector + single": ([gym.make_vec("CartPole-v1", 2, vectorization_mode="sync"), gym.make("CartPole-v1")], {}),
     }
     results = {}
     for name, (envs, kwargs) in kinds.items():
@@ -173,6 +174,37 @@ def test_dict_observations_are_flattened_by_default():
     again = interact_with_env(suite.load("cartpole", "balance"))
     pop = again.population(tiny_net(5, 2), pop_size=3, low_rank=2)
     assert torch.equal(again.evaluate(pop, action=lambda out: out.argmax(-1) * 2 - 1, horizon=20), fitness)
+
+
+def test_unflattened_dict_observations_reach_the_model_as_dicts():
+    from dm_control import suite
+
+    class DictNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = tiny_net(5, 2)
+
+        def forward(self, obs: dict) -> torch.Tensor:
+            return self.body(torch.cat([obs["position"], obs["velocity"]], dim=-1))
+
+    act = lambda out: out.argmax(-1) * 2 - 1  # noqa: E731
+    results = []
+    for flatten, model in ((False, DictNet()), (True, tiny_net(5, 2))):
+        interactor = interact_with_env([suite.load("cartpole", "balance") for _ in range(2)], flatten_obs=flatten)
+        pop = interactor.population(model, pop_size=3, low_rank=2, seed=1)
+        results.append(interactor.evaluate(pop, action=act, horizon=15, num_episodes=2))
+    assert torch.equal(results[0], results[1])
+
+
+def test_population_defaults_and_model_mode_restored():
+    interactor = interact_with_env(gym.make("CartPole-v1"), device="cpu")
+    model = cartpole_net().train()
+    pop = interactor.population(model, 3, 2)
+    assert pop.init_scale == 1.0 and pop.device == torch.device("cpu") and pop.target_names == ["0", "2"]
+    interactor.evaluate(pop, horizon=5)
+    assert model.training and all(m.training for m in model.modules())
+    with pytest.raises(TypeError, match="`population` must be a populora Population"):
+        interactor.evaluate(model, horizon=5)
 
 
 # ----------------------------------------------------------------------------- scheduling, done, seeds

@@ -177,6 +177,11 @@ class _SingleSource:
         return obs, reward, bool(np.asarray(terminated).any() or np.asarray(truncated).any())
 
 
+def _as_float(t: Tensor) -> Tensor:
+    """float32 for every observation leaf but booleans, as env-ssl-wrapper's TensorWrapper does."""
+    return t if t.dtype in (torch.float32, torch.bool) else t.to(torch.float32)
+
+
 def _leaf_array(leaf: Any) -> np.ndarray:
     if isinstance(leaf, Tensor):
         return leaf.detach().cpu().numpy()
@@ -189,7 +194,9 @@ class EnvSlots:
     Args:
         sources: the sources, in slot order.
         flatten_obs: concatenate every observation leaf (dict / tuple
-            observations) into one ``(N, D)`` float32 tensor.
+            observations) into one ``(N, D)`` float32 tensor; otherwise the
+            observation keeps its structure, every leaf batched ``(N, ..)``
+            and float32 (booleans kept).
         created: environments this object made (from a factory) and closes.
     """
 
@@ -209,7 +216,7 @@ class EnvSlots:
     def _batched(self, obs: Any, rows: int) -> Any:
         """A batched observation pytree of torch tensors, flattened to ``(rows, D)`` if asked."""
         if not self.flatten_obs:
-            return tree_map(lambda t: t if isinstance(t, Tensor) else torch.as_tensor(np.asarray(t)), obs)
+            return tree_map(lambda t: _as_float(t if isinstance(t, Tensor) else torch.as_tensor(np.asarray(t))), obs)
         if isinstance(obs, Tensor) and obs.dim() == 2 and obs.dtype == torch.float32:
             return obs
         parts = []
@@ -228,7 +235,7 @@ class EnvSlots:
     def _stacked(self, rows: list[Any]) -> Any:
         """Single-env observations stacked into a batch (flattened to ``(n, D)`` if asked)."""
         if not self.flatten_obs:
-            return tree_map(lambda *xs: torch.as_tensor(np.stack([_leaf_array(x) for x in xs])), *rows)
+            return tree_map(lambda *xs: _as_float(torch.as_tensor(np.stack([_leaf_array(x) for x in xs]))), *rows)
         flat = []
         for obs in rows:
             if isinstance(obs, np.ndarray):
