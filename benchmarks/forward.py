@@ -29,7 +29,9 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")  # large CPU buffers are unmapped on free: RSS tracks them
+if "MALLOC_MMAP_THRESHOLD_" not in os.environ:  # glibc reads it at start-up: re-exec with it set, so that
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"  # buffers >= 64 KiB are unmapped on free and RSS tracks them
+    os.execv(sys.executable, [sys.executable, *sys.argv])
 
 import torch
 from torch import nn

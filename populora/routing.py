@@ -19,7 +19,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from functools import partial
+from types import MethodType
 from typing import Any, NamedTuple
 
 import torch
@@ -99,23 +99,39 @@ def _rows_down(x: Tensor, module: nn.Module, adapter: Adapter, route: Route) -> 
 
 
 class Router:
-    """Forward hooks on the target modules that apply the active route.
+    """Wraps the target modules' forward so that it applies the active route.
+
+    Each target gets an instance-level ``forward`` (bound to the module, so a
+    ``copy.deepcopy`` of the model stays self-contained) that calls the
+    class's own forward and, while a route is active, adds the delta in place.
+    Outside :meth:`activate` it costs one attribute check: the model is the
+    plain base model. (A forward hook would do the same at several times the
+    per-call overhead, which shows on small batches.)
 
     Args:
         targets: ``{path: module}`` of ``nn.Linear`` / ``nn.Embedding`` layers.
-
-    Outside :meth:`activate` the hooks return at once: the model is the plain
-    base model.
     """
 
     def __init__(self, targets: dict[str, nn.Module]):
         self.names = list(targets)
+        self._modules = list(targets.values())
         self._state: tuple[Route, Sequence[Adapter], set[int]] | None = None
         self._warned: set[str] = set()
-        self._handles = [
-            module.register_forward_hook(partial(self._hook, i), with_kwargs=True)
-            for i, module in enumerate(targets.values())
-        ]
+        for i, module in enumerate(self._modules):
+            if "forward" in vars(module):
+                raise RuntimeError(f"target {self.names[i]!r} already has a wrapped forward (is another "
+                                   "Population or ES wrapping this model? merge or remove it first)")
+            module.forward = MethodType(self._wrapped_forward(i, type(module).forward), module)
+
+    def _wrapped_forward(self, i: int, base: Callable) -> Callable:
+        router = self
+
+        def forward(module: nn.Module, input: Tensor) -> Tensor:
+            out = base(module, input)
+            state = router._state
+            return out if state is None else router._apply(i, module, input, out, state)
+
+        return forward
 
     @contextmanager
     def activate(self, route: Route, adapters: Sequence[Adapter]):
@@ -128,28 +144,27 @@ class Router:
             yield
         finally:
             self._state = None
-        for i, name in enumerate(self.names):
-            if i not in called and name not in self._warned:
-                self._warned.add(name)
-                warnings.warn(
-                    f"target {name!r} was not called through its forward during a routed forward, "
-                    "so its adapter had no effect (a fused fast path, e.g. nn.TransformerEncoderLayer "
-                    "in eval mode, bypasses its Linear layers)",
-                    stacklevel=3,
-                )
+        if len(called) < len(self.names):
+            for i, name in enumerate(self.names):
+                if i not in called and name not in self._warned:
+                    self._warned.add(name)
+                    warnings.warn(
+                        f"target {name!r} was not called through its forward during a routed forward, "
+                        "so its adapter had no effect (a fused fast path, e.g. nn.TransformerEncoderLayer "
+                        "in eval mode, bypasses its Linear layers)",
+                        stacklevel=3,
+                    )
 
     def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        """Give every target its class's forward back."""
+        for module in self._modules:
+            vars(module).pop("forward", None)
+        self._modules = []
 
-    def _hook(self, i: int, module: nn.Module, args: tuple, kwargs: dict, out: Any) -> Tensor | None:
-        state = self._state
-        if state is None:
-            return None
+    def _apply(self, i: int, module: nn.Module, x: Tensor, out: Tensor, state: tuple) -> Tensor:
+        """``out`` plus each row's delta (in place when the layout allows)."""
         route, adapters, called = state
         called.add(i)
-        x = args[0] if args else kwargs.get("input")
         if x.shape[0] != route.n:
             raise RouteError(
                 f"target {self.names[i]!r} received {x.shape[0]} rows but this routed forward has "
