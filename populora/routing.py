@@ -101,12 +101,13 @@ def _rows_down(x: Tensor, module: nn.Module, adapter: Adapter, route: Route) -> 
 class Router:
     """Wraps the target modules' forward so that it applies the active route.
 
-    Each target gets an instance-level ``forward`` (bound to the module, so a
-    ``copy.deepcopy`` of the model stays self-contained) that calls the
-    class's own forward and, while a route is active, adds the delta in place.
-    Outside :meth:`activate` it costs one attribute check: the model is the
-    plain base model. (A forward hook would do the same at several times the
-    per-call overhead, which shows on small batches.)
+    Each target gets an instance-level ``forward`` bound to the module that
+    calls the forward it had (the class's, or another router's wrapper: several
+    populations may share one base model) and, while this router's route is
+    active, adds the delta in place. Outside :meth:`activate` it costs one
+    attribute check; a forward hook would cost several times more per call,
+    which shows on small batches. A ``copy.deepcopy`` of the model gets
+    wrappers bound to the copy that stay inactive.
 
     Args:
         targets: ``{path: module}`` of ``nn.Linear`` / ``nn.Embedding`` layers.
@@ -114,20 +115,21 @@ class Router:
 
     def __init__(self, targets: dict[str, nn.Module]):
         self.names = list(targets)
-        self._modules = list(targets.values())
         self._state: tuple[Route, Sequence[Adapter], set[int]] | None = None
+        self._removed = False
         self._warned: set[str] = set()
-        for i, module in enumerate(self._modules):
-            if "forward" in vars(module):
-                raise RuntimeError(f"target {self.names[i]!r} already has a wrapped forward (is another "
-                                   "Population or ES wrapping this model? merge or remove it first)")
-            module.forward = MethodType(self._wrapped_forward(i, type(module).forward), module)
+        self._wrapped: list[tuple[nn.Module, Callable, MethodType | None]] = []  # (module, wrapper, previous)
+        for i, module in enumerate(targets.values()):
+            previous = vars(module).get("forward")
+            wrapper = self._wrapper(i, previous.__func__ if previous is not None else type(module).forward)
+            module.forward = MethodType(wrapper, module)
+            self._wrapped.append((module, wrapper, previous))
 
-    def _wrapped_forward(self, i: int, base: Callable) -> Callable:
+    def _wrapper(self, i: int, inner: Callable) -> Callable:
         router = self
 
         def forward(module: nn.Module, input: Tensor) -> Tensor:
-            out = base(module, input)
+            out = inner(module, input)
             state = router._state
             return out if state is None else router._apply(i, module, input, out, state)
 
@@ -138,6 +140,8 @@ class Router:
         """Route the forwards run inside the block; undone even if they raise."""
         if self._state is not None:
             raise RuntimeError("a routed forward is already running on this model (re-entrant call)")
+        if self._removed:
+            raise RuntimeError("this router was removed from its model (the population was merged or closed)")
         called: set[int] = set()
         self._state = (route, adapters, called)
         try:
@@ -156,10 +160,20 @@ class Router:
                     )
 
     def remove(self) -> None:
-        """Give every target its class's forward back."""
-        for module in self._modules:
-            vars(module).pop("forward", None)
-        self._modules = []
+        """Give every target back the forward it had before this router.
+
+        A wrapper that another router has since wrapped again stays in its
+        chain as a pass-through (this router never activates again).
+        """
+        self._removed = True
+        for module, wrapper, previous in self._wrapped:
+            current = vars(module).get("forward")
+            if getattr(current, "__func__", None) is wrapper:
+                if previous is None:
+                    del module.forward
+                else:
+                    module.forward = previous
+        self._wrapped = []
 
     def _apply(self, i: int, module: nn.Module, x: Tensor, out: Tensor, state: tuple) -> Tensor:
         """``out`` plus each row's delta (in place when the layout allows)."""

@@ -214,3 +214,21 @@ def test_forward_factors_routes_given_stacks():
         close(pop.forward_factors(own, x, individual=3), pop(x, individual=3))
     with pytest.raises(ValueError, match=r"one entry per target \(14\), got 1"):
         pop.forward_factors(own[:1], x, individual=0)
+
+
+def test_two_populations_share_one_base_model_and_deepcopy_is_plain():
+    """Several populations may wrap one model (one LLM in memory); a deep copy of it is a plain model."""
+    torch.manual_seed(0)
+    model = mlp()
+    base = copy.deepcopy(model)
+    a = Population(model, pop_size=3, low_rank=2, init_scale=0.5, seed=1)
+    b = Population(model, pop_size=4, low_rank=1, lora_targets=["2"], init_scale=0.5, seed=2)
+    x = torch.randn(5, 6)
+    with torch.no_grad():
+        close(a(x, individual=2), merged(a, base, 2)(x))
+        close(b(x, individual=3), merged(b, base, 3)(x))
+        close(copy.deepcopy(model)(x), base(x))
+        expected_b0 = merged(b, base, 0)(x)
+        b.merge_(0)  # writes into the shared weights; a still routes on top of them
+        close(model(x), expected_b0)
+        close(a(x, individual=1), merged(a, copy.deepcopy(model), 1)(x))
