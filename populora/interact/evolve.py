@@ -94,7 +94,8 @@ def evolve_with_env(
             returns the policy alone.
         lora_targets: target layers; ``None`` targets every ``nn.Linear``.
         checkpoint_dir: write ``evolve_with_env.pt`` there atomically after
-            every generation (main rank only).
+            every generation (main rank only; on resume every rank reads it,
+            so it must be visible to all of them).
         resume: continue from the checkpoint in ``checkpoint_dir`` if there is
             one: the run goes on exactly as if never stopped (same model
             needed: it is checked by checksum).

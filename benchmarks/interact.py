@@ -1,0 +1,126 @@
+"""Env steps per second of ``EnvInteractor.evaluate`` against the bare wrapped vector env.
+
+Both sides step the same env-ssl-wrapper stack (``compose_env`` with its
+gymnasium adapter and ``TensorWrapper``) around a gymnasium ``SyncVectorEnv``
+of CartPole-v1, single-threaded:
+
+* baseline: ``env.step(random actions)`` in a loop (the env autoresets by
+  itself); every slot step counts.
+* evaluate: ``interactor.evaluate(population, ...)``: per timestep one routed
+  forward of a 4-32-2 MLP over the playing slots, the action map, the
+  bookkeeping, and seeded resets of the slots whose episode ended; only
+  steps inside episodes count.
+
+Columns: ``ratio`` = evaluate's env steps/s over the baseline's (target >=
+50%); ``utilisation`` = share of slot steps that were inside an episode (a
+vector env steps every slot, so slots whose work ran out idle until the
+last episode ends); ``per slot step`` = ratio / utilisation, the cost of the
+routed policy and the scheduling alone.
+
+Two populations: "generation 0" (the default init: individuals act
+differently, episodes of 10 to 500 steps, so the longest episodes make a
+tail) and "near a controller" (adapters of scale 0.3 around a hand-set
+balancing controller: long episodes, as after a few generations of
+evolution).
+
+Timings are the best of ``--repeats`` runs on each side (the machine this
+was written on is shared, and the best run is the least disturbed one).
+
+Run: ``python benchmarks/interact.py`` (``--quick`` for one repeat).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import gymnasium as gym
+import torch
+from torch import nn
+
+from populora import interact_with_env
+
+
+def random_mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 2))
+
+
+def controller_mlp() -> nn.Module:
+    """The same MLP set to push towards the pole's lean (angle + angular velocity)."""
+    model = random_mlp()
+    with torch.no_grad():
+        model[0].weight.mul_(0.1)
+        model[0].bias.zero_()
+        model[0].weight[0] = torch.tensor([0.0, 0.0, 1.0, 1.0])
+        model[2].weight.mul_(0.01)
+        model[2].bias.zero_()
+        model[2].weight[:, 0] = torch.tensor([-3.0, 3.0])
+    return model
+
+
+POPULATIONS = {"generation 0": (random_mlp, 1.0), "near a controller": (controller_mlp, 0.3)}
+
+
+def vector_env(num: int):
+    return gym.make_vec("CartPole-v1", num_envs=num, vectorization_mode="sync")
+
+
+def baseline(num: int, steps: int) -> float:
+    """Slot steps per second of the wrapped vector env under random actions."""
+    from env_ssl_wrapper import compose_env
+
+    env = compose_env(vector_env(num), ("tensor", dict(device="cpu")), pad_episodes=False)
+    env.reset(seed=0)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        env.step(torch.randint(0, 2, (num,), generator=g))
+    start = time.perf_counter()
+    for _ in range(steps):
+        env.step(torch.randint(0, 2, (num,), generator=g))
+    return num * steps / (time.perf_counter() - start)
+
+
+def evaluate(num: int, pop_size: int, episodes: int, which: str) -> tuple[float, float, float]:
+    """(env steps per second, slot utilisation, mean fitness) of one ``evaluate`` call."""
+    make_model, init_scale = POPULATIONS[which]
+    interactor = interact_with_env(vector_env(num))
+    population = interactor.population(make_model(), pop_size=pop_size, low_rank=4, seed=0, init_scale=init_scale)
+    interactor.evaluate(population, horizon=5)  # warm up
+    before = dict(interactor.counters)
+    start = time.perf_counter()
+    fitness = interactor.evaluate(population, horizon=500, num_episodes=episodes)
+    seconds = time.perf_counter() - start
+    steps = interactor.counters["env_steps"] - before["env_steps"]
+    timesteps = interactor.counters["timesteps"] - before["timesteps"]
+    return steps / seconds, steps / (timesteps * num), fitness.mean().item()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=5, help="best of this many runs per measurement")
+    parser.add_argument("--quick", action="store_true", help="one run per measurement")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    repeats = 1 if args.quick else args.repeats
+    rows = []
+    for num, pop_size, episodes in ((64, 64, 4), (256, 256, 2)):
+        for which in POPULATIONS:
+            bases, runs = [], []
+            for _ in range(repeats):  # interleaved, so both sides meet the same load
+                bases.append(baseline(num, 12800 // num))
+                runs.append(evaluate(num, pop_size, episodes, which))
+            rate, util, fit = max(runs)
+            rows.append((num, f"{pop_size} x {episodes}", which, fit, max(bases), rate, util))
+    print(f"CartPole-v1, SyncVectorEnv + env-ssl-wrapper, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} thread, best of {repeats}")
+    print("| slots | individuals x episodes | population (mean return) | wrapped env, random actions "
+          "(steps/s) | evaluate (steps/s) | ratio | utilisation | per slot step |")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|")
+    for num, work, which, fit, base, rate, util in rows:
+        print(f"| {num} | {work} | {which} ({fit:.0f}) | {base:,.0f} | {rate:,.0f} | {rate / base:.0%} | "
+              f"{util:.0%} | {rate / base / util:.0%} |")
+
+
+if __name__ == "__main__":
+    main()
