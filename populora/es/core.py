@@ -177,9 +177,9 @@ class EggrollES:
         self.antithetic, self.fitness_shaping, self.group_size = antithetic, fitness_shaping, group_size
         self.noise_reuse, self.perturb_vectors = noise_reuse, perturb_vectors
         self.pairs = pop_size // 2 if antithetic else pop_size
+        self.optimizer = self._make_optimizer(optimizer, lr)  # may raise: before the model moves
         self.device = torch.device(device) if device is not None else _default_device(model)
         self.model = model.to(self.device)
-        self.optimizer = self._make_optimizer(optimizer, lr)
         self.generation = 0
         self.best_fitness: float = -math.inf
         self.best_member: tuple[int, int] | None = None
@@ -485,9 +485,11 @@ class EggrollES:
         if not pd.is_distributed():
             return True
         mine = pd.checksum([p.param for p in self._params])
+        if dist.get_backend() == "nccl":  # NCCL collectives take CUDA tensors only
+            mine = mine.to(torch.device("cuda", torch.cuda.current_device()))
         table = [torch.empty_like(mine) for _ in range(pd.world_size())]
         dist.all_gather(table, mine)
-        rows = [tuple(t.tolist()) for t in table]
+        rows = [tuple(t.cpu().tolist()) for t in table]
         if len(set(rows)) > 1:
             raise RuntimeError(f"ES parameters differ across ranks after generation {self.generation - 1}: "
                                f"checksums per rank {rows}")
