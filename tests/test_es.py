@@ -94,6 +94,16 @@ def test_member_subsets_single_member_and_per_member_inputs():
         close(out[i], explicit(model, es, xs[i], i))
 
 
+def test_shared_batch_is_broadcast_whatever_its_size():
+    """A batch of N rows (divisible by N) is still seen whole by every member: shape never decides."""
+    es, model, _ = make("mlp", pop=4)
+    x = torch.randn(4, 6)
+    out = es.ask()(x)
+    assert out.shape == (4, 4, 3)
+    for i in range(4):
+        close(out[i], explicit(model, es, x, i))
+
+
 def test_base_model_untouched_outside_members():
     es, model, x = make("mlp")
     before = model(x)

@@ -125,6 +125,14 @@ class EggrollES:
             no parameter selected, or a selected parameter the routed forward
             cannot perturb (named, with how to leave it out).
         TypeError: ``model`` is not an ``nn.Module``, ``optimizer`` of the wrong type.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> es = EggrollES(nn.Linear(3, 1), pop_size=8, sigma=0.1, lr=0.1, rank=1)
+        >>> stats = es.step(torch.ones(4, 3), lambda out, y: (out - y).square().mean(), torch.zeros(4, 1))
+        >>> stats.generation, es.generation, es.ask()(torch.ones(4, 3)).shape
+        (0, 1, torch.Size([8, 4, 1]))
     """
 
     def __init__(
