@@ -139,6 +139,11 @@ def test_pendulum_fitness_equals_hand_rolled_rollout():
     ranged = interactor.evaluate(pop, action=torch.tanh, to_range=(-2.0, 2.0), horizon=40, num_episodes=2)
     assert torch.equal(flat, fitness)
     assert ranged.tolist() == pytest.approx(fitness.tolist(), rel=1e-5)
+    # single envs add the same float32 rewards as the vector env (bitwise here; a different batch composition
+    # could move the last bit of an action in principle, hence approx)
+    listed = interact_with_env([gym.make("Pendulum-v1") for _ in range(2)])
+    assert listed.evaluate(pop, action=torque, horizon=40, num_episodes=2).tolist() == pytest.approx(
+        fitness.tolist(), rel=1e-6)
 
 
 def test_list_vector_env_factory_and_slot_count_give_the_same_fitness():

@@ -173,7 +173,9 @@ class _SingleSource:
         if self.torch_native and isinstance(action, np.ndarray):
             action = torch.from_numpy(action)
         obs, reward, terminated, truncated, _ = self.env.step(action)
-        reward = 0.0 if reward is None else float(np.asarray(reward).reshape(()))  # dm_env: None only at FIRST
+        # float32 like TensorWrapper's rewards, so a list and a vector env add up the same numbers;
+        # dm_env's reward is None only at the FIRST step, which a step never returns
+        reward = 0.0 if reward is None else float(np.float32(np.asarray(reward).reshape(())))
         return obs, reward, bool(np.asarray(terminated).any() or np.asarray(truncated).any())
 
 
