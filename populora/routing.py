@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from types import MethodType
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -71,7 +72,9 @@ class Route(NamedTuple):
 
 
 def _take(stack: Tensor, index: Index) -> Tensor:
-    return stack if index is None else stack[index]
+    if index is None:
+        return stack
+    return stack[index] if isinstance(index, slice) else stack.index_select(0, index)
 
 
 def _offsets(index: Index, groups: int, device: torch.device) -> Tensor:
@@ -247,35 +250,47 @@ def _batch_size(leaves: list[Tensor]) -> int:
     return sizes.pop()
 
 
-def _ids_tensor(ids: Any, num: int, device: torch.device) -> Tensor:
-    ids = torch.as_tensor(ids, device=device)
-    if ids.dim() != 1 or ids.numel() == 0 or ids.is_floating_point() or ids.dtype == torch.bool:
+def _host_ids(ids: Any, num: int) -> np.ndarray:
+    """Validated ids as an int64 numpy array (the route plan is data-dependent: it is made on the host)."""
+    if isinstance(ids, Tensor):
+        if ids.is_floating_point() or ids.dtype == torch.bool:
+            raise RouteError(f"`individuals` must hold integer ids, got dtype {ids.dtype}")
+        ids = ids.detach().cpu().numpy()
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu":
         raise RouteError(f"`individuals` must be a non-empty 1-D list or integer tensor of ids, "
-                         f"got shape {tuple(ids.shape)} and dtype {ids.dtype}")
-    lo, hi = (int(v) for v in torch.aminmax(ids))
+                         f"got shape {ids.shape} and dtype {ids.dtype}")
+    lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= num:
         raise RouteError(f"individual id {lo if lo < 0 else hi} is out of range [0, {num})")
-    return ids.long()
+    return ids.astype(np.int64, copy=False)
 
 
-def _plan_sorted(ids: Tensor, num: int) -> Route:
-    """Route for rows whose ids are sorted (non-decreasing)."""
-    n = ids.numel()
-    uniq, counts = torch.unique_consecutive(ids, return_counts=True)
-    u = uniq.numel()
-    smallest, largest = torch.aminmax(counts)
-    if int(smallest) == int(largest):
-        index = None if u == num else uniq
-        return Route(n=n, groups=u, chunk=n // u, index=index)
+def _plan(row_ids: np.ndarray, num: int, device: torch.device) -> tuple[Route, Tensor | None]:
+    """Route for rows owned by ``row_ids`` (any order) and the permutation that groups them by id."""
+    n = row_ids.size
+    perm = None
+    if (row_ids[1:] < row_ids[:-1]).any():
+        perm = np.argsort(row_ids, kind="stable")
+        row_ids = row_ids[perm]
+    starts = np.flatnonzero(row_ids[1:] != row_ids[:-1]) + 1
+    starts = np.concatenate(([0], starts))  # first row of each id's group
+    counts = np.concatenate((starts[1:], [n])) - starts
+    uniq, u = row_ids[starts], starts.size
+    to_device = lambda a: torch.from_numpy(a).to(device, non_blocking=True)  # noqa: E731
+    perm = None if perm is None else to_device(perm)
+    if counts.min() == counts.max():
+        index = None if u == num else to_device(uniq)
+        return Route(n=n, groups=u, chunk=n // u, index=index), perm
     # unequal groups: chunks of c = ceil(n / u) rows; at most one padded chunk per group, k <= 2u
     c = -(-n // u)
     chunks = -(-counts // c)  # (u,) chunks per group
-    first_chunk = torch.cumsum(chunks, 0) - chunks  # (u,)
-    group_start = torch.cumsum(counts, 0) - counts  # (u,)
-    group = torch.repeat_interleave(torch.arange(u, device=ids.device), counts)  # (n,)
-    offset = torch.arange(n, device=ids.device) - group_start[group]
+    first_chunk = np.cumsum(chunks) - chunks
+    group = np.repeat(np.arange(u), counts)  # (n,)
+    offset = np.arange(n) - starts[group]
     dest = (first_chunk[group] + offset // c) * c + offset % c
-    return Route(n=n, groups=int(chunks.sum()), chunk=c, index=torch.repeat_interleave(uniq, chunks), dest=dest)
+    return Route(n=n, groups=int(chunks.sum()), chunk=c, index=to_device(np.repeat(uniq, chunks)),
+                 dest=to_device(dest)), perm
 
 
 def routed_call(
@@ -344,26 +359,19 @@ def routed_call(
                 "every individual the whole batch"
             )
     else:
-        ids = _ids_tensor(individuals, num, dev)
-        m = ids.numel()
-        if n_in == m:
-            row_ids = ids
-        elif n_in == 1 or broadcast:
+        ids = _host_ids(individuals, num)
+        m = ids.size
+        if n_in == 1 or (broadcast and n_in != m):
             args, kwargs = _expand((args, kwargs), m)
-            row_ids = ids.repeat_interleave(n_in)
-        elif n_in % m == 0:
-            row_ids = ids.repeat_interleave(n_in // m)
-        else:
+        elif n_in % m:
             raise RouteError(
                 f"batch of {n_in} rows does not fit {m} individual ids: pass one id per row, a single "
                 f"row, a batch divisible by {m} (split (p b)), or `broadcast=True`"
             )
-        sorted_ids, perm = torch.sort(row_ids, stable=True)
-        if torch.equal(sorted_ids, row_ids):
-            perm = None
-        else:  # group rows by id once for the whole forward; unsorted once at the end
+        row_ids = np.repeat(ids, n_in if n_in == 1 or broadcast and n_in != m else n_in // m)
+        route, perm = _plan(row_ids, num, dev)
+        if perm is not None:  # group rows by id once for the whole forward; unsorted once at the end
             args, kwargs = _map((args, kwargs), lambda t: t.index_select(0, perm) if t.dim() else t)
-        route = _plan_sorted(sorted_ids, num)
 
     with router.activate(route, adapters):
         out = model(*args, **kwargs)
