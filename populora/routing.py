@@ -195,17 +195,14 @@ class Router:
         up = _take(adapter.up, route.index)  # (k, r, e)
         if up.dtype != out.dtype:
             h, up = h.to(out.dtype), up.to(out.dtype)
-        bias = None if adapter.bias is None else _take(adapter.bias, route.index).to(out.dtype)[:, None, :]
+        if adapter.bias is not None:  # fold the bias into the same matmul: [h, 1] @ [up; bias]
+            bias = _take(adapter.bias, route.index).to(out.dtype)
+            h = torch.cat((h, h.new_ones(*h.shape[:-1], 1)), dim=-1)  # (k, c*.., r+1)
+            up = torch.cat((up, bias[:, None, :]), dim=1)  # (k, r+1, e)
         if route.dest is None and out.is_contiguous():
-            out3 = out.view(k, -1, out.shape[-1])  # (k, c*.., e)
-            out3.baddbmm_(h, up)
-            if bias is not None:
-                out3.add_(bias)
+            out.view(k, -1, out.shape[-1]).baddbmm_(h, up)  # (k, c*.., e) += (k, c*.., r) @ (k, r, e)
             return out
-        delta = torch.bmm(h, up)  # (k, c*.., e)
-        if bias is not None:
-            delta = delta + bias
-        delta = delta.reshape(k * c, *out.shape[1:])
+        delta = torch.bmm(h, up).reshape(k * c, *out.shape[1:])
         if route.dest is not None:
             delta = delta.index_select(0, route.dest)
         return out + delta

@@ -119,8 +119,8 @@ def test_two_ranks_stay_in_lockstep_exchanging_only_fitnesses(tmp_path):
         torch.testing.assert_close(r0["params"][name], p.detach(), rtol=1e-5, atol=1e-6)
     assert means == pytest.approx(r0["means"], rel=1e-5)
 
-    # only the N fitnesses cross the network: all_gather_values' buffer of (2N + world) float32 per generation
-    assert r0["bytes_per_generation"] == (2 * POP + 2) * 4
+    # only the N fitnesses cross the network: (N + world) float32 per generation
+    assert r0["bytes_per_generation"] == (POP + 2) * 4  # N float32 fitnesses + one failure flag per rank
     assert r0["fitness_ids"] == [[0, 1, 2, 3]] and r1["fitness_ids"] == [[4, 5, 6, 7]]
     assert torch.equal(r0["fitness"], r1["fitness"])
 

@@ -343,7 +343,7 @@ class EggrollES:
             failure = error
         if not spread:
             return local
-        return pd.all_gather_values(ids, local, n, error=failure)
+        return pd.all_gather_values(ids, local, n, error=failure, exact_cover=True)
 
     def evaluate(self, fitness_fn: Callable[..., Any]) -> Tensor:
         """``(N,)`` fitness of every member (higher is better), the same on every rank.
