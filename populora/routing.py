@@ -1,8 +1,9 @@
 """Who each row belongs to, and the batched low-rank delta for each layout.
 
-A routed forward runs the user's model ONCE. Forward hooks on the target
-layers read the active :class:`Route` and add, in place into the layer's
-output, the low-rank delta of the individual owning each row:
+A routed forward runs the user's model ONCE. The target layers' forwards
+(wrapped by a :class:`Router`) read the active :class:`Route` and add, in
+place into the layer's output, the low-rank delta of the individual owning
+each row:
 
     out[rows of i] += (x[rows of i] @ down[i]) @ up[i].T
 
