@@ -153,7 +153,6 @@ def bench_point(label, make_model, make_input, P, r, b, judged, device, dtype, t
         mems = {k: peak_mb(fn, device) for k, fn in fns.items()}
     row = {"point": label, "judged": judged, "n": P * b, **{f"t_{k}": v for k, v in times.items()},
            **{f"m_{k}": v for k, v in mems.items()}}
-    del pop, model
     return row
 
 

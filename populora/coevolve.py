@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
-from torch import Tensor, nn
+from torch import Tensor, nn  # noqa: F401 - nn is used by the doctests
 
 from . import distributed as pd
 from .checkpoint import atomic_save, load_checkpoint

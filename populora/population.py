@@ -692,6 +692,22 @@ class Population(nn.Module):
             raise ValueError(f"`{name}` holds id {bad}, out of range [0, {self.pop_size})")
         return t
 
+    def _apply(self, fn: Callable, recurse: bool = True) -> Population:
+        """``pop.to(device)`` / ``.double()`` move the model and adapters; the generator follows.
+
+        A generator's state cannot cross device types, so on a device change
+        the new generator is seeded from a draw of the old one: the run stays
+        a deterministic function of the seed and the calls made.
+        """
+        super()._apply(fn, recurse)
+        self._down_list, self._up_list = list(self._downs), list(self._ups)
+        device = self._down_list[0].device
+        if device != self.device:
+            seed = int(torch.randint(2**62, (1,), generator=self.generator, device=self.device))
+            self.generator = torch.Generator(device=device).manual_seed(seed)
+            self.device = device
+        return self
+
     def extra_repr(self) -> str:
         return (f"pop_size={self.pop_size}, low_rank={self.low_rank}, targets={self.target_names}, "
                 f"generation={self.generation}")

@@ -8,7 +8,6 @@ module, FileStore in ``tmp_path``) and once through the real ``torchrun`` CLI.
 from __future__ import annotations
 
 import copy
-import datetime
 import os
 import re
 import shutil
@@ -20,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
+from ranks import init_gloo, spawn
 from populora import Coevolve, FitnessError, HallOfFame, Population
 from populora.coevolve import Champion
 from populora.stats import GenerationStats
@@ -106,13 +105,6 @@ for _ in range(100):
 """
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The models here are tiny: one intra-op thread is ~10x faster than two on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def contract(two_steps: int, three_steps: int, seed: int | None = 0) -> dict:
@@ -707,9 +699,7 @@ def _contract_run(seed: int, distributed: bool, res: dict) -> None:
 
 
 def _worker(rank: int, world: int, store: str, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    init_gloo(rank, world, store)
     res: dict = {}
     # rank 0 seeds its models differently from rank 1: the first distributed step repairs that, with a warning
     with warnings.catch_warnings(record=True) as caught:
@@ -753,9 +743,7 @@ def _worker(rank: int, world: int, store: str, out: str) -> None:
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
-    tmp = tmp_path_factory.mktemp("coevolve_dist")
-    mp.spawn(_worker, args=(WORLD, str(tmp / "store"), str(tmp)), nprocs=WORLD, join=True)
-    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return spawn(_worker, tmp_path_factory.mktemp("coevolve_dist"))
 
 
 @pytest.mark.distributed

@@ -17,13 +17,6 @@ from populora.es import FITNESS_SHAPINGS, stable_seed
 from populora.es.noise import draw_noise
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one intra-op thread (several threads only contend on a busy CI machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def close(a, b, tol=1e-5):

@@ -8,15 +8,14 @@ the assertions run here, in the parent.
 
 from __future__ import annotations
 
-import datetime
 import warnings
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
+from ranks import init_gloo, spawn
 from populora import EggrollES
 from populora import distributed as pd
 
@@ -50,9 +49,7 @@ def train(es: EggrollES) -> list[float]:
 
 
 def _worker(rank: int, world: int, store: str, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    init_gloo(rank, world, store)
     res: dict = {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -102,8 +99,7 @@ def _worker(rank: int, world: int, store: str, out: str) -> None:
 
 @pytest.mark.distributed
 def test_two_ranks_stay_in_lockstep_exchanging_only_fitnesses(tmp_path):
-    mp.spawn(_worker, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True)
-    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2))
+    r0, r1 = spawn(_worker, tmp_path)
 
     for name in r0["params"]:
         assert torch.equal(r0["params"][name], r1["params"][name]), name

@@ -20,13 +20,6 @@ from populora import (
     generate_standard_noise,
 )
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one intra-op thread (several threads only contend on a busy CI machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 # The Python snippets of the torcheggroll 0.2.0 README, verbatim and in README order (Quick Start,

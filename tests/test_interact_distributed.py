@@ -10,13 +10,13 @@ and save what they saw; the assertions run in the parent.
 
 from __future__ import annotations
 
-import datetime
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
+from ranks import init_gloo
 
 WORLD = 2
 POP, EPISODES, HORIZON, GENERATIONS = 6, 2, 60, 3
@@ -57,9 +57,7 @@ def _run(num_envs: int) -> dict:
 
 
 def _worker(rank: int, world: int, store: str, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    init_gloo(rank, world, store)
     try:
         torch.save(_run(num_envs=2 + rank), f"{out}/rank{rank}.pt")  # ranks may hold different env counts
     finally:

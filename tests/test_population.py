@@ -205,3 +205,14 @@ class TestCheckpoint:
         with pytest.raises(ValueError, match=r"checkpoint has pop_size=8, this population has 4"):
             other.load(tmp_path / "pop.pt")
         assert torch.equal(other.factors()[0].down, before)
+
+
+def test_to_dtype_moves_model_and_adapters():
+    pop, model = make(init_scale=0.5)
+    x = torch.randn(8, 6)
+    with torch.no_grad():
+        expected = pop(x, all_individuals=True)
+        pop.to(torch.float64)
+        assert model[0].weight.dtype == torch.float64 and pop.factors()[0].down.dtype == torch.float64
+        torch.testing.assert_close(pop(x.double(), all_individuals=True).float(), expected, rtol=1e-5, atol=1e-6)
+    pop.evolve_(torch.arange(8.0))  # operators and generator still work after the move

@@ -8,7 +8,6 @@ as written, through the real ``torchrun`` CLI.
 
 from __future__ import annotations
 
-import datetime
 import os
 import re
 import shutil
@@ -20,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
+from ranks import init_gloo, spawn
 from populora import Population
 from populora import distributed as pd
 from populora.fitness import evaluate
@@ -161,9 +160,7 @@ def _base_mismatch(rank: int, res: dict) -> None:
 
 
 def _worker(rank: int, world: int, store: str, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    init_gloo(rank, world, store)
     res: dict = {}
     _signatures(rank, res)
     _lockstep(rank, res)
@@ -175,9 +172,7 @@ def _worker(rank: int, world: int, store: str, out: str) -> None:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     """What each of the two ranks saw (one spawn for the whole module)."""
-    tmp = tmp_path_factory.mktemp("popdist")
-    mp.spawn(_worker, args=(WORLD, str(tmp / "store"), str(tmp)), nprocs=WORLD, join=True)
-    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return spawn(_worker, tmp_path_factory.mktemp("popdist"))
 
 
 @pytest.mark.distributed

@@ -6,9 +6,6 @@ import pytest
 import torch
 
 from populora.operators import CROSSOVERS, Factors, svd_factors
-from populora.operators.crossover import (
-    average, average_delta, dare, extrapolative, layer_wise, svd_subspace, xes,
-)
 
 P = 8
 
