@@ -18,20 +18,16 @@ from .operators import (
     register_selection,
 )
 from .population import Population, SelectionResult
-from .interact import EnvInteractor, EvolveResult, evolve_with_env, interact_with_env
 from .stats import GenerationStats
-from .coevolve import Coevolve, HallOfFame
+from .interact import EnvInteractor, EvolveResult, evolve_with_env, interact_with_env
+from .coevolve import Coevolve
+from .hall_of_fame import HallOfFame
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "EggrollES",
-    "TorchEggrollES",
-    "compute_es_gradient",
-    "generate_lora_noise",
-    "generate_noise_for_shapes",
-    "generate_standard_noise",
     "Coevolve",
+    "EggrollES",
     "EnvInteractor",
     "EvolveResult",
     "Factors",
@@ -44,7 +40,12 @@ __all__ = [
     "SelectionResult",
     "SpentPopulationError",
     "TargetNotFoundError",
+    "TorchEggrollES",
+    "compute_es_gradient",
     "evolve_with_env",
+    "generate_lora_noise",
+    "generate_noise_for_shapes",
+    "generate_standard_noise",
     "interact_with_env",
     "is_distributed",
     "is_main_rank",

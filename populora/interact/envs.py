@@ -12,8 +12,18 @@ slots with given seeds:
 
 * a single env is one slot, reset with ``env_ssl_wrapper.reset_env`` (which
   seeds gymnasium's ``reset(seed=)`` or dm_control's task random state);
-* a gymnasium ``SyncVectorEnv`` / ``AsyncVectorEnv`` resets several slots in
-  one call through ``options['reset_mask']`` with one seed per slot;
+* a gymnasium ``SyncVectorEnv`` (not wrapped, its own ``step`` / ``reset``)
+  is its list of sub-envs: only the slots that are playing are stepped, as
+  its own loop would step them (``sub_env.step(action)``, observations
+  batched with gymnasium's ``concatenate``, rewards through float32 like
+  env-ssl-wrapper's TensorWrapper), and a slot is reset with
+  ``sub_env.reset(seed=)``. A vector env steps every slot, so once the work
+  queue runs dry most of its steps would go to idle slots; stepping the
+  sub-envs also skips the vector env's autoreset and info bookkeeping, so
+  it is not slower even when every slot is busy;
+* a gymnasium ``AsyncVectorEnv`` (or a wrapped ``SyncVectorEnv``) steps
+  every slot and resets several slots in one call through
+  ``options['reset_mask']`` with one seed per slot;
 * any other vector env must reset one slot with a seed (``reset_at``), found
   by ``env_ssl_wrapper.reset_env_at``; gymnasium's native ``CartPoleVectorEnv``
   cannot, and is refused with a hint.
@@ -76,6 +86,7 @@ class _VectorSource:
     """A vector env covering slots ``[start, start + num)``, through env-ssl-wrapper's TensorWrapper."""
 
     vector = True
+    subset = False
 
     def __init__(self, env: Any, start: int):
         from env_ssl_wrapper import compose_env, get_adapter
@@ -140,6 +151,85 @@ class _VectorSource:
         return obs, reward, done
 
 
+def _plain_sync_vector_env(env: Any) -> bool:
+    """A gymnasium ``SyncVectorEnv`` with its own ``step`` / ``reset`` (no vector wrapper, no override)."""
+    try:
+        from gymnasium.vector import SyncVectorEnv
+    except ImportError:  # pragma: no cover - gymnasium is a dependency
+        return False
+    cls = type(env)
+    return (isinstance(env, SyncVectorEnv) and cls.step is SyncVectorEnv.step and cls.reset is SyncVectorEnv.reset
+            and isinstance(getattr(env, "envs", None), list))
+
+
+class _SubEnvSource:
+    """The sub-envs of a gymnasium ``SyncVectorEnv`` covering slots ``[start, start + num)``.
+
+    Steps and resets any subset of them, the way ``SyncVectorEnv`` steps each
+    one (``iterate`` over the actions, ``concatenate`` of the observations in
+    its ``single_observation_space``), so a playing slot sees exactly what it
+    would see through the vector env; idle slots are left alone.
+    """
+
+    vector = False
+    subset = True
+
+    def __init__(self, env: Any, start: int):
+        from env_ssl_wrapper import get_adapter
+
+        self.raw = env
+        self.envs = list(env.envs)
+        self.num = len(self.envs)
+        self.start = start
+        self.stop = start + self.num
+        self.obs_space = env.single_observation_space
+        self.batch_action_space = env.action_space
+        self.action_space = get_adapter(env).action_space
+        self._step = [sub.step for sub in self.envs]
+
+    def _batch(self, rows: list[Any]) -> Any:
+        from gymnasium.vector.utils import concatenate, create_empty_array
+
+        return concatenate(self.obs_space, rows, create_empty_array(self.obs_space, len(rows), fn=np.empty))
+
+    def reset(self, local: np.ndarray, seeds: Sequence[int | None]) -> Any:
+        """Reset local slots ``local`` with ``seeds``; their observations, batched ``(len(local), ..)``."""
+        rows = []
+        for slot, seed in zip(local.tolist(), seeds):
+            try:
+                rows.append(self.envs[slot].reset(seed=None if seed is None else int(seed))[0])
+            except Exception as error:
+                raise SlotFailure([self.start + slot], "reset", error) from error
+        return self._batch(rows)
+
+    def step(self, local: np.ndarray, actions: Any) -> tuple[Any, np.ndarray, np.ndarray]:
+        """Step local slots ``local`` with their ``(k, ..)`` actions: ``(obs, reward (k,) float64, done (k,) bool)``."""
+        from gymnasium.vector.utils import iterate
+
+        if isinstance(actions, Tensor):
+            actions = actions.numpy()
+        elif not isinstance(actions, np.ndarray):  # as env-ssl-wrapper's TensorWrapper hands them to the env
+            from env_ssl_wrapper.standardize.tensor_wrapper import torch_to_numpy
+
+            actions = torch_to_numpy(actions)
+        index = local.tolist()
+        step = self._step
+        outs = []
+        try:
+            for slot, act in zip(index, iterate(self.batch_action_space, actions)):
+                outs.append(step[slot](act))
+        except Exception as error:
+            raise SlotFailure([self.start + index[len(outs)]], "step", error) from error
+        k = len(index)
+        if len(outs) != k:
+            raise ValueError(f"{len(outs)} actions for {k} slots")
+        obs, reward, terminated, truncated, _ = zip(*outs)
+        # the vector env's float64 rewards, through float32 like TensorWrapper's
+        reward = np.asarray(reward, dtype=np.float64).reshape(k).astype(np.float32).astype(np.float64)
+        done = np.asarray(terminated, dtype=np.bool_).reshape(k) | np.asarray(truncated, dtype=np.bool_).reshape(k)
+        return self._batch(list(obs)), reward, done
+
+
 class _SingleSource:
     """One single env (one slot), through env-ssl-wrapper's StandardizeWrapper only.
 
@@ -150,6 +240,7 @@ class _SingleSource:
     """
 
     vector = False
+    subset = False
     num = 1
 
     def __init__(self, env: Any, start: int):
@@ -452,7 +543,12 @@ def build_slots(envs: Any, *, num_envs: int | None = None, flatten_obs: bool = T
 
     sources, start = [], 0
     for env in raw:
-        src = _VectorSource(env, start) if is_vectorized(env) else _SingleSource(env, start)
+        if _plain_sync_vector_env(env):
+            src: Any = _SubEnvSource(env, start)
+        elif is_vectorized(env):
+            src = _VectorSource(env, start)
+        else:
+            src = _SingleSource(env, start)
         sources.append(src)
         start += src.num
     return EnvSlots(sources, flatten_obs=flatten_obs, created=created)
