@@ -1,21 +1,27 @@
 """Env steps per second of ``EnvInteractor.evaluate`` against the bare wrapped vector env.
 
-Both sides step the same env-ssl-wrapper stack (``compose_env`` with its
-gymnasium adapter and ``TensorWrapper``) around a gymnasium ``SyncVectorEnv``
-of CartPole-v1, single-threaded:
+Both sides run a gymnasium ``SyncVectorEnv`` of CartPole-v1, single-threaded:
 
-* baseline: ``env.step(random actions)`` in a loop (the env autoresets by
-  itself); every slot step counts.
+* baseline: the env-ssl-wrapper stack (``compose_env`` with its gymnasium
+  adapter and ``TensorWrapper``) around the vector env, ``env.step(random
+  actions)`` in a loop (the env autoresets by itself); every slot step counts.
 * evaluate: ``interactor.evaluate(population, ...)``: per timestep one routed
   forward of a 4-32-2 MLP over the playing slots, the action map, the
-  bookkeeping, and seeded resets of the slots whose episode ended; only
-  steps inside episodes count.
+  bookkeeping, stepping the playing slots (the interactor steps the
+  ``SyncVectorEnv``'s sub-envs itself, only the busy ones), and seeded resets
+  of the slots whose episode ended; only steps inside episodes count.
+* vector path: the same ``evaluate`` with the env behind a pass-through
+  ``gymnasium.vector.VectorWrapper``, which keeps the interactor on the
+  vector env's own ``step`` (every slot steps, idle ones too), as for any
+  vector env other than a plain ``SyncVectorEnv``.
 
 Columns: ``ratio`` = evaluate's env steps/s over the baseline's (target >=
-50%); ``utilisation`` = share of slot steps that were inside an episode (a
-vector env steps every slot, so slots whose work ran out idle until the
-last episode ends); ``per slot step`` = ratio / utilisation, the cost of the
-routed policy and the scheduling alone.
+50%); ``utilisation`` = share of slot-timesteps inside an episode (low when
+the longest episodes leave most slots without work); ``timesteps`` = routed
+forwards of the evaluation (at least the longest episode: a 500-step episode
+takes 500 timesteps however many slots are free); ``us / timestep`` = wall
+time per timestep, the floor set by the routed forward and the loop when
+few slots play.
 
 Two populations: "generation 0" (the default init: individuals act
 differently, episodes of 10 to 500 steps, so the longest episodes make a
@@ -81,10 +87,11 @@ def baseline(num: int, steps: int) -> float:
     return num * steps / (time.perf_counter() - start)
 
 
-def evaluate(num: int, pop_size: int, episodes: int, which: str) -> tuple[float, float, float]:
-    """(env steps per second, slot utilisation, mean fitness) of one ``evaluate`` call."""
+def evaluate(num: int, pop_size: int, episodes: int, which: str, vector_path: bool = False) -> tuple[float, ...]:
+    """(env steps per second, slot utilisation, timesteps, mean fitness) of one ``evaluate`` call."""
     make_model, init_scale = POPULATIONS[which]
-    interactor = interact_with_env(vector_env(num))
+    env = vector_env(num)
+    interactor = interact_with_env(gym.vector.VectorWrapper(env) if vector_path else env)
     population = interactor.population(make_model(), pop_size=pop_size, low_rank=4, seed=0, init_scale=init_scale)
     interactor.evaluate(population, horizon=5)  # warm up
     before = dict(interactor.counters)
@@ -93,7 +100,7 @@ def evaluate(num: int, pop_size: int, episodes: int, which: str) -> tuple[float,
     seconds = time.perf_counter() - start
     steps = interactor.counters["env_steps"] - before["env_steps"]
     timesteps = interactor.counters["timesteps"] - before["timesteps"]
-    return steps / seconds, steps / (timesteps * num), fitness.mean().item()
+    return steps / seconds, steps / (timesteps * num), timesteps, fitness.mean().item()
 
 
 def main() -> None:
@@ -106,20 +113,22 @@ def main() -> None:
     rows = []
     for num, pop_size, episodes in ((64, 64, 4), (256, 256, 2)):
         for which in POPULATIONS:
-            bases, runs = [], []
-            for _ in range(repeats):  # interleaved, so both sides meet the same load
+            bases, runs, vector = [], [], []
+            for _ in range(repeats):  # interleaved, so every side meets the same load
                 bases.append(baseline(num, 12800 // num))
                 runs.append(evaluate(num, pop_size, episodes, which))
-            rate, util, fit = max(runs)
-            rows.append((num, f"{pop_size} x {episodes}", which, fit, max(bases), rate, util))
+                vector.append(evaluate(num, pop_size, episodes, which, vector_path=True)[0])
+            rate, util, timesteps, fit = max(runs)
+            rows.append((num, f"{pop_size} x {episodes}", which, fit, max(bases), rate, max(vector), util, timesteps))
     print(f"CartPole-v1, SyncVectorEnv + env-ssl-wrapper, torch {torch.__version__}, "
           f"{torch.get_num_threads()} thread, best of {repeats}")
-    print("| slots | individuals x episodes | population (mean return) | wrapped env, random actions "
-          "(steps/s) | evaluate (steps/s) | ratio | utilisation | per slot step |")
-    print("|---:|---:|---|---:|---:|---:|---:|---:|")
-    for num, work, which, fit, base, rate, util in rows:
-        print(f"| {num} | {work} | {which} ({fit:.0f}) | {base:,.0f} | {rate:,.0f} | {rate / base:.0%} | "
-              f"{util:.0%} | {rate / base / util:.0%} |")
+    print("| slots | individuals x episodes | population (mean return) | wrapped env, random actions (steps/s) "
+          "| evaluate (steps/s) | ratio | vector path (steps/s) | utilisation | timesteps | us / timestep |")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for num, work, which, fit, base, rate, vec, util, timesteps in rows:
+        seconds = util * timesteps * num / rate
+        print(f"| {num} | {work} | {which} ({fit:.0f}) | {base:,.0f} | {rate:,.0f} | {rate / base:.0%} | {vec:,.0f} | "
+              f"{util:.0%} | {timesteps} | {seconds / timesteps * 1e6:.0f} |")
 
 
 if __name__ == "__main__":

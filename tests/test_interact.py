@@ -31,9 +31,10 @@ class SeededLengthEnv(gym.Env):
     """Episode length ``3 + seed % 5``; reward 1 per step inside it, 1000 per step after it.
 
     Observation ``[t, length]``; any action of Discrete(2). ``log`` collects
-    ``(env id, seed)`` of every reset. A step after the end (an autoreset
-    step, or a slot nobody uses) returns reward 1000 and stays terminated, so
-    any reward counted after the end shows in the fitness.
+    ``(env id, seed)`` of every reset; ``steps`` counts every step. A step
+    after the end (an autoreset step, or a slot nobody uses) returns reward
+    1000 and stays terminated, so any reward counted after the end shows in
+    the fitness.
     """
 
     observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
@@ -42,7 +43,7 @@ class SeededLengthEnv(gym.Env):
     def __init__(self, log: list | None = None, nan_at: int | None = None, raise_at: int | None = None):
         self.log = log if log is not None else []
         self.nan_at, self.raise_at = nan_at, raise_at
-        self.length, self.t = 0, 0
+        self.length, self.t, self.steps = 0, 0, 0
 
     def _obs(self) -> np.ndarray:
         return np.array([self.t, self.length], dtype=np.float32)
@@ -55,6 +56,7 @@ class SeededLengthEnv(gym.Env):
 
     def step(self, action):
         self.t += 1
+        self.steps += 1
         if self.raise_at is not None and self.t == self.raise_at:
             raise RuntimeError("boom")
         if self.t > self.length:
@@ -105,6 +107,36 @@ def hand_rolled(pop: Population, make_env, action, horizon: int, num_episodes: i
     return fitness
 
 
+def seeded_length_envs(kind: str, num: int) -> tuple[object, list]:
+    """``num`` SeededLengthEnvs as a list or a SyncVectorEnv (whose sub-envs step one by one), and the envs."""
+    if kind == "list":
+        envs = [SeededLengthEnv() for _ in range(num)]
+        return envs, envs
+    vec = SyncVectorEnv([SeededLengthEnv for _ in range(num)])
+    return vec, vec.envs
+
+
+class DictObsEnv(gym.Env):
+    """Dict observations ``{'pos': (2,), 'vel': (1,)}`` (keys in the space's order); reward depends on action and state."""
+
+    observation_space = gym.spaces.Dict({"pos": gym.spaces.Box(-np.inf, np.inf, (2,), np.float32),
+                                         "vel": gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)})
+    action_space = gym.spaces.Discrete(2)
+
+    def _obs(self) -> dict:
+        return {"pos": self.state[:2].astype(np.float32), "vel": self.state[2:].astype(np.float32)}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.state, self.t = self.np_random.uniform(-1, 1, 3), 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        self.state = self.state + (0.1 if action else -0.1) * np.array([1.0, -0.5, 0.3])
+        return self._obs(), float(self.state.sum()), bool(abs(self.state[0]) > 1.5), self.t >= 30, {}
+
+
 def argmax(out: torch.Tensor) -> torch.Tensor:
     return out.argmax(-1)
 
@@ -151,6 +183,7 @@ def test_list_vector_env_factory_and_slot_count_give_the_same_fitness():
     kinds = {
         "list": ([gym.make("CartPole-v1") for _ in range(3)], {}),
         "vector": (gym.make_vec("CartPole-v1", 3, vectorization_mode="sync"), {}),
+        "wrapped vector": (gym.vector.VectorWrapper(gym.make_vec("CartPole-v1", 3, vectorization_mode="sync")), {}),
         "factory": (lambda: gym.make("CartPole-v1"), {"num_envs": 3}),
         "id": ("CartPole-v1", {"num_envs": 5}),
         "one env": (gym.make("CartPole-v1"), {}),
@@ -201,6 +234,27 @@ def test_unflattened_dict_observations_reach_the_model_as_dicts():
     assert torch.equal(results[0], results[1])
 
 
+def test_dict_observations_of_a_sync_vector_env_match_a_list():
+    """gymnasium's concatenate batches the sub-envs' dict observations; list, sync and wrapped vector env agree."""
+    sources = {
+        "list": [DictObsEnv() for _ in range(3)],
+        "sync vector": SyncVectorEnv([DictObsEnv for _ in range(3)]),
+        "wrapped vector": gym.vector.VectorWrapper(SyncVectorEnv([DictObsEnv for _ in range(3)])),
+    }
+    results = {}
+    for name, source in sources.items():
+        interactor = interact_with_env(source)
+        pop = interactor.population(tiny_net(3, 2), pop_size=4, low_rank=2, seed=2, init_scale=3.0)
+        results[name] = interactor.evaluate(pop, horizon=25, num_episodes=2)
+    assert len(set(results["list"].tolist())) > 1
+    for name, fitness in results.items():
+        assert torch.equal(fitness, results["list"]), name
+    seen = []
+    interactor = interact_with_env(SyncVectorEnv([DictObsEnv for _ in range(2)]), flatten_obs=False)
+    interactor.play(lambda obs: seen.append(obs) or torch.zeros(obs["pos"].shape[0], 2), horizon=3)
+    assert set(seen[0]) == {"pos", "vel"} and seen[0]["pos"].shape == (1, 2) and seen[0]["vel"].dtype == torch.float32
+
+
 def test_population_defaults_and_model_mode_restored():
     interactor = interact_with_env(gym.make("CartPole-v1"), device="cpu")
     model = cartpole_net().train()
@@ -215,16 +269,24 @@ def test_population_defaults_and_model_mode_restored():
 # ----------------------------------------------------------------------------- scheduling, done, seeds
 
 
+@pytest.mark.parametrize("wrapped", [False, True], ids=["sub-envs", "vector step"])
 @pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED])
-def test_rewards_after_done_and_autoreset_steps_are_never_counted(mode):
-    """SeededLengthEnv pays 1000 per step after the end: none of it may reach the fitness."""
+def test_rewards_after_done_and_autoreset_steps_are_never_counted(mode, wrapped):
+    """SeededLengthEnv pays 1000 per step after the end: none of it may reach the fitness.
+
+    A plain SyncVectorEnv steps only its playing sub-envs (no step after an
+    end at all); behind a vector wrapper the vector env steps every slot,
+    idle ones and autoreset steps included, and none of that may count.
+    """
     log: list = []
     vec = SyncVectorEnv([lambda: SeededLengthEnv(log) for _ in range(4)], autoreset_mode=mode)
-    interactor = interact_with_env(vec)
+    interactor = interact_with_env(gym.vector.VectorWrapper(vec) if wrapped else vec)
     pop = interactor.population(tiny_net(), pop_size=3, low_rank=2, seed=5)
-    fitness = interactor.evaluate(pop, horizon=50, num_episodes=3)  # 9 items on 4 slots: idle slots keep stepping
-    expected = sum(length_of(pop.eval_seed, e) for e in range(3)) / 3
-    assert fitness.tolist() == pytest.approx([expected] * 3)
+    fitness = interactor.evaluate(pop, horizon=50, num_episodes=3)  # 9 items on 4 slots: some slots idle
+    lengths = [length_of(pop.eval_seed, e) for e in range(3)]
+    assert fitness.tolist() == pytest.approx([sum(lengths) / 3] * 3)
+    stepped = sum(env.steps for env in vec.envs)
+    assert stepped > 3 * sum(lengths) if wrapped else stepped == 3 * sum(lengths)
     short = interactor.evaluate(pop, horizon=3, num_episodes=3)  # horizon ends every episode at 3 steps
     assert short.tolist() == [3.0] * 3
 
@@ -243,10 +305,11 @@ def test_every_episode_of_a_generation_uses_the_same_seed():
     assert sorted(seed for _, seed in log) == sorted(episode_seeds(8, 2) * 4)
 
 
-def test_all_slots_stay_busy_until_the_queue_is_empty():
-    """One forward per timestep; every slot plays while work remains; no step is wasted on a list of envs."""
-    envs = [SeededLengthEnv() for _ in range(3)]
-    interactor = interact_with_env(envs)
+@pytest.mark.parametrize("kind", ["list", "sync vector"])
+def test_all_slots_stay_busy_until_the_queue_is_empty(kind):
+    """One forward per timestep; every slot plays while work remains; no step is wasted on idle slots."""
+    source, envs = seeded_length_envs(kind, 3)
+    interactor = interact_with_env(source)
     model = tiny_net()
     pop = interactor.population(model, pop_size=5, low_rank=2, seed=11)
     batch_sizes: list[int] = []
@@ -259,8 +322,8 @@ def test_all_slots_stay_busy_until_the_queue_is_empty():
     tail = batch_sizes[first_short:]
     assert all(a >= b for a, b in zip(tail, tail[1:])), "a slot went idle while work remained"
     assert len(tail) < max(lengths), "the tail is at most one episode long"
-    # each env stepped exactly its episodes' lengths
-    assert sum(len([s for i, s in e.log]) for e in envs) == 20
+    # 20 resets, and each env stepped exactly its episodes' lengths
+    assert sum(len(e.log) for e in envs) == 20 and sum(e.steps for e in envs) == sum(lengths)
 
 
 def test_work_queue_prefers_individuals_not_playing():
@@ -396,16 +459,19 @@ def test_env_ssl_wrapper_mock_envs_of_other_simulators():
 # ----------------------------------------------------------------------------- bad input
 
 
-def test_env_step_error_names_slot_and_individual():
-    interactor = interact_with_env([SeededLengthEnv(), SeededLengthEnv(raise_at=2)])
+@pytest.mark.parametrize("kind", ["list", "sync vector"])
+def test_env_step_error_names_slot_and_individual(kind):
+    envs = [SeededLengthEnv(), SeededLengthEnv(raise_at=2)]
+    interactor = interact_with_env(envs if kind == "list" else SyncVectorEnv([lambda e=e: e for e in envs]))
     pop = interactor.population(tiny_net(), 4, 2)
     with pytest.raises(EnvStepError, match=r"env step failed at slot 1 \(individual 1, episode 0, step 2\).*boom"):
         interactor.evaluate(pop, horizon=10)
 
 
-def test_nan_reward_raises_or_scores_worst():
+@pytest.mark.parametrize("kind", ["list", "sync vector"])
+def test_nan_reward_raises_or_scores_worst(kind):
     envs = [SeededLengthEnv(), SeededLengthEnv(nan_at=2)]
-    interactor = interact_with_env(envs)
+    interactor = interact_with_env(envs if kind == "list" else SyncVectorEnv([lambda e=e: e for e in envs]))
     pop = interactor.population(tiny_net(), 3, 2)
     with pytest.raises(FitnessError, match=r"NaN reward at slot 1 \(individual 1, episode 0, step 2\).*nan_policy='worst'"):
         interactor.evaluate(pop, horizon=10)

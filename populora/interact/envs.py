@@ -96,7 +96,11 @@ class _VectorSource:
         self.start = start
         self.num = int(env_num_envs(env))
         self.stop = start + self.num
-        self.autoresets = bool(env_autoresets(env))
+        # a vector wrapper hides gymnasium's `autoreset_mode` attribute, not the metadata entry it sets
+        mode = getattr(env, "metadata", None) or {}
+        mode = mode.get("autoreset_mode") if isinstance(mode, dict) else None
+        disabled = mode is not None and str(getattr(mode, "value", mode)).lower() == "disabled"
+        self.autoresets = bool(env_autoresets(env)) and not disabled
         self.masked_reset = _masked_reset_capable(env)
         self.env = compose_env(env, ("tensor", dict(device="cpu")), pad_episodes=False)
         self.action_space = get_adapter(env).action_space
@@ -176,21 +180,37 @@ class _SubEnvSource:
 
     def __init__(self, env: Any, start: int):
         from env_ssl_wrapper import get_adapter
+        from gymnasium.spaces import Box, Discrete, MultiBinary, MultiDiscrete
+        from gymnasium.vector.utils import concatenate, create_empty_array, iterate
 
         self.raw = env
         self.envs = list(env.envs)
         self.num = len(self.envs)
         self.start = start
         self.stop = start + self.num
-        self.obs_space = env.single_observation_space
-        self.batch_action_space = env.action_space
         self.action_space = get_adapter(env).action_space
         self._step = [sub.step for sub in self.envs]
+        obs_space, batch_actions = env.single_observation_space, env.action_space
+        # gymnasium's own batching (concatenate / iterate); for these spaces it is np.stack into an array of
+        # the space's shape and dtype (np.array makes the same array 3x faster), and the iteration over a
+        # batch of actions is over its rows
+        if type(obs_space) in (Box, Discrete, MultiDiscrete, MultiBinary):
+            shape, dtype = tuple(obs_space.shape), obs_space.dtype
 
-    def _batch(self, rows: list[Any]) -> Any:
-        from gymnasium.vector.utils import concatenate, create_empty_array
+            def batch(rows: Sequence[Any]) -> np.ndarray:
+                out = np.array(rows, dtype=dtype)
+                if out.shape[1:] != shape:
+                    raise ValueError(f"sub-envs returned observations of shape {out.shape[1:]}; the observation "
+                                     f"space {obs_space} has shape {shape}")
+                return out
 
-        return concatenate(self.obs_space, rows, create_empty_array(self.obs_space, len(rows), fn=np.empty))
+            self._batch = batch
+        else:
+            self._batch = lambda rows: concatenate(obs_space, rows, create_empty_array(obs_space, len(rows), fn=np.empty))
+        if type(batch_actions) in (Box, MultiDiscrete, MultiBinary):
+            self._rows = iter
+        else:
+            self._rows = lambda actions: iterate(batch_actions, actions)
 
     def reset(self, local: np.ndarray, seeds: Sequence[int | None]) -> Any:
         """Reset local slots ``local`` with ``seeds``; their observations, batched ``(len(local), ..)``."""
@@ -204,8 +224,6 @@ class _SubEnvSource:
 
     def step(self, local: np.ndarray, actions: Any) -> tuple[Any, np.ndarray, np.ndarray]:
         """Step local slots ``local`` with their ``(k, ..)`` actions: ``(obs, reward (k,) float64, done (k,) bool)``."""
-        from gymnasium.vector.utils import iterate
-
         if isinstance(actions, Tensor):
             actions = actions.numpy()
         elif not isinstance(actions, np.ndarray):  # as env-ssl-wrapper's TensorWrapper hands them to the env
@@ -216,7 +234,7 @@ class _SubEnvSource:
         step = self._step
         outs = []
         try:
-            for slot, act in zip(index, iterate(self.batch_action_space, actions)):
+            for slot, act in zip(index, self._rows(actions)):
                 outs.append(step[slot](act))
         except Exception as error:
             raise SlotFailure([self.start + index[len(outs)]], "step", error) from error
@@ -225,9 +243,9 @@ class _SubEnvSource:
             raise ValueError(f"{len(outs)} actions for {k} slots")
         obs, reward, terminated, truncated, _ = zip(*outs)
         # the vector env's float64 rewards, through float32 like TensorWrapper's
-        reward = np.asarray(reward, dtype=np.float64).reshape(k).astype(np.float32).astype(np.float64)
-        done = np.asarray(terminated, dtype=np.bool_).reshape(k) | np.asarray(truncated, dtype=np.bool_).reshape(k)
-        return self._batch(list(obs)), reward, done
+        reward = np.array(reward, dtype=np.float32).reshape(k).astype(np.float64)
+        done = np.logical_or(terminated, truncated)
+        return self._batch(obs), reward, done if done.shape == (k,) else done.reshape(k)
 
 
 class _SingleSource:
@@ -298,16 +316,37 @@ class EnvSlots:
         self.num = sum(s.num for s in sources)
         self.flatten_obs = flatten_obs
         self.created = list(created)
-        self.obs: Any = None  # (N, D) tensor, or a pytree of (N, ..) tensors when not flattening
+        self._buf: Any = None  # (N, D) tensor, or a pytree of (N, ..) tensors when not flattening
+        # (slots, observations) of the last step, not yet written into the buffer: while the same slots
+        # play on, `take` hands them back as they are (no copy into and out of the buffer)
+        self._pending: tuple[np.ndarray, Any] | None = None
         self.source_of = np.concatenate([np.full(s.num, k, dtype=np.int64) for k, s in enumerate(sources)])
         self.action_space = sources[0].action_space
         self._one_vector = len(sources) == 1 and sources[0].vector
-        self._all_single = all(not s.vector for s in sources)
+        self._one_subset = len(sources) == 1 and sources[0].subset
+        self._all_single = all(not (s.vector or s.subset) for s in sources)
 
     # ------------------------------------------------------------------ observations
 
+    @property
+    def obs(self) -> Any:
+        """Observations of every slot, ``(N, D)`` (or a pytree of ``(N, ..)``); rows of idle slots are stale."""
+        self._flush()
+        return self._buf
+
+    def _flush(self) -> None:
+        if self._pending is not None:
+            slots, obs = self._pending
+            self._pending = None
+            self._write(slots, obs)
+
     def _batched(self, obs: Any, rows: int) -> Any:
         """A batched observation pytree of torch tensors, flattened to ``(rows, D)`` if asked."""
+        if self.flatten_obs and isinstance(obs, np.ndarray) and obs.ndim and obs.shape[0] == rows \
+                and obs.dtype.kind in "fiub":  # a sub-env batch (fresh, writable): no copy for float32
+            t = torch.from_numpy(obs)
+            t = t if t.dim() == 2 else t.reshape(rows, -1)
+            return t if t.dtype == torch.float32 else t.to(torch.float32)
         if not self.flatten_obs:
             return tree_map(lambda t: _as_float(t if isinstance(t, Tensor) else torch.as_tensor(np.asarray(t))), obs)
         if isinstance(obs, Tensor) and obs.dim() == 2 and obs.dtype == torch.float32:
@@ -345,9 +384,13 @@ class EnvSlots:
         return torch.from_numpy(np.stack(flat).astype(np.float32, copy=False))
 
     def _write(self, slots: np.ndarray, rows: Any) -> None:
-        if self.obs is None:
-            self.obs = tree_map(lambda t: t.new_zeros((self.num, *t.shape[1:])), rows)
+        if self._buf is None:
+            self._buf = tree_map(lambda t: t.new_zeros((self.num, *t.shape[1:])), rows)
         index = torch.from_numpy(np.asarray(slots, dtype=np.int64))
+        buf = self._buf
+        if isinstance(buf, Tensor) and isinstance(rows, Tensor) and buf.shape[1:] == rows.shape[1:]:
+            buf.index_copy_(0, index, rows if rows.dtype == buf.dtype else rows.to(buf.dtype))
+            return
 
         def put(buf: Tensor, new: Tensor) -> Tensor:
             if buf.shape[1:] != new.shape[1:]:
@@ -357,14 +400,24 @@ class EnvSlots:
                 )
             return buf.index_copy_(0, index, new.to(buf.dtype))
 
-        self.obs = tree_map(put, self.obs, rows)
+        self._buf = tree_map(put, self._buf, rows)
 
     def take(self, slots: np.ndarray) -> Any:
-        """Observations of ``slots`` (all slots without a copy when ``slots`` is every slot)."""
-        if slots.size == self.num:
-            return self.obs
+        """Observations of ``slots``, in that order.
+
+        Without a copy when ``slots`` is the very array the last :meth:`step`
+        got (the same slots play on), or every slot in order.
+        """
+        pending = self._pending
+        if pending is not None and pending[0] is slots:
+            return pending[1]
+        self._flush()
+        if _every_slot_in_order(slots, self.num):
+            return self._buf
         index = torch.from_numpy(slots)
-        return tree_map(lambda t: t.index_select(0, index), self.obs)
+        if isinstance(self._buf, Tensor):
+            return self._buf.index_select(0, index)
+        return tree_map(lambda t: t.index_select(0, index), self._buf)
 
     # ------------------------------------------------------------------ reset / step
 
@@ -375,20 +428,26 @@ class EnvSlots:
             SlotFailure: a source raised (the caller names the individuals).
             TypeError: a vector env that cannot reset one slot with a seed.
         """
+        self._flush()
         slots = np.asarray(slots, dtype=np.int64)
         seeds = list(seeds)
+        if self._one_subset:  # SlotFailure names the slot that failed
+            self._write(slots, self._batched(self.sources[0].reset(slots, seeds), slots.size))
+            return
         groups = self.source_of[slots]
         singles, single_rows = [], []
         for k in np.unique(groups).tolist():
             src = self.sources[k]
             pick = np.flatnonzero(groups == k)
             try:
-                if src.vector:
+                if src.vector or src.subset:
                     rows = src.reset(slots[pick] - src.start, [seeds[j] for j in pick.tolist()])
                 else:
                     single_rows.append(src.reset(seeds[int(pick[0])]))
                     singles.append(int(slots[pick[0]]))
                     continue
+            except SlotFailure:
+                raise
             except TypeError as error:
                 if "cannot reset one slot" in str(error):
                     raise
@@ -403,8 +462,8 @@ class EnvSlots:
         """Step the sources of ``slots`` with their ``(k, ..)`` actions.
 
         Vector sources step all their slots; slots nobody uses get a copy of
-        the first action (their rewards are never read). Single envs step
-        only when their slot is in ``slots``.
+        the first action (their rewards are never read). Single envs and the
+        sub-envs of a ``SyncVectorEnv`` step only when their slot is in ``slots``.
 
         Returns:
             ``(reward (k,) float64, done (k,) bool)`` for ``slots``, in order.
@@ -413,15 +472,29 @@ class EnvSlots:
             SlotFailure: a source raised.
         """
         k = slots.size
-        if self._one_vector:
-            src = self.sources[0]
-            full = actions if k == src.num else _fill(actions, slots, src.num)
+        if self._one_subset:  # the common case: one SyncVectorEnv, only the playing slots step
             try:
-                obs, reward, done = src.step(full)
-                self.obs = self._batched(obs, src.num)
+                obs, reward, done = self.sources[0].step(slots, actions)
+                obs = self._batched(obs, k)
+            except SlotFailure:
+                raise
             except Exception as error:
                 raise SlotFailure(slots.tolist(), "step", error) from error
-            return (reward, done) if k == src.num else (reward[slots], done[slots])
+            if self._pending is not None and self._pending[0] is not slots:
+                self._flush()  # else the same slots stepped again: their new observations replace the pending ones
+            self._pending = (slots, obs)
+            return reward, done
+        self._flush()
+        if self._one_vector:
+            src = self.sources[0]
+            every = _every_slot_in_order(slots, src.num)
+            full = actions if every else _fill(actions, slots, src.num)
+            try:
+                obs, reward, done = src.step(full)
+                self._buf = self._batched(obs, src.num)
+            except Exception as error:
+                raise SlotFailure(slots.tolist(), "step", error) from error
+            return (reward, done) if every else (reward[slots], done[slots])
 
         rewards = np.empty(k, dtype=np.float64)
         dones = np.empty(k, dtype=bool)
@@ -430,23 +503,30 @@ class EnvSlots:
             groups = None
         else:
             groups = self.source_of[slots]
-            picks = [j for j in range(k) if not self.sources[groups[j]].vector]
+            picks = [j for j in range(k) if not (self.sources[groups[j]].vector or self.sources[groups[j]].subset)]
             for k_src in np.unique(groups).tolist():
                 src = self.sources[k_src]
-                if not src.vector:
+                if not (src.vector or src.subset):
                     continue
                 pick = np.flatnonzero(groups == k_src)
                 local = slots[pick] - src.start
                 act = _take_rows(actions, pick)
-                act = act if local.size == src.num else _fill(act, local, src.num)
                 try:
-                    obs, reward, done = src.step(act)
-                    obs = self._batched(obs, src.num)
+                    if src.subset:
+                        obs, reward, done = src.step(local, act)
+                        written = slots[pick]
+                        rewards[pick], dones[pick] = reward, done
+                    else:
+                        obs, reward, done = src.step(act if _every_slot_in_order(local, src.num)
+                                                     else _fill(act, local, src.num))
+                        written = np.arange(src.start, src.stop, dtype=np.int64)
+                        rewards[pick], dones[pick] = reward[local], done[local]
+                    obs = self._batched(obs, written.size)
+                except SlotFailure:
+                    raise
                 except Exception as error:
                     raise SlotFailure(slots[pick].tolist(), "step", error) from error
-                self._write(np.arange(src.start, src.stop, dtype=np.int64), obs)
-                rewards[pick] = reward[local]
-                dones[pick] = done[local]
+                self._write(written, obs)
         if picks:
             rows, stepped = [], []
             act_np = actions.numpy() if isinstance(actions, Tensor) else None
@@ -475,6 +555,11 @@ class EnvSlots:
             except Exception:  # noqa: BLE001 - closing is best effort
                 pass
         self.created = []
+
+
+def _every_slot_in_order(slots: np.ndarray, num: int) -> bool:
+    """``slots`` is ``0, 1, .., num - 1`` (distinct slots of ``[0, num)``, increasing)."""
+    return slots.size == num and bool((slots[1:] > slots[:-1]).all())
 
 
 def _take_rows(actions: Any, pick: np.ndarray) -> Any:

@@ -329,6 +329,7 @@ class EnvInteractor:
         steps = np.zeros(n_slots, dtype=np.int64)
         ret = np.zeros(n_slots, dtype=np.float64)
         limit = horizon if horizon is not None else math.inf
+        bounded = horizon is not None
         module = model.model if routed else model
         modes = [(m, m.training) for m in module.modules()] if isinstance(module, nn.Module) else []
         started = time.perf_counter()
@@ -368,50 +369,75 @@ class EnvInteractor:
                 except SlotFailure as failure:
                     raise fail(failure) from failure.cause
 
+        def playing() -> tuple[np.ndarray, dict[str, Any]]:
+            """The playing slots, grouped by individual, and the routing argument of their forward.
+
+            Grouped rows need no permutation in the routed forward, and rows of
+            one individual (the tail of long episodes) go through the cheaper
+            ``individual=i`` route (the same arithmetic). Recomputed only when
+            an episode ended: while the same slots play, the same array goes
+            back to the slots, which then hand back the observations of the
+            last step without touching their buffer.
+            """
+            active = np.flatnonzero(row >= 0)
+            if not routed or active.size == 0:
+                return active, {}
+            ids = ids_np[row[active]]
+            if active.size > 1 and (ids[1:] < ids[:-1]).any():
+                order = np.argsort(ids, kind="stable")
+                active, ids = active[order], ids[order]
+            if ids[0] == ids[-1]:
+                return active, {"individual": int(ids[0])}
+            return active, {"individuals": torch.from_numpy(ids)}
+
         stats = self._stats if normalize else None
         try:
             for m, _ in modes:
                 m.train(False)
             with torch.inference_mode():  # env tensors too: the observation buffer is written in place
                 start(np.arange(n_slots, dtype=np.int64))
-                while True:
-                    active = np.flatnonzero(row >= 0)
+                active, route = playing()
+                ret_a, steps_a = ret[active], steps[active]  # of the playing slots, in their order
+                while active.size:
                     n_act = active.size
-                    if n_act == 0:
-                        break
                     obs = slots.take(active)
                     if stats is not None:
                         stats.observe(obs)
                         obs = stats.normalizer(obs.to(device))
                     if routed:
-                        out = model(obs, individuals=torch.from_numpy(ids_np[row[active]]))
+                        out = model(obs, **route)
                     else:
                         out = model(obs.to(device) if isinstance(obs, Tensor) else obs)
                     acts = fmt.convert(action(out), n_act, to_range)
                     try:
                         rewards, done = slots.step(acts, active)
                     except SlotFailure as failure:
+                        steps[active] = steps_a
                         raise fail(failure) from failure.cause
                     timesteps += 1
                     env_steps += n_act
-                    ret[active] += rewards
-                    steps[active] += 1
-                    finished = done | (steps[active] >= limit)
-                    bad = np.isnan(rewards)
-                    if bad.any():
-                        first_bad = int(active[np.flatnonzero(bad)[0]])
+                    ret_a += rewards
+                    steps_a += 1
+                    finished = done | (steps_a >= limit) if bounded else done
+                    total = rewards.sum()  # one reduction to rule out NaN rewards (NaN also for inf - inf)
+                    if total != total and (bad := np.isnan(rewards)).any():
                         if nan_raise:
+                            steps[active] = steps_a
+                            first_bad = int(active[np.flatnonzero(bad)[0]])
                             raise FitnessError(
                                 f"env returned a NaN reward at {who(first_bad, int(steps[first_bad]))}; pass nan_policy='worst' to "
                                 "the Population to score such individuals lowest instead"
                             )
-                        finished |= bad
+                        finished = finished | bad
                     if finished.any():
+                        ret[active], steps[active] = ret_a, steps_a
                         ended = active[finished]
-                        returns[row[ended], ep[ended]] = ret[ended]
+                        returns[row[ended], ep[ended]] = ret_a[finished]
                         for r in row[ended].tolist():
                             queue.finish(r)
                         start(ended)
+                        active, route = playing()
+                        ret_a, steps_a = ret[active], steps[active]
         finally:
             for m, mode in modes:
                 m.train(mode)
