@@ -158,6 +158,7 @@ class Population(nn.Module):
             self.ranks.append(rank)
             self.floors.append(scale)
         self._down_list, self._up_list = list(self._downs), list(self._ups)  # plain lists: cheap to iterate per forward
+        self._full_rank_adapters = self._cached_adapters()
         with torch.no_grad():
             for (down, up), rank, floor in zip(self._full_factors(), self.ranks, self.floors):
                 noise = torch.randn(pop_size, down.shape[1] + up.shape[1], rank, generator=self.generator,
@@ -233,10 +234,18 @@ class Population(nn.Module):
 
     def adapters(self) -> list[Adapter]:
         """Every target's stacks in the routing layout, cut to the effective rank."""
+        if self._full_rank_adapters is not None:
+            return self._full_rank_adapters
         return [
             Adapter(down, up) if r == self.low_rank else Adapter(down[..., :r] if emb else down[:, :r], up[:, :r])
             for down, up, r, emb in zip(self._down_list, self._up_list, self.ranks, self._embedding)
         ]
+
+    def _cached_adapters(self) -> list[Adapter] | None:
+        """The parameters themselves when no target is cut below ``low_rank`` (built once, not per forward)."""
+        if any(r != self.low_rank for r in self.ranks):
+            return None
+        return [Adapter(down, up) for down, up in zip(self._down_list, self._up_list)]
 
     def _full_factors(self) -> list[Factors]:
         return [
@@ -701,6 +710,7 @@ class Population(nn.Module):
         """
         super()._apply(fn, recurse)
         self._down_list, self._up_list = list(self._downs), list(self._ups)
+        self._full_rank_adapters = self._cached_adapters()
         device = self._down_list[0].device
         if device != self.device:
             seed = int(torch.randint(2**62, (1,), generator=self.generator, device=self.device))

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
 from types import MethodType
 from typing import Any, NamedTuple
 
@@ -139,9 +138,8 @@ class Router:
 
         return forward
 
-    @contextmanager
-    def activate(self, route: Route, adapters: Sequence[Adapter]):
-        """Route the forwards run inside the block; undone even if they raise."""
+    def run(self, route: Route, adapters: Sequence[Adapter], fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` with the route active; undone even if it raises."""
         if self._state is not None:
             raise RuntimeError("a routed forward is already running on this model (re-entrant call)")
         if self._removed:
@@ -149,19 +147,23 @@ class Router:
         called: set[int] = set()
         self._state = (route, adapters, called)
         try:
-            yield
+            out = fn(*args, **kwargs)
         finally:
             self._state = None
         if len(called) < len(self.names):
-            for i, name in enumerate(self.names):
-                if i not in called and name not in self._warned:
-                    self._warned.add(name)
-                    warnings.warn(
-                        f"target {name!r} was not called through its forward during a routed forward, "
-                        "so its adapter had no effect (a fused fast path, e.g. nn.TransformerEncoderLayer "
-                        "in eval mode, bypasses its Linear layers)",
-                        stacklevel=3,
-                    )
+            self._warn_skipped(called)
+        return out
+
+    def _warn_skipped(self, called: set[int]) -> None:
+        for i, name in enumerate(self.names):
+            if i not in called and name not in self._warned:
+                self._warned.add(name)
+                warnings.warn(
+                    f"target {name!r} was not called through its forward during a routed forward, "
+                    "so its adapter had no effect (a fused fast path, e.g. nn.TransformerEncoderLayer "
+                    "in eval mode, bypasses its Linear layers)",
+                    stacklevel=4,
+                )
 
     def remove(self) -> None:
         """Give every target back the forward it had before this router.
@@ -371,8 +373,7 @@ def routed_call(
         if perm is not None:  # group rows by id once for the whole forward; unsorted once at the end
             args, kwargs = _map((args, kwargs), lambda t: t.index_select(0, perm) if t.dim() else t)
 
-    with router.activate(route, adapters):
-        out = model(*args, **kwargs)
+    out = router.run(route, adapters, model, *args, **kwargs)
     if perm is None:
         return out
     return _map(out, lambda t: torch.empty_like(t).index_copy_(0, perm, t) if t.dim() and t.shape[0] == route.n else t)
