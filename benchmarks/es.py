@@ -4,9 +4,11 @@ Model ``Linear(256, 1024) - ReLU - Linear(1024, 256)``, batch ``b = 64`` rows,
 rank 4, MSE loss (fitness = -loss), for ``N`` in {32, 128, 512, 1024, 2048}:
 
 - ``plain``:  the model on the same ``N*b`` rows, one forward (no ES at all),
+- ``plain_rows``: ``plain`` in chunks of ``--max-rows`` rows (cache-sized chunks are faster on CPU),
 - ``ours``:   ``EggrollES.step(x, mse, y)``, every member on the shared batch ``(b, 256)``,
 - ``ours_pm``: ``EggrollES.step(xs, mse, ys, per_member=True)``, member ``i`` on its own ``(b, 256)`` rows,
 - ``ours_rows``: ``ours`` with ``max_rows=--max-rows`` (members evaluated in chunks: bounded memory),
+- ``ours_pm_rows``: ``ours_pm`` with ``max_rows=--max-rows``,
 - ``tegg``:   ``torcheggroll.TorchEggrollES.step(x, mse, y)`` (shared batch), when importable.
 
 Every measurement runs in a fresh subprocess (so peak memory is that
@@ -36,7 +38,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-METHODS = ("plain", "ours", "ours_pm", "ours_rows", "tegg")
+METHODS = ("plain", "plain_rows", "ours", "ours_pm", "ours_rows", "ours_pm_rows", "tegg")
+BASELINE = {"ours": "plain", "ours_pm": "plain", "ours_rows": "plain_rows", "ours_pm_rows": "plain_rows", "tegg": "plain"}
 
 
 # ------------------------------------------------------------------------------------------------ worker
@@ -97,6 +100,13 @@ def worker(method: str, pop: int, device_name: str, threads: int, min_time: floa
         def step():
             with torch.no_grad():
                 model(rows)
+    elif method == "plain_rows":
+        rows = x.repeat(pop, 1)
+
+        def step():
+            with torch.no_grad():
+                for start in range(0, len(rows), max_rows):
+                    model(rows[start : start + max_rows])
     elif method == "tegg":
         from torcheggroll import TorchEggrollES
 
@@ -109,12 +119,13 @@ def worker(method: str, pop: int, device_name: str, threads: int, min_time: floa
         from populora import EggrollES
 
         es = EggrollES(model, pop, 0.02, 0.05, 4, device=device)
-        if method == "ours_pm":
+        if method in ("ours_pm", "ours_pm_rows"):
             xs = torch.randn(pop, b, 256, generator=gen).to(device)
             ys = torch.randn(pop, b, 256, generator=gen).to(device)
+            chunk = max_rows if method == "ours_pm_rows" else None
 
             def step():
-                es.step(xs, mse, ys, per_member=True)
+                es.step(xs, mse, ys, per_member=True, max_rows=chunk)
         elif method == "ours_rows":
 
             def step():
@@ -165,7 +176,7 @@ def main() -> None:
     parser.add_argument("--torcheggroll-python", default=None,
                         help="interpreter with torcheggroll installed (default: this one, if it has it)")
     parser.add_argument("--tegg-max-pop", type=int, default=2048, help="skip torcheggroll above this N (memory)")
-    parser.add_argument("--max-rows", type=int, default=8192, help="max_rows of the ours_rows method")
+    parser.add_argument("--max-rows", type=int, default=2048, help="rows per forward of the *_rows methods")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--worker", choices=METHODS, help=argparse.SUPPRESS)
     parser.add_argument("--pop", type=int, help=argparse.SUPPRESS)
@@ -210,15 +221,15 @@ def main() -> None:
     cols = [m for m in METHODS if any((m, p) in best for p in pops)]
     print()
     print(f"| N | {' | '.join(f'{m} ms' for m in cols)} | "
-          + " | ".join(f"{m} thr" for m in cols if m != "plain")
+          + " | ".join(f"{m} thr" for m in cols if m in BASELINE)
           + (" | tegg/ours time" if "tegg" in cols else "")
           + f" | {' | '.join(f'{m} MB' for m in cols)}"
           + (" | tegg/ours mem | tegg/ours_rows mem" if "tegg" in cols else "") + " |")
-    ncols = 1 + 2 * len(cols) + (len(cols) - 1) + (3 if "tegg" in cols else 0)
+    ncols = 1 + 2 * len(cols) + sum(m in BASELINE for m in cols) + (3 if "tegg" in cols else 0)
     print("|---:" * ncols + "|")
     for pop in pops:
         row = [str(pop)] + [cell(m, pop, "seconds", ".1f") for m in cols]
-        row += [ratio("plain", m, pop, "seconds") for m in cols if m != "plain"]
+        row += [ratio(BASELINE[m], m, pop, "seconds") for m in cols if m in BASELINE]
         if "tegg" in cols:
             row.append(ratio("tegg", "ours", pop, "seconds"))
         row += [cell(m, pop, "peak_mb", ".0f") for m in cols]
@@ -226,7 +237,8 @@ def main() -> None:
             row += [ratio("tegg", "ours", pop, "peak_mb"), ratio("tegg", "ours_rows", pop, "peak_mb")]
         print("| " + " | ".join(row) + " |")
     print("\nthr = throughput of the ES step relative to plain inference of the same N*b rows (time plain / time "
-          "method); tegg/ours = how many times more time / memory torcheggroll 0.2.0 needs than populora.")
+          "method; the *_rows methods against plain_rows, chunked alike); tegg/ours = how many times more time / "
+          "memory torcheggroll 0.2.0 needs than populora.")
 
 if __name__ == "__main__":
     main()
