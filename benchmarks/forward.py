@@ -78,25 +78,31 @@ class Timer:
         self.cuda = device.type == "cuda"
 
     def __call__(self, fn, min_time: float) -> float:
-        """Median seconds per call over enough calls to fill ``min_time``."""
+        """Median seconds per call over blocks of calls (each block >= 20 ms) filling ``min_time``."""
         fn()
         if self.cuda:
             torch.cuda.synchronize()
-        times: list[float] = []
-        start = time.perf_counter()
-        while time.perf_counter() - start < min_time or len(times) < 3:
-            if self.cuda:
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn()
-                b.record()
-                torch.cuda.synchronize()
-                times.append(a.elapsed_time(b) / 1e3)
-            else:  # CPU time of this thread: robust to other processes on a shared machine
-                t0 = time.thread_time()
-                fn()
-                times.append(time.thread_time() - t0)
-        return statistics.median(times)
+        clock = time.perf_counter if self.cuda else time.thread_time  # CPU: this thread's CPU time
+        calls = 1
+        while True:  # calls per block
+            start = clock()
+            self._block(fn, calls)
+            if clock() - start >= 0.02 or calls >= 1 << 16:
+                break
+            calls *= 2
+        blocks: list[float] = []
+        begin = time.perf_counter()
+        while time.perf_counter() - begin < min_time or len(blocks) < 5:
+            start = clock()
+            self._block(fn, calls)
+            blocks.append((clock() - start) / calls)
+        return statistics.median(blocks)
+
+    def _block(self, fn, calls: int) -> None:
+        for _ in range(calls):
+            fn()
+        if self.cuda:
+            torch.cuda.synchronize()
 
 
 def peak_mb(fn, device: torch.device) -> float:

@@ -119,6 +119,7 @@ class Router:
     def __init__(self, targets: dict[str, nn.Module]):
         self.names = list(targets)
         self._state: tuple[Route, Sequence[Adapter], set[int]] | None = None
+        self.last_plan: tuple[tuple, tuple[Route, Tensor | None]] | None = None  # routed_call's one-entry cache
         self._removed = False
         self._warned: set[str] = set()
         self._wrapped: list[tuple[nn.Module, Callable, MethodType | None]] = []  # (module, wrapper, previous)
@@ -260,10 +261,11 @@ def _host_ids(ids: Any, num: int) -> np.ndarray:
     if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu":
         raise RouteError(f"`individuals` must be a non-empty 1-D list or integer tensor of ids, "
                          f"got shape {ids.shape} and dtype {ids.dtype}")
-    lo, hi = int(ids.min()), int(ids.max())
-    if lo < 0 or hi >= num:
-        raise RouteError(f"individual id {lo if lo < 0 else hi} is out of range [0, {num})")
-    return ids.astype(np.int64, copy=False)
+    ids = ids.astype(np.int64, copy=False)
+    bad = (ids < 0) | (ids >= num)
+    if bad.any():
+        raise RouteError(f"individual id {int(ids[bad][0])} is out of range [0, {num})")
+    return ids
 
 
 def _plan(row_ids: np.ndarray, num: int, device: torch.device) -> tuple[Route, Tensor | None]:
@@ -369,7 +371,12 @@ def routed_call(
                 f"row, a batch divisible by {m} (split (p b)), or `broadcast=True`"
             )
         row_ids = np.repeat(ids, n_in if n_in == 1 or broadcast and n_in != m else n_in // m)
-        route, perm = _plan(row_ids, num, dev)
+        key = (row_ids.tobytes(), num, dev)
+        if router.last_plan is not None and router.last_plan[0] == key:  # same rows as last call (env loops)
+            route, perm = router.last_plan[1]
+        else:
+            route, perm = _plan(row_ids, num, dev)
+            router.last_plan = (key, (route, perm))
         if perm is not None:  # group rows by id once for the whole forward; unsorted once at the end
             args, kwargs = _map((args, kwargs), lambda t: t.index_select(0, perm) if t.dim() else t)
 

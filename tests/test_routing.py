@@ -232,3 +232,13 @@ def test_two_populations_share_one_base_model_and_deepcopy_is_plain():
         b.merge_(0)  # writes into the shared weights; a still routes on top of them
         close(model(x), expected_b0)
         close(a(x, individual=1), merged(a, copy.deepcopy(model), 1)(x))
+
+
+def test_repeated_and_changing_ids_route_correctly():
+    """The last plan is reused only for the same ids (env loops repeat them); any change replans."""
+    pop, base, x = make("mlp")
+    sequences = [[3, 0, 5, 5, 1, 3, 3, 0, 2, 5, 5, 5], [3, 0, 5, 5, 1, 3, 3, 0, 2, 5, 5, 5],
+                 [0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5], [5] * 12, [3, 0, 5, 5, 1, 3, 3, 0, 2, 5, 5, 5]]
+    with torch.no_grad():
+        for ids in sequences:
+            close(pop(x, individuals=ids), reference(pop, base, x, ids))
