@@ -193,6 +193,13 @@ class Router:
             )
         adapter = adapters[i]
         k, c = route.groups, route.chunk
+        down, up = adapter.down, adapter.up
+        if (route.index is None and route.dest is None and adapter.bias is None and down.dtype == out.dtype
+                and x.dtype == out.dtype and out.is_contiguous() and type(module) is not nn.Embedding):
+            # the common case (whole population, equal groups, one dtype), with no indirection
+            h = torch.bmm(down, x.reshape(k, -1, x.shape[-1]).transpose(1, 2)).transpose(1, 2)  # (k, c*.., r)
+            out.view(k, -1, out.shape[-1]).baddbmm_(h, up)
+            return out
         if route.dest is not None:  # unequal groups: pack rows into (k c), padded
             x = x.new_zeros((k * c, *x.shape[1:])).index_copy_(0, route.dest, x)
         h = _rows_down(x, module, adapter, route)  # (k, c*.., r)
@@ -251,8 +258,8 @@ def _batch_size(leaves: list[Tensor]) -> int:
     return sizes.pop()
 
 
-def _host_ids(ids: Any, num: int) -> np.ndarray:
-    """Validated ids as an int64 numpy array (the route plan is data-dependent: it is made on the host)."""
+def _host_ids(ids: Any) -> np.ndarray:
+    """Ids as an int64 numpy array (the route plan is data-dependent: it is made on the host)."""
     if isinstance(ids, Tensor):
         if ids.is_floating_point() or ids.dtype == torch.bool:
             raise RouteError(f"`individuals` must hold integer ids, got dtype {ids.dtype}")
@@ -261,15 +268,14 @@ def _host_ids(ids: Any, num: int) -> np.ndarray:
     if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu":
         raise RouteError(f"`individuals` must be a non-empty 1-D list or integer tensor of ids, "
                          f"got shape {ids.shape} and dtype {ids.dtype}")
-    ids = ids.astype(np.int64, copy=False)
-    bad = (ids < 0) | (ids >= num)
-    if bad.any():
-        raise RouteError(f"individual id {int(ids[bad][0])} is out of range [0, {num})")
-    return ids
+    return ids.astype(np.int64, copy=False)
 
 
 def _plan(row_ids: np.ndarray, num: int, device: torch.device) -> tuple[Route, Tensor | None]:
     """Route for rows owned by ``row_ids`` (any order) and the permutation that groups them by id."""
+    bad = (row_ids < 0) | (row_ids >= num)
+    if bad.any():
+        raise RouteError(f"individual id {int(row_ids[bad][0])} is out of range [0, {num})")
     n = row_ids.size
     perm = None
     if (row_ids[1:] < row_ids[:-1]).any():
@@ -361,7 +367,7 @@ def routed_call(
                 "every individual the whole batch"
             )
     else:
-        ids = _host_ids(individuals, num)
+        ids = _host_ids(individuals)
         m = ids.size
         if n_in == 1 or (broadcast and n_in != m):
             args, kwargs = _expand((args, kwargs), m)
