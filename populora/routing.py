@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
+from functools import partial
 from types import MethodType
 from typing import Any, NamedTuple
 
@@ -104,13 +105,14 @@ def _rows_down(x: Tensor, module: nn.Module, adapter: Adapter, route: Route) -> 
 class Router:
     """Wraps the target modules' forward so that it applies the active route.
 
-    Each target gets an instance-level ``forward`` bound to the module that
-    calls the forward it had (the class's, or another router's wrapper: several
-    populations may share one base model) and, while this router's route is
-    active, adds the delta in place. Outside :meth:`activate` it costs one
-    attribute check; a forward hook would cost several times more per call,
-    which shows on small batches. A ``copy.deepcopy`` of the model gets
-    wrappers bound to the copy that stay inactive.
+    Each target's instance-level ``forward`` becomes ``partial(router._forward,
+    i, inner, module)``, where ``inner`` is the forward it had (the class's, or
+    another router's wrapper: several populations may share one base model).
+    While this router's route is active it adds the delta in place; outside
+    :meth:`run` it costs one attribute check (a forward hook costs several
+    times more per call, which shows on small batches). ``copy.deepcopy``
+    copies the router along with the modules, so a deep copy of a population
+    routes on its own copy, and a deep copy of the bare model is a plain model.
 
     Args:
         targets: ``{path: module}`` of ``nn.Linear`` / ``nn.Embedding`` layers.
@@ -122,22 +124,18 @@ class Router:
         self.last_plan: tuple[tuple, tuple[Route, Tensor | None]] | None = None  # routed_call's one-entry cache
         self._removed = False
         self._warned: set[str] = set()
-        self._wrapped: list[tuple[nn.Module, Callable, MethodType | None]] = []  # (module, wrapper, previous)
+        self._wrapped: list[tuple[nn.Module, partial, Callable | None]] = []  # (module, wrapper, previous)
         for i, module in enumerate(targets.values()):
             previous = vars(module).get("forward")
-            wrapper = self._wrapper(i, previous.__func__ if previous is not None else type(module).forward)
-            module.forward = MethodType(wrapper, module)
+            inner = previous if previous is not None else MethodType(type(module).forward, module)
+            wrapper = partial(self._forward, i, inner, module)
+            module.forward = wrapper
             self._wrapped.append((module, wrapper, previous))
 
-    def _wrapper(self, i: int, inner: Callable) -> Callable:
-        router = self
-
-        def forward(module: nn.Module, input: Tensor) -> Tensor:
-            out = inner(module, input)
-            state = router._state
-            return out if state is None else router._apply(i, module, input, out, state)
-
-        return forward
+    def _forward(self, i: int, inner: Callable, module: nn.Module, input: Tensor) -> Tensor:
+        out = inner(input)
+        state = self._state
+        return out if state is None else self._apply(i, module, input, out, state)
 
     def run(self, route: Route, adapters: Sequence[Adapter], fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` with the route active; undone even if it raises."""
@@ -174,8 +172,7 @@ class Router:
         """
         self._removed = True
         for module, wrapper, previous in self._wrapped:
-            current = vars(module).get("forward")
-            if getattr(current, "__func__", None) is wrapper:
+            if vars(module).get("forward") is wrapper:
                 if previous is None:
                     del module.forward
                 else:
@@ -338,7 +335,8 @@ def routed_call(
         raise RouteError("`broadcast=True` needs `all_individuals=True` or `individuals=`")
     leaves = _leaves((args, kwargs))
     if device is not None and any(t.device != device for t in leaves):
-        args, kwargs = _map((args, kwargs), lambda t: t.to(device, non_blocking=True))
+        non_blocking = device.type == "cuda"  # host -> device only: a device -> host copy must be synchronous
+        args, kwargs = _map((args, kwargs), lambda t: t.to(device, non_blocking=non_blocking))
     if not any(given):
         return model(*args, **kwargs)
 
@@ -369,14 +367,15 @@ def routed_call(
     else:
         ids = _host_ids(individuals)
         m = ids.size
-        if n_in == 1 or (broadcast and n_in != m):
+        expand = n_in == 1 or broadcast  # every id sees the whole batch, whatever its size
+        if expand:
             args, kwargs = _expand((args, kwargs), m)
         elif n_in % m:
             raise RouteError(
                 f"batch of {n_in} rows does not fit {m} individual ids: pass one id per row, a single "
                 f"row, a batch divisible by {m} (split (p b)), or `broadcast=True`"
             )
-        row_ids = np.repeat(ids, n_in if n_in == 1 or broadcast and n_in != m else n_in // m)
+        row_ids = np.repeat(ids, n_in if expand else n_in // m)
         key = (row_ids.tobytes(), num, dev)
         if router.last_plan is not None and router.last_plan[0] == key:  # same rows as last call (env loops)
             route, perm = router.last_plan[1]

@@ -242,3 +242,11 @@ def test_repeated_and_changing_ids_route_correctly():
     with torch.no_grad():
         for ids in sequences:
             close(pop(x, individuals=ids), reference(pop, base, x, ids))
+
+
+def test_broadcast_to_as_many_ids_as_rows():
+    """`broadcast=True` gives every id the whole batch even when the batch has len(ids) rows."""
+    pop, base, x = make("mlp")
+    with torch.no_grad():
+        out = pop(x[:3], individuals=[4, 1, 2], broadcast=True)  # 3 rows, 3 ids -> 9 rows
+        close(out, reference(pop, base, x[:3].repeat(3, 1), [4, 4, 4, 1, 1, 1, 2, 2, 2]))
