@@ -151,6 +151,27 @@ def local_device() -> torch.device:
     return torch.device("cpu")
 
 
+def resolve_device(device: str | torch.device | None, model: torch.nn.Module | None = None) -> torch.device:
+    """Where a population (or ES) lives; joins torchrun's process group first if there is one.
+
+    ``None``: :func:`local_device` under torch.distributed, else the model's
+    device (CPU for a model without tensors). An index-less ``'cuda'`` means
+    this rank's GPU (``cuda:(local_rank % device_count)``) under
+    torch.distributed and the current GPU otherwise, so that it compares
+    equal to the devices tensors report.
+    """
+    distributed = init_from_env() or world_size() > 1
+    if device is None:
+        if distributed:
+            return local_device()
+        tensors = [] if model is None else [*model.parameters(), *model.buffers()]
+        return tensors[0].device if tensors else torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return local_device() if distributed else torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def default_timeout() -> datetime.timedelta:
     """Collective timeout: ``$POPULORA_DIST_TIMEOUT`` seconds, default 600.
 

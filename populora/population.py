@@ -10,7 +10,10 @@ Higher fitness is better, everywhere.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import operator
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -20,6 +23,7 @@ from torch import Tensor, nn
 
 from . import operators as ops
 from .checkpoint import atomic_save, load_checkpoint
+from .distributed import resolve_device
 from .errors import FitnessError, SpentPopulationError
 from .operators import Factors
 from .routing import Adapter, Router, routed_call
@@ -42,16 +46,6 @@ class SelectionResult(NamedTuple):
     selected_in_indices: Tensor
     selected_out_indices: Tensor
     elite_indices: Tensor
-
-
-def _default_device(model: nn.Module) -> torch.device:
-    from .distributed import init_from_env, local_device, world_size
-
-    if init_from_env() or world_size() > 1:
-        return local_device()
-    for tensor in (*model.parameters(), *model.buffers()):
-        return tensor.device
-    return torch.device("cpu")
 
 
 def _check_fraction(name: str, value: float, low: float, high: float, *, low_open: bool, high_open: bool) -> None:
@@ -127,7 +121,7 @@ class Population(nn.Module):
         self.seed = seed
         self.init_scale = float(init_scale)
         self.nan_policy = nan_policy
-        self.device = torch.device(device) if device is not None else _default_device(model)
+        self.device = resolve_device(device, model)
         self.generation = 0
         self.eval_seed = seed
         self.model = model.to(self.device)
@@ -157,8 +151,9 @@ class Population(nn.Module):
             self._ups.append(nn.Parameter(up, requires_grad=requires_grad))
             self.ranks.append(rank)
             self.floors.append(scale)
-        self._down_list, self._up_list = list(self._downs), list(self._ups)  # plain lists: cheap to iterate per forward
-        self._full_rank_adapters = self._cached_adapters()
+        self._down_list: list[nn.Parameter] = []  # plain lists, cheap per forward; checked by _stacks()
+        self._up_list: list[nn.Parameter] = []
+        self._full_rank_adapters: list[Adapter] | None = None
         with torch.no_grad():
             for (down, up), rank, floor in zip(self._full_factors(), self.ranks, self.floors):
                 noise = torch.randn(pop_size, down.shape[1] + up.shape[1], rank, generator=self.generator,
@@ -232,25 +227,32 @@ class Population(nn.Module):
             broadcast=broadcast, device=self.device,
         )
 
+    def _stacks(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+        """The adapter parameters, from lists rebuilt only when a parameter object was swapped
+        (``.to()``, ``load_state_dict(assign=True)``, ``torch.func.functional_call``)."""
+        downs, ups = self._downs._parameters.values(), self._ups._parameters.values()
+        if len(self._down_list) != len(downs) or any(a is not b for a, b in zip(self._down_list, downs)) or any(
+            a is not b for a, b in zip(self._up_list, ups)
+        ):
+            self._down_list, self._up_list = list(downs), list(ups)
+            full = all(r == self.low_rank for r in self.ranks)
+            self._full_rank_adapters = [Adapter(d, u) for d, u in zip(self._down_list, self._up_list)] if full else None
+        return self._down_list, self._up_list
+
     def adapters(self) -> list[Adapter]:
         """Every target's stacks in the routing layout, cut to the effective rank."""
+        downs, ups = self._stacks()
         if self._full_rank_adapters is not None:
             return self._full_rank_adapters
         return [
             Adapter(down, up) if r == self.low_rank else Adapter(down[..., :r] if emb else down[:, :r], up[:, :r])
-            for down, up, r, emb in zip(self._down_list, self._up_list, self.ranks, self._embedding)
+            for down, up, r, emb in zip(downs, ups, self.ranks, self._embedding)
         ]
-
-    def _cached_adapters(self) -> list[Adapter] | None:
-        """The parameters themselves when no target is cut below ``low_rank`` (built once, not per forward)."""
-        if any(r != self.low_rank for r in self.ranks):
-            return None
-        return [Adapter(down, up) for down, up in zip(self._down_list, self._up_list)]
 
     def _full_factors(self) -> list[Factors]:
         return [
             Factors(down if emb else down.transpose(1, 2), up.transpose(1, 2))
-            for down, up, emb in zip(self._down_list, self._up_list, self._embedding)
+            for down, up, emb in zip(*self._stacks(), self._embedding)
         ]
 
     def factors(self) -> list[Factors]:
@@ -282,6 +284,8 @@ class Population(nn.Module):
         Raises:
             FitnessError: wrong shape (both shapes named), non-finite values.
         """
+        if fitnesses is None:
+            raise FitnessError(f"fitnesses are required: a ({self.pop_size},) tensor, higher is better")
         f = torch.as_tensor(fitnesses).detach()
         if f.dtype == torch.bool or not (f.is_floating_point() or f.dtype in (torch.int32, torch.int64, torch.int16)):
             raise FitnessError(f"fitnesses must be a float tensor, got dtype {f.dtype}")
@@ -321,7 +325,7 @@ class Population(nn.Module):
             return
         of = f" of population {name!r}" if name else ""
         with torch.no_grad():
-            broadcast_tensors_([*self._down_list, *self._up_list], what=f"adapters{of} (pop_size, low_rank and "
+            broadcast_tensors_([p for stack in self._stacks() for p in stack], what=f"adapters{of} (pop_size, low_rank and "
                                "lora_targets must match on every rank)")
             base = [*self.model.parameters(), *self.model.buffers()]
             if sync_base_model:
@@ -546,8 +550,8 @@ class Population(nn.Module):
 
     def _write(self, ids: Tensor, new: Sequence[Factors]) -> None:
         for (down, up), (new_down, new_up) in zip(self.factors(), new):
-            down.data[ids] = new_down.to(down.dtype)
-            up.data[ids] = new_up.to(up.dtype)
+            down[ids] = new_down.to(down.dtype)  # in place (no .data): a graph built before sees the change
+            up[ids] = new_up.to(up.dtype)
 
     @torch.no_grad()
     def evolve_(
@@ -581,14 +585,20 @@ class Population(nn.Module):
             ops.get_operator(kind, name)
             ops.check_options(kind, name, options or {})
         _check_epsilon(epsilon)
+        _check_int("num_parents_per_child", num_parents_per_child, 1)
         f = self.check_fitnesses(fitnesses)
         self._group_sizes(survive_frac, elite_frac, num_groups)
 
-        result = self.select(selection_type, f, survive_frac, elite_frac, num_groups, **(selection_kwargs or {}))
-        culled = result.selected_out_indices
-        parents = self.select_parents(parent_selection_type, f, culled.numel(), culled, num_parents_per_child,
-                                      num_groups, **(parent_kwargs or {}))
-        self.crossover_(crossover_type, parents, culled, f, num_groups, **(crossover_kwargs or {}))
+        generator_state = self.generator.get_state()
+        try:
+            result = self.select(selection_type, f, survive_frac, elite_frac, num_groups, **(selection_kwargs or {}))
+            culled = result.selected_out_indices
+            parents = self.select_parents(parent_selection_type, f, culled.numel(), culled, num_parents_per_child,
+                                          num_groups, **(parent_kwargs or {}))
+            self.crossover_(crossover_type, parents, culled, f, num_groups, **(crossover_kwargs or {}))
+        except BaseException:  # e.g. a crossover that needs another parent count: the run stays reproducible
+            self.generator.set_state(generator_state)
+            raise
         self._mutate(ops.get_operator("mutation", mutation_type), culled, epsilon, mutation_kwargs or {})
         self.generation += 1
         self.eval_seed += 1
@@ -600,17 +610,26 @@ class Population(nn.Module):
     def merge_(self, individual: int) -> nn.Module:
         """Write individual ``i``'s adapters into the model's weights and hand the model back.
 
-        ``W += up_i down_i^T`` in place; hooks are removed and the model's
+        ``W += up_i down_i^T`` in place; the wrapped forwards are removed and the model's
         ``requires_grad`` flags restored. The population is spent afterwards.
         """
         self._check_alive()
         i = self._check_id(individual)
         for module, dw in zip(self._targets.values(), self.delta_weight(i).values()):
             module.weight.add_(dw.to(module.weight.dtype))
-        self._router.remove()
-        for name, param in self.model.named_parameters():
-            param.requires_grad_(self._base_requires_grad.get(name, True))
-        self._spent = True
+        self.close()
+        return self.model
+
+    def close(self) -> nn.Module:
+        """Unwrap the model without merging: its own forwards and ``requires_grad`` flags come back.
+
+        The population is spent afterwards (as after :meth:`merge_`). Returns the model.
+        """
+        if not self._spent:
+            self._router.remove()
+            for name, param in self.model.named_parameters():
+                param.requires_grad_(self._base_requires_grad.get(name, True))
+            self._spent = True
         return self.model
 
     def select_and_merge_best_(self, fitnesses: Any) -> nn.Module:
@@ -646,13 +665,24 @@ class Population(nn.Module):
         for key, value in mine.items():
             if config.get(key) != value:
                 raise ValueError(f"checkpoint has {key}={config.get(key)!r}, this population has {value!r}")
-        for name, down, saved in zip(self.target_names, self._downs, state["downs"]):
-            if saved.shape != down.shape:
-                raise ValueError(f"checkpoint adapter for {name!r} has shape {tuple(saved.shape)}, expected "
-                                 f"{tuple(down.shape)}")
-        for param, saved in zip([*self._downs, *self._ups], [*state["downs"], *state["ups"]]):
-            param.data.copy_(saved)
-        self.generator.set_state(state["generator"])
+        for kind, params, saved_list in (("down", self._downs, state["downs"]), ("up", self._ups, state["ups"])):
+            for name, param, saved in zip(self.target_names, params, saved_list):
+                if saved.shape != param.shape:
+                    raise ValueError(f"checkpoint {kind} adapter of {name!r} has shape {tuple(saved.shape)}, "
+                                     f"expected {tuple(param.shape)}")
+        generator = torch.Generator(device=self.device)
+        try:
+            generator.set_state(state["generator"])
+        except RuntimeError:  # saved on another device type: states do not transfer; reseed from it
+            seed = int.from_bytes(hashlib.sha256(state["generator"].numpy().tobytes()).digest()[:8], "little")
+            generator.manual_seed(seed)
+            warnings.warn(f"the checkpoint's generator state is for another device type than {self.device}; "
+                          "reseeded from it, so the run continues deterministically but not bit-identically",
+                          stacklevel=2)
+        with torch.no_grad():
+            for param, saved in zip([*self._downs, *self._ups], [*state["downs"], *state["ups"]]):
+                param.copy_(saved)
+        self.generator = generator
         self.generation = int(state["generation"])
         self.eval_seed = int(state["eval_seed"])
         self.nan_policy = config.get("nan_policy", self.nan_policy)
@@ -685,8 +715,9 @@ class Population(nn.Module):
     def _check_id(self, individual: Any) -> int:
         if isinstance(individual, Tensor) and individual.numel() == 1 and not individual.is_floating_point():
             individual = int(individual)
-        if isinstance(individual, bool) or not isinstance(individual, int):
+        if isinstance(individual, bool) or not hasattr(type(individual), "__index__"):  # int, numpy integer
             raise ValueError(f"individual id must be an int, got {individual!r}")
+        individual = operator.index(individual)
         if not 0 <= individual < self.pop_size:
             raise ValueError(f"individual id {individual} is out of range [0, {self.pop_size})")
         return individual
@@ -709,9 +740,7 @@ class Population(nn.Module):
         a deterministic function of the seed and the calls made.
         """
         super()._apply(fn, recurse)
-        self._down_list, self._up_list = list(self._downs), list(self._ups)
-        self._full_rank_adapters = self._cached_adapters()
-        device = self._down_list[0].device
+        device = self._stacks()[0][0].device
         if device != self.device:
             seed = int(torch.randint(2**62, (1,), generator=self.generator, device=self.device))
             self.generator = torch.Generator(device=device).manual_seed(seed)
@@ -721,6 +750,11 @@ class Population(nn.Module):
     def extra_repr(self) -> str:
         return (f"pop_size={self.pop_size}, low_rank={self.low_rank}, targets={self.target_names}, "
                 f"generation={self.generation}")
+
+
+def _check_int(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"`{name}` must be an int >= {low}, got {value!r}")
 
 
 def _check_epsilon(epsilon: Any) -> None:

@@ -19,14 +19,30 @@ from .errors import TargetNotFoundError
 
 SUPPORTED = (nn.Linear, nn.Embedding)
 
-__all__ = ["SUPPORTED", "find_targets", "layer_dims"]
+__all__ = ["SUPPORTED", "find_targets", "layer_dims", "unroutable_reason"]
+
+
+def unroutable_reason(module: nn.Module, path: str = "") -> str | None:
+    """Why a routed delta on ``module`` would not equal merging it into the weight, or ``None``."""
+    where = path or "<root>"
+    for kind in SUPPORTED:
+        if isinstance(module, kind):
+            if type(module).forward is not kind.forward:
+                return (f"{type(module).__name__} '{where}' overrides the forward of {kind.__name__}, so its "
+                        "output is not the plain layer's that a low-rank delta (or a merge) assumes")
+            if kind is nn.Embedding and module.max_norm is not None:
+                return (f"nn.Embedding '{where}' has max_norm={module.max_norm}, which rescales rows of the "
+                        "weight in place during forward; a routed delta cannot follow that")
+            return None
+    return f"'{where}' is {type(module).__name__}; expected nn.Linear or nn.Embedding"
 
 
 def _unroutable(model: nn.Module) -> dict[str, str]:
-    """Linear layers whose owner uses the weight directly, never calling their forward.
+    """Supported layers whose adapter would be skipped or would not match a merge.
 
     ``nn.MultiheadAttention`` passes ``out_proj.weight`` to a functional kernel,
-    so a hook on ``out_proj`` would never fire: the adapter would be skipped.
+    so ``out_proj``'s forward never runs; subclasses that override the forward
+    (or an Embedding with ``max_norm``) would not equal their merged weights.
     """
     found = {}
     for path, module in model.named_modules():
@@ -37,6 +53,8 @@ def _unroutable(model: nn.Module) -> dict[str, str]:
                 "directly and never calls out_proj's forward, so an adapter there would "
                 "be skipped; build attention from separate nn.Linear layers to evolve it"
             )
+        elif isinstance(module, SUPPORTED) and (why := unroutable_reason(module, path)) is not None:
+            found[path] = why
     return found
 
 

@@ -216,3 +216,71 @@ def test_to_dtype_moves_model_and_adapters():
         assert model[0].weight.dtype == torch.float64 and pop.factors()[0].down.dtype == torch.float64
         torch.testing.assert_close(pop(x.double(), all_individuals=True).float(), expected, rtol=1e-5, atol=1e-6)
     pop.evolve_(torch.arange(8.0))  # operators and generator still work after the move
+
+
+class TestRegressions:
+    """Each test names the bug it keeps fixed."""
+
+    def test_assigned_parameters_are_the_ones_routed(self):
+        """load_state_dict(assign=True) swaps the Parameter objects: the forward must use the new ones."""
+        pop, model = make(init_scale=1.0)
+        x = torch.randn(3, 6)
+        zeroed = {k: torch.zeros_like(v) if k.startswith(("_downs", "_ups")) else v for k, v in pop.state_dict().items()}
+        pop.load_state_dict(zeroed, assign=True)
+        with torch.no_grad():
+            torch.testing.assert_close(pop(x, individual=0), pop.model(x))
+
+    def test_mutation_invalidates_a_graph_built_before(self):
+        """Adapters are written in place through autograd's version counter, never through `.data`."""
+        pop = Population(mlp(), pop_size=4, low_rank=2, requires_grad=True)
+        out = pop(torch.randn(4, 6), all_individuals=True)
+        pop.mutate_("full_gaussian", all_individuals=True, epsilon=1.0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()
+
+    def test_failed_load_changes_nothing(self, tmp_path):
+        pop, _ = make()
+        state = pop.state()
+        state["ups"] = [torch.zeros(8, 2, 5)] + state["ups"][1:]  # wrong up shape for target '0'
+        before = [(f.down.clone(), f.up.clone()) for f in pop.factors()]
+        with pytest.raises(ValueError, match=r"checkpoint up adapter of '0' has shape \(8, 2, 5\), expected \(8, 2, 16\)"):
+            pop.load_state(state)
+        assert all(torch.equal(d, f.down) and torch.equal(u, f.up) for (d, u), f in zip(before, pop.factors()))
+
+    def test_evolve_error_leaves_generator_untouched(self):
+        pop, _ = make()
+        state = pop.generator.get_state()
+        with pytest.raises(ValueError, match="svd_subspace"):
+            pop.evolve_(torch.arange(8.0), crossover_type="svd_subspace", num_parents_per_child=3)
+        with pytest.raises(ValueError, match=r"`num_parents_per_child` must be an int >= 1, got 0"):
+            pop.evolve_(torch.arange(8.0), num_parents_per_child=0)
+        assert torch.equal(pop.generator.get_state(), state) and pop.generation == 0
+
+    def test_deepcopy_of_a_population_routes_on_its_own(self):
+        pop, model = make(init_scale=0.5)
+        twin = copy.deepcopy(pop)
+        x = torch.randn(5, 6)
+        with torch.no_grad():
+            torch.testing.assert_close(twin(x, individual=3), pop(x, individual=3))
+            assert not torch.allclose(twin(x, individual=3), twin.model(x))
+            twin.mutate_("full_gaussian", all_individuals=True, epsilon=1.0)
+            assert not torch.allclose(twin(x, individual=3), pop(x, individual=3))  # independent adapters
+
+    def test_close_unwraps_without_merging(self):
+        model = mlp()
+        base = copy.deepcopy(model)
+        pop = Population(model, pop_size=4, low_rank=2, init_scale=1.0)
+        assert pop.close() is model
+        x = torch.randn(3, 6)
+        torch.testing.assert_close(model(x), base(x))
+        assert all(p.requires_grad for p in model.parameters()) and "forward" not in vars(model[0])
+
+    def test_missing_fitnesses_and_numpy_ids(self):
+        import numpy as np
+
+        pop, _ = make()
+        with pytest.raises(FitnessError, match=r"fitnesses are required: a \(8,\) tensor"):
+            pop.select()
+        pop.merge_(np.argmax(np.arange(8.0)))  # a numpy integer is an id
+        with pytest.raises(ValueError, match=r"individual id must be an int, got 1.0"):
+            make()[0].merge_(1.0)

@@ -365,6 +365,29 @@ def test_contract_example_under_torchrun(tmp_path):
     assert torch.equal(zero["fitnesses"], one["fitnesses"])
 
 
+EXPLICIT_DEVICE = """
+import torch, torch.distributed as dist
+from torch import nn
+from populora import EggrollES, Population, world_size
+pop = Population(nn.Linear(3, 2), pop_size=4, low_rank=1, device="cpu")
+ok = dist.is_initialized() and world_size() == 2
+es = EggrollES(nn.Linear(3, 2), pop_size=4, sigma=0.1, lr=0.1, rank=1, device="cpu")
+print("explicit device joins the group:", ok and dist.is_initialized())
+"""
+
+
+@pytest.mark.distributed
+def test_explicit_device_still_joins_torchruns_group(tmp_path):
+    """Passing device= must not skip the process group: each rank would silently evaluate everyone."""
+    script = tmp_path / "explicit.py"
+    script.write_text(EXPLICIT_DEVICE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([*_torchrun(), "--standalone", f"--nproc-per-node={WORLD}", str(script)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.count("explicit device joins the group: True") == WORLD, proc.stdout
+
+
 def test_example_script_is_the_contract_example():
     """examples/evolve_distributed.py runs the same code (with the README's 10 generations)."""
     text = (REPO / "examples" / "evolve_distributed.py").read_text()

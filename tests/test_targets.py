@@ -55,3 +55,18 @@ def test_empty_or_no_linear():
         find_targets(mlp(), [])
     with pytest.raises(TargetNotFoundError, match="ReLU has none"):
         find_targets(nn.ReLU(), None)
+
+
+def test_layers_whose_forward_is_not_the_plain_one_are_refused():
+    """A routed delta on an overriding forward would not equal merging it into the weight."""
+
+    class LinearReLU(nn.Linear):
+        def forward(self, x):
+            return super().forward(x).relu()
+
+    model = nn.Sequential(LinearReLU(3, 4), nn.Linear(4, 2), nn.Embedding(5, 2, max_norm=1.0))
+    with pytest.raises(TargetNotFoundError, match=r"'0' cannot be routed: LinearReLU '0' overrides the forward"):
+        find_targets(model, ["0"])
+    with pytest.raises(TargetNotFoundError, match=r"'2' cannot be routed: nn.Embedding '2' has max_norm=1.0"):
+        find_targets(model, ["2"])
+    assert list(find_targets(model, None)) == ["1"]

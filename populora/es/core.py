@@ -75,14 +75,6 @@ def _number(name: str, value: Any, *, positive: bool) -> float:
     return float(value)
 
 
-def _default_device(model: nn.Module) -> torch.device:
-    if pd.init_from_env() or pd.world_size() > 1:
-        return pd.local_device()
-    for tensor in (*model.parameters(), *model.buffers()):
-        return tensor.device
-    return torch.device("cpu")
-
-
 class EggrollES:
     """Evolution strategies with low-rank (EggRoll) perturbations, evaluated in one routed forward.
 
@@ -186,7 +178,7 @@ class EggrollES:
         self.noise_reuse, self.perturb_vectors = noise_reuse, perturb_vectors
         self.pairs = pop_size // 2 if antithetic else pop_size
         self.optimizer = self._make_optimizer(optimizer, lr)  # may raise: before the model moves
-        self.device = torch.device(device) if device is not None else _default_device(model)
+        self.device = pd.resolve_device(device, model)
         self.model = model.to(self.device)
         self.generation = 0
         self.best_fitness: float = -math.inf

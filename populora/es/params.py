@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from ..errors import TargetNotFoundError
-from ..targets import find_targets
+from ..targets import find_targets, unroutable_reason
 
 __all__ = ["ESParam", "Owner", "call_filter", "select_params"]
 
@@ -103,13 +103,7 @@ def _routable(owner: Owner) -> str | None:
     module, where = owner.module, owner.path or "<root>"
     for kind, attrs in ((nn.Linear, ("weight", "bias")), (nn.Embedding, ("weight",))):
         if isinstance(module, kind) and owner.attr in attrs:
-            if type(module).forward is not kind.forward:
-                return (f"{type(module).__name__} '{where}' overrides the forward of {kind.__name__}, so its "
-                        "output is not the plain layer's that the routed perturbation assumes")
-            if kind is nn.Embedding and module.max_norm is not None:
-                return (f"nn.Embedding '{where}' has max_norm={module.max_norm}, which rescales rows of the "
-                        "base weight in place during forward; a routed perturbation cannot follow that")
-            return None
+            return unroutable_reason(module, owner.path)
     return f"it is `{owner.attr}` of {type(module).__name__} '{where}'"
 
 
