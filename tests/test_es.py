@@ -438,3 +438,21 @@ def test_max_rows_evaluates_in_chunks_with_the_same_losses():
     close(es.losses(xs, loss, per_member=True, max_rows=1), es.losses(xs, loss, per_member=True))
     with pytest.raises(ValueError, match="`max_rows` must be an int >= 1, got 0"):
         es.losses(x, loss, max_rows=0)
+
+
+def test_chunked_losses_equal_one_forward():
+    """max_rows chunks may hold exactly as many members as batch rows: members still see the whole batch."""
+    es = EggrollES(nn.Linear(3, 2), pop_size=8, sigma=0.1, lr=0.1, rank=1)
+    x = torch.randn(4, 3)
+    loss = lambda out, _: out.square().mean()  # noqa: E731
+    whole = es.losses(x, loss)
+    for rows in (4, 8, 16):
+        torch.testing.assert_close(es.losses(x, loss, max_rows=rows), whole)
+
+
+def test_loss_defined_in_the_loop_does_not_grow_the_cache():
+    es = EggrollES(nn.Linear(3, 2), pop_size=4, sigma=0.1, lr=0.1, rank=1)
+    x, y = torch.randn(4, 3), torch.randn(4, 2)
+    for _ in range(5):
+        es.step(x, lambda out, target: (out - target).square().mean(), y)  # a new closure each step
+    assert len(es._loss_modes) == 1

@@ -529,3 +529,17 @@ def test_same_env_object_repeated_is_one_slot_with_a_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert interact_with_env([gym.make("CartPole-v1") for _ in range(3)]).num_slots == 3
+
+
+def test_failed_evolution_gives_the_model_back_unwrapped():
+    """An exception inside evolve_with_env (here from `action`) must not leave the model frozen or wrapped."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+
+    def action(logits):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        evolve_with_env(gym.make("CartPole-v1"), model, pop_size=4, low_rank=1, action=action, num_generations=2,
+                        horizon=5)
+    assert all(p.requires_grad for p in model.parameters())
+    assert "forward" not in vars(model[0]) and "forward" not in vars(model[2])

@@ -167,9 +167,13 @@ def member_losses(
         targets: shared (any object) or, with ``per_member_targets``, ``(m, ...)`` tensors.
         m: number of members.
         per_member_targets: slice ``targets`` per member too.
-        cache: ``{loss_fn: "vmap" | "loop"}``.
+        cache: ``{code of loss_fn: "vmap" | "loop"}``; keyed by the function's code, so a loss
+            defined inside the training loop (a new closure each step) neither grows the cache nor
+            is retried under vmap every step.
     """
-    key = loss_fn
+    key = getattr(loss_fn, "__code__", loss_fn)
+    if cache is not None and len(cache) > 256:  # callables without code: keep the cache bounded
+        cache.clear()
     try:
         mode = cache.get(key) if cache is not None else None
     except TypeError:  # unhashable callable

@@ -139,6 +139,7 @@ def evolve_with_env(
     try:
         population = interactor.population(model, pop_size, low_rank, lora_targets, seed=seed,
                                            **(population_kwargs or {}))
+        population.sync_from_main_rank_()  # every rank holds rank 0's base model before it is checksummed
         base_sum = checksum([*population.model.parameters(), *population.model.buffers()]).tolist()
         history: list[GenerationStats] = []
         if resume and path is not None and path.is_file():
@@ -171,6 +172,9 @@ def evolve_with_env(
                     atomic_save(_checkpoint(population, interactor, history, base_sum), path)
             if fitnesses is None:  # resumed a finished run: evaluate the last generation again
                 fitnesses = population.check_fitnesses(interactor.evaluate(population, **run))
+        except BaseException:
+            population.close()  # the user's model comes back unwrapped, its requires_grad flags restored
+            raise
         finally:
             if bar is not None:
                 bar.close()

@@ -507,4 +507,8 @@ def interact_with_env(
     if normalize_obs and not flatten_obs:
         raise ValueError("`normalize_obs=True` needs `flatten_obs=True` (it normalises one observation vector)")
     slots = build_slots(envs, num_envs=num_envs, flatten_obs=flatten_obs)
-    return EnvInteractor(slots, device=device, normalize_obs=normalize_obs, obs_clip=obs_clip)
+    try:
+        return EnvInteractor(slots, device=device, normalize_obs=normalize_obs, obs_clip=obs_clip)
+    except BaseException:
+        slots.close()  # the envs a factory made would otherwise leak
+        raise
