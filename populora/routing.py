@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from .errors import RouteError
 
-__all__ = ["Adapter", "Route", "Router", "routed_call"]
+__all__ = ["Adapter", "Route", "Router", "map_tensors", "routed_call"]
 
 
 class Adapter(NamedTuple):
@@ -220,16 +220,16 @@ class Router:
 # inputs: nested tensors, batch size, expansion, permutation
 
 
-def _map(obj: Any, fn: Callable[[Tensor], Tensor]) -> Any:
+def map_tensors(obj: Any, fn: Callable[[Tensor], Tensor]) -> Any:
     """Apply ``fn`` to every tensor leaf of nested tuples / lists / dicts."""
     if isinstance(obj, Tensor):
         return fn(obj)
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
-        return type(obj)(*(_map(v, fn) for v in obj))
+        return type(obj)(*(map_tensors(v, fn) for v in obj))
     if isinstance(obj, (tuple, list)):
-        return type(obj)(_map(v, fn) for v in obj)
+        return type(obj)(map_tensors(v, fn) for v in obj)
     if isinstance(obj, dict):
-        mapped = {key: _map(v, fn) for key, v in obj.items()}
+        mapped = {key: map_tensors(v, fn) for key, v in obj.items()}
         try:
             return type(obj)(mapped)
         except TypeError:
@@ -241,7 +241,7 @@ def _leaves(obj: Any) -> list[Tensor]:
     if isinstance(obj, tuple) and len(obj) == 2 and not obj[1] and len(obj[0]) == 1 and isinstance(obj[0][0], Tensor):
         return [obj[0][0]]  # fast path: (args, kwargs) == ((x,), {})
     found: list[Tensor] = []
-    _map(obj, lambda t: found.append(t) or t)
+    map_tensors(obj, lambda t: found.append(t) or t)
     return found
 
 
@@ -336,7 +336,7 @@ def routed_call(
     leaves = _leaves((args, kwargs))
     if device is not None and any(t.device != device for t in leaves):
         non_blocking = device.type == "cuda"  # host -> device only: a device -> host copy must be synchronous
-        args, kwargs = _map((args, kwargs), lambda t: t.to(device, non_blocking=non_blocking))
+        args, kwargs = map_tensors((args, kwargs), lambda t: t.to(device, non_blocking=non_blocking))
     if not any(given):
         return model(*args, **kwargs)
 
@@ -383,15 +383,15 @@ def routed_call(
             route, perm = _plan(row_ids, num, dev)
             router.last_plan = (key, (route, perm))
         if perm is not None:  # group rows by id once for the whole forward; unsorted once at the end
-            args, kwargs = _map((args, kwargs), lambda t: t.index_select(0, perm) if t.dim() else t)
+            args, kwargs = map_tensors((args, kwargs), lambda t: t.index_select(0, perm) if t.dim() else t)
 
     out = router.run(route, adapters, model, *args, **kwargs)
     if perm is None:
         return out
-    return _map(out, lambda t: torch.empty_like(t).index_copy_(0, perm, t) if t.dim() and t.shape[0] == route.n else t)
+    return map_tensors(out, lambda t: torch.empty_like(t).index_copy_(0, perm, t) if t.dim() and t.shape[0] == route.n else t)
 
 
 def _expand(inputs: Any, times: int) -> Any:
     """Repeat every tensor leaf ``times`` times along the batch: ``(b, ..) -> ((times b), ..)``."""
-    return _map(inputs, lambda t: t.unsqueeze(0).expand(times, *t.shape).reshape(times * t.shape[0], *t.shape[1:])
+    return map_tensors(inputs, lambda t: t.unsqueeze(0).expand(times, *t.shape).reshape(times * t.shape[0], *t.shape[1:])
                 if t.dim() else t)

@@ -15,25 +15,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from ..routing import routed_call
+from ..routing import map_tensors, routed_call
 
 if TYPE_CHECKING:
     from .core import EggrollES
 
 __all__ = ["Members", "map_tensors", "member_losses"]
-
-
-def map_tensors(obj: Any, fn: Callable[[Tensor], Any]) -> Any:
-    """Apply ``fn`` to every tensor leaf of nested tuples / lists / dicts."""
-    if isinstance(obj, Tensor):
-        return fn(obj)
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(map_tensors(v, fn) for v in obj))
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(map_tensors(v, fn) for v in obj)
-    if isinstance(obj, dict):
-        return {k: map_tensors(v, fn) for k, v in obj.items()}
-    return obj
 
 
 def _leading(obj: Any) -> list[tuple[int, ...]]:
