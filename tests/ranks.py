@@ -29,3 +29,12 @@ def spawn(worker, tmp: Path, *args, world: int = WORLD) -> list:
     """Run ``worker(rank, world, store, out, *args)`` on ``world`` processes; their saved results."""
     mp.spawn(worker, args=(world, str(tmp / "store"), str(tmp), *args), nprocs=world, join=True)
     return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def error_of(fn, *args, **kwargs) -> tuple[str, str] | None:
+    """``(exception type, message)`` of ``fn(*args, **kwargs)``, or None if it did not raise (for workers to report)."""
+    try:
+        fn(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 - recorded for the parent to check
+        return type(error).__name__, str(error)
+    return None

@@ -21,27 +21,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ranks import error_of, init_gloo
 from populora import distributed as pd
 
 WORLD = 2
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _init(rank: int, world: int, store: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-        timeout=datetime.timedelta(seconds=60),
-    )
-
-
-def _error(fn, *args, **kwargs) -> tuple[str, str] | None:
-    """Run ``fn`` and return (exception type, message), or None if it did not raise."""
-    try:
-        fn(*args, **kwargs)
-    except Exception as error:  # noqa: BLE001 - recorded for the parent to check
-        return type(error).__name__, str(error)
-    return None
 
 
 def _rank_tensors(rank: int) -> list[torch.Tensor]:
@@ -59,7 +45,7 @@ def _rank_tensors(rank: int) -> list[torch.Tensor]:
 
 
 def _distributed_worker(rank: int, world: int, store: str, out: str) -> None:
-    _init(rank, world, store)
+    init_gloo(rank, world, store)
     res: dict = {}
 
     res["is_distributed"] = pd.is_distributed()
@@ -89,14 +75,14 @@ def _distributed_worker(rank: int, world: int, store: str, out: str) -> None:
     res["list_input"] = pd.all_gather_values(torch.tensor(mine), [i + 0.5 for i in mine], num)
 
     # ids missing or repeated across ranks: the same error on both ranks
-    res["missing"] = _error(pd.all_gather_values, [0] if rank == 0 else [], [1.0] if rank == 0 else [], 3)
-    res["repeated"] = _error(pd.all_gather_values, [0, 1] if rank == 0 else [1, 2], [1.0, 2.0], 3)
+    res["missing"] = error_of(pd.all_gather_values, [0] if rank == 0 else [], [1.0] if rank == 0 else [], 3)
+    res["repeated"] = error_of(pd.all_gather_values, [0, 1] if rank == 0 else [1, 2], [1.0, 2.0], 3)
     # one rank fails: it raises its own error, the other quotes it
     failure = RuntimeError("boom in rank 1") if rank == 1 else None
-    res["failed"] = _error(pd.all_gather_values, list(pd.partition(4)), [0.0, 0.0], 4, error=failure)
+    res["failed"] = error_of(pd.all_gather_values, list(pd.partition(4)), [0.0, 0.0], 4, error=failure)
     # invalid arguments on rank 0 only
     bad = [0.0] if rank == 0 else [0.0, 0.0]
-    res["bad_args"] = _error(pd.all_gather_values, list(pd.partition(4)), bad, 4)
+    res["bad_args"] = error_of(pd.all_gather_values, list(pd.partition(4)), bad, 4)
     # the group still works after the errors above
     res["after_errors"] = pd.all_gather_values(pd.partition(2), [float(rank)], 2)
 
@@ -108,7 +94,7 @@ def _distributed_worker(rank: int, world: int, store: str, out: str) -> None:
     res["broadcast_from_1"] = _rank_tensors(rank)
     pd.broadcast_tensors_(res["broadcast_from_1"], src=1)
     pd._BUCKET_BYTES = 64 * 1024 * 1024
-    res["broadcast_shapes"] = _error(pd.broadcast_tensors_, [torch.zeros(2 + rank)], what="adapters")
+    res["broadcast_shapes"] = error_of(pd.broadcast_tensors_, [torch.zeros(2 + rank)], what="adapters")
 
     # sync_if_different_: equal -> nothing; different -> warn once and repair
     same = [torch.arange(12.0).reshape(3, 4), torch.ones(3, dtype=torch.int64)]
@@ -124,7 +110,7 @@ def _distributed_worker(rank: int, world: int, store: str, out: str) -> None:
     res["sync_warnings"] = [(w.category.__name__, str(w.message)) for w in caught]
     res["synced"] = [t.detach().clone() for t in differ]
     res["checksum"] = pd.checksum(differ)
-    res["sync_shapes"] = _error(pd.sync_if_different_, [torch.zeros(2 + rank)], "buffers")
+    res["sync_shapes"] = error_of(pd.sync_if_different_, [torch.zeros(2 + rank)], "buffers")
 
     # broadcast_tensor_raw: shape and dtype unknown to the receivers
     raw_cases = [
@@ -138,7 +124,7 @@ def _distributed_worker(rank: int, world: int, store: str, out: str) -> None:
     res["raw_sent"] = raw_cases
     res["raw"] = [pd.broadcast_tensor_raw(t if rank == 0 else None) for t in raw_cases]
     res["raw_from_1"] = pd.broadcast_tensor_raw(torch.full((2,), 7) if rank == 1 else None, src=1)
-    res["raw_none"] = _error(pd.broadcast_tensor_raw, None)
+    res["raw_none"] = error_of(pd.broadcast_tensor_raw, None)
     res["object"] = pd.broadcast_object({"seed": 1234, "from": rank} if rank == 0 else None)
 
     torch.save(res, Path(out) / f"rank{rank}.pt")

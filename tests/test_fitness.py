@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import functools
 import time
 from pathlib import Path
@@ -12,6 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ranks import error_of, init_gloo
 from populora.errors import FitnessError
 from populora.fitness import evaluate, fitness_kind
 
@@ -170,24 +170,10 @@ class TestEvaluateSingleProcess:
 # --------------------------------------------------------------- two processes
 
 
-def _init(rank: int, store: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
-        timeout=datetime.timedelta(seconds=60),
-    )
-
-
-def _error(fn, *args, **kwargs) -> tuple[str, str] | None:
-    try:
-        fn(*args, **kwargs)
-    except Exception as error:  # noqa: BLE001 - recorded for the parent to check
-        return type(error).__name__, str(error)
-    return None
 
 
 def _fitness_worker(rank: int, store: str, out: str) -> None:
-    _init(rank, store)
+    init_gloo(rank, WORLD, store)
     res: dict = {}
     for name, fn in (("batch", batch_fn), ("single", single_fn), ("all", all_fn)):
         population = Recorder(offset=0.25, nan_ids=(4,))
@@ -206,19 +192,19 @@ def _fitness_worker(rank: int, store: str, out: str) -> None:
             raise RuntimeError("boom in rank 1")
         return 0.0
 
-    res["raised"] = _error(evaluate, boom, None, NUM)
+    res["raised"] = error_of(evaluate, boom, None, NUM)
 
     def short(population, individuals):
         return [0.0] * (len(individuals) - (rank == 0))
 
-    res["wrong_length"] = _error(evaluate, short, None, NUM)
+    res["wrong_length"] = error_of(evaluate, short, None, NUM)
     res["after_errors"] = evaluate(single_fn, Recorder(), NUM)  # the group still works
     torch.save(res, Path(out) / f"rank{rank}.pt")
     dist.destroy_process_group()
 
 
 def _raising_worker(rank: int, store: str) -> None:
-    _init(rank, store)
+    init_gloo(rank, WORLD, store)
 
     def boom(population, individuals):
         if rank == 1:

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ranks import init_gloo, spawn
+from ranks import error_of, init_gloo, spawn
 from populora import Population
 from populora import distributed as pd
 from populora.fitness import evaluate
@@ -58,12 +58,6 @@ def _model_sum(model: nn.Module) -> torch.Tensor:
     return pd.checksum([*model.parameters(), *model.buffers()])
 
 
-def _error(fn, *args, **kwargs) -> tuple[str, str] | None:
-    try:
-        fn(*args, **kwargs)
-    except Exception as error:  # noqa: BLE001 - recorded for the parent to check
-        return type(error).__name__, str(error)
-    return None
 
 
 def _signatures(rank: int, res: dict) -> None:
@@ -98,9 +92,9 @@ def _signatures(rank: int, res: dict) -> None:
             raise KeyError("no environment for individual 5")
         return 0.0
 
-    res["raised"] = _error(pop.evaluate_distributed, boom)
+    res["raised"] = error_of(pop.evaluate_distributed, boom)
     res["after_error"] = pop.evaluate_distributed(single)  # the group still works
-    res["size_mismatch"] = _error(_pop(_model(0), 6 + 2 * rank, seed=3).evaluate_distributed, single)
+    res["size_mismatch"] = error_of(_pop(_model(0), 6 + 2 * rank, seed=3).evaluate_distributed, single)
 
 
 def _lockstep(rank: int, res: dict) -> None:
