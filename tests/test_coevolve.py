@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ranks import init_gloo, spawn
+from ranks import init_gloo, save, spawn
 from populora import Coevolve, FitnessError, HallOfFame, Population
 from populora.hall_of_fame import Champion
 from populora.stats import GenerationStats
@@ -737,7 +737,7 @@ def _worker(rank: int, world: int, store: str, out: str) -> None:
     except Exception as error:  # noqa: BLE001 - recorded for the parent
         res["failure"] = (type(error).__name__, str(error))
     res["after_failure"] = Coevolve(populations=dict(x=spec(line(), name="x"))).step(distributed=True)["x"]
-    torch.save(res, Path(out) / f"rank{rank}.pt")
+    save(res, out, rank)
     dist.destroy_process_group()
 
 

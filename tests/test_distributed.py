@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ranks import error_of, init_gloo
+from ranks import error_of, init_gloo, save
 from populora import distributed as pd
 
 WORLD = 2
@@ -127,7 +127,7 @@ def _distributed_worker(rank: int, world: int, store: str, out: str) -> None:
     res["raw_none"] = error_of(pd.broadcast_tensor_raw, None)
     res["object"] = pd.broadcast_object({"seed": 1234, "from": rank} if rank == 0 else None)
 
-    torch.save(res, Path(out) / f"rank{rank}.pt")
+    save(res, out, rank)
     dist.destroy_process_group()
 
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import functools
 import time
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ranks import error_of, init_gloo
+from ranks import error_of, init_gloo, save
 from populora.errors import FitnessError
 from populora.fitness import evaluate, fitness_kind
 
@@ -199,7 +198,7 @@ def _fitness_worker(rank: int, store: str, out: str) -> None:
 
     res["wrong_length"] = error_of(evaluate, short, None, NUM)
     res["after_errors"] = evaluate(single_fn, Recorder(), NUM)  # the group still works
-    torch.save(res, Path(out) / f"rank{rank}.pt")
+    save(res, out, rank)
     dist.destroy_process_group()
 
 

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ranks import error_of, init_gloo, spawn
+from ranks import error_of, init_gloo, save, spawn
 from populora import Population
 from populora import distributed as pd
 from populora.fitness import evaluate
@@ -159,7 +159,7 @@ def _worker(rank: int, world: int, store: str, out: str) -> None:
     _signatures(rank, res)
     _lockstep(rank, res)
     _base_mismatch(rank, res)
-    torch.save(res, Path(out) / f"rank{rank}.pt")
+    save(res, out, rank)
     dist.destroy_process_group()
 
 
