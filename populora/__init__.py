@@ -3,13 +3,25 @@
 from .distributed import is_distributed, is_main_rank, local_device, rank, world_size
 from .es import (
     EggrollES,
+    ESStats,
     TorchEggrollES,
     compute_es_gradient,
     generate_lora_noise,
     generate_noise_for_shapes,
     generate_standard_noise,
 )
-from .errors import FitnessError, PopuloraError, RouteError, SpentPopulationError, TargetNotFoundError
+from .errors import (
+    CheckpointError,
+    ConfigMismatchError,
+    FitnessError,
+    InvalidIndexError,
+    InvalidTypeError,
+    InvalidValueError,
+    PopuloraError,
+    RouteError,
+    SpentPopulationError,
+    TargetNotFoundError,
+)
 from .operators import (
     Factors,
     register_crossover,
@@ -19,21 +31,28 @@ from .operators import (
 )
 from .population import Population, SelectionResult
 from .stats import GenerationStats
-from .interact import EnvInteractor, EvolveResult, evolve_with_env, interact_with_env
+from .interact import EnvInteractor, EnvStepError, EvolveResult, evolve_with_env, interact_with_env
 from .coevolve import Coevolve
 from .hall_of_fame import HallOfFame
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CheckpointError",
     "Coevolve",
+    "ConfigMismatchError",
+    "ESStats",
     "EggrollES",
     "EnvInteractor",
+    "EnvStepError",
     "EvolveResult",
     "Factors",
     "FitnessError",
     "GenerationStats",
     "HallOfFame",
+    "InvalidIndexError",
+    "InvalidTypeError",
+    "InvalidValueError",
     "Population",
     "PopuloraError",
     "RouteError",

@@ -510,11 +510,11 @@ class Coevolve:
         rank (``populora.distributed.is_main_rank()``) or give each rank its
         own path.
         """
-        return atomic_save(self.state(), path)
+        return atomic_save(self.state(), path, kind="Coevolve")
 
     def load(self, path: str | Path) -> None:
         """Resume from :meth:`save`'s checkpoint: the next step is the one that would have followed."""
-        self.load_state(load_checkpoint(path))
+        self.load_state(load_checkpoint(path, kind="Coevolve"))
 
 
 # ---------------------------------------------------------------------------- helpers

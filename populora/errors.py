@@ -1,12 +1,27 @@
-"""The exceptions populora raises.
+"""Every exception populora raises on bad input or a failed step.
 
 Each subclasses both :class:`PopuloraError` and the builtin a caller would
-expect, so ``except ValueError`` keeps working.
+expect (``ValueError``, ``TypeError``, ``IndexError``, ``RuntimeError``), so
+``except PopuloraError`` and ``except ValueError`` both work.
+:class:`~populora.interact.EnvStepError` (an environment raised) lives with
+the environment code and follows the same rule.
 """
 
 
 class PopuloraError(Exception):
     """Base class of every error raised by populora."""
+
+
+class InvalidValueError(PopuloraError, ValueError):
+    """An argument has the right type but a value outside what is accepted."""
+
+
+class InvalidTypeError(PopuloraError, TypeError):
+    """An argument has a type that is not accepted."""
+
+
+class InvalidIndexError(PopuloraError, IndexError):
+    """An individual id (or another index) is out of range."""
 
 
 class TargetNotFoundError(PopuloraError, ValueError):
@@ -19,6 +34,14 @@ class RouteError(PopuloraError, ValueError):
 
 class FitnessError(PopuloraError, ValueError):
     """A fitness is not a finite float tensor of the expected shape."""
+
+
+class CheckpointError(PopuloraError, ValueError):
+    """A checkpoint file or state is missing, damaged, or of another kind."""
+
+
+class ConfigMismatchError(PopuloraError, RuntimeError):
+    """Distributed ranks disagree on a configuration that must be identical."""
 
 
 class SpentPopulationError(PopuloraError, RuntimeError):

@@ -263,8 +263,8 @@ class HallOfFame:
 
     def save(self, path: str | Path) -> Path:
         """Write :meth:`state` atomically (temp file + rename)."""
-        return atomic_save(self.state(), path)
+        return atomic_save(self.state(), path, kind="HallOfFame")
 
     def load(self, path: str | Path) -> None:
         """Restore a hall saved by :meth:`save`."""
-        self.load_state(load_checkpoint(path))
+        self.load_state(load_checkpoint(path, kind="HallOfFame"))

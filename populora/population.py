@@ -689,16 +689,16 @@ class Population(nn.Module):
 
     def save(self, path: str | Path) -> None:
         """Write a checkpoint atomically (temp file + rename); the base model is not saved."""
-        atomic_save(self.state(), path)
+        atomic_save(self.state(), path, kind="Population")
 
     def load(self, path: str | Path) -> None:
         """Resume from :meth:`save`'s checkpoint: adapters, generator, generation, eval seed."""
-        self.load_state(load_checkpoint(path))
+        self.load_state(load_checkpoint(path, kind="Population"))
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, model: nn.Module, **kwargs: Any) -> Population:
         """Build a population around ``model`` from a checkpoint (``kwargs`` as the constructor's)."""
-        state = load_checkpoint(path)
+        state = load_checkpoint(path, kind="Population")
         config = dict(state["config"])
         config.update(kwargs)
         pop = cls(model, config.pop("pop_size"), config.pop("low_rank"), config.pop("lora_targets"), **config)

@@ -169,7 +169,7 @@ def evolve_with_env(
                 population.evolve_(fitnesses, **evolve_options)
                 interactor.update_obs_stats(population)  # fold this generation's observations in (all ranks)
                 if path is not None and is_main_rank():
-                    atomic_save(_checkpoint(population, interactor, history, base_sum), path)
+                    atomic_save(_checkpoint(population, interactor, history, base_sum), path, kind="evolve_with_env")
             if fitnesses is None:  # resumed a finished run: evaluate the last generation again
                 fitnesses = population.check_fitnesses(interactor.evaluate(population, **run))
         except BaseException:
@@ -196,7 +196,7 @@ def _checkpoint(population: Any, interactor: EnvInteractor, history: list[Genera
 
 
 def _resume(path: Path, population: Any, interactor: EnvInteractor, base_sum: list[int]) -> list[GenerationStats]:
-    state = load_checkpoint(path)
+    state = load_checkpoint(path, kind="evolve_with_env")
     if not isinstance(state, dict) or state.get("format") != _FORMAT:
         raise ValueError(f"{str(path)!r} is not an evolve_with_env checkpoint (format {_FORMAT!r})")
     if state["base_checksum"] != base_sum:
