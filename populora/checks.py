@@ -39,7 +39,8 @@ def _scalar(value: Any) -> Any:
 
 
 def _is_bool(value: Any) -> bool:
-    return isinstance(value, bool) or type(value).__name__ == "bool_"  # numpy.bool_
+    kind = type(value)
+    return isinstance(value, bool) or (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_"))
 
 
 def check_int(name: str, value: Any, *, low: int | None = None, high: int | None = None) -> int:

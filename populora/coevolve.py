@@ -11,9 +11,9 @@ generation of every population per :meth:`Coevolve.step`:
 
 Arguments are injected by parameter name. A probe may take ``coevolve`` (the
 :class:`Coevolve` itself, so ``coevolve.solver(x, all_individuals=True)``
-works) and ``<name>_outputs`` (another population's probe output, which makes
-that probe run first). A fitness may take ``<name>_outputs`` of any
-population, its own included. Probes must form a chain (a cycle raises at
+works) and ``<name>`` or ``<name>_outputs`` (both: another population's probe
+output, which makes that probe run first). A fitness may take ``<name>`` /
+``<name>_outputs`` of any population, its own included. Probes must form a chain (a cycle raises at
 construction, spelled out); fitnesses may close circles, since every probe
 runs before any fitness.
 
@@ -101,12 +101,17 @@ class _Member(NamedTuple):
     population: Population
     probe: Callable[..., Any]
     fitness: Callable[..., Any]
-    probe_params: tuple[str, ...]
-    fitness_params: tuple[str, ...]
+    probe_params: dict[str, str | None]  # parameter -> population whose outputs it receives (None: coevolve)
+    fitness_params: dict[str, str]
 
     @property
     def probe_deps(self) -> tuple[str, ...]:
-        return tuple(p[: -len(_SUFFIX)] for p in self.probe_params if p != "coevolve")
+        return tuple(src for src in self.probe_params.values() if src is not None)
+
+
+def _sources(params: Sequence[str], names: Sequence[str]) -> dict[str, str | None]:
+    """``{parameter: population}``: ``<name>`` and ``<name>_outputs`` both receive ``name``'s outputs."""
+    return {p: None if p == "coevolve" else p if p in names else p.removesuffix(_SUFFIX) for p in params}
 
 
 def _find_cycle(names: Sequence[str], deps: Mapping[str, Sequence[str]]) -> list[str] | None:
@@ -146,8 +151,9 @@ class Coevolve:
         populations: ``{name: dict(population=..., probe=..., fitness=...)}``.
             ``name`` must be an identifier that does not shadow a Coevolve
             attribute (``step``, ``history``, ...) and does not start with
-            ``_``. ``probe`` takes any of ``coevolve`` and ``<name>_outputs``;
-            ``fitness`` takes any of ``<name>_outputs`` and returns the
+            ``_``. ``probe`` takes any of ``coevolve`` and ``<name>`` /
+            ``<name>_outputs`` (another population's probe output);
+            ``fitness`` takes any of ``<name>`` / ``<name>_outputs`` and returns the
             population's ``(P,)`` fitness (higher is better).
         evolve_kwargs: ``{name: {option: value}}``, keyword arguments of that
             population's ``evolve_`` (e.g. ``dict(solver=dict(epsilon=0.05))``).
@@ -214,8 +220,13 @@ class Coevolve:
         names = list(populations)
         for name in names:
             _check_name(name)
-        allowed_probe = ["coevolve", *(f"{n}{_SUFFIX}" for n in names)]
-        allowed_fitness = [f"{n}{_SUFFIX}" for n in names]
+            if name.endswith(_SUFFIX) and name.removesuffix(_SUFFIX) in populations:
+                raise ValueError(
+                    f"population names {name.removesuffix(_SUFFIX)!r} and {name!r} are ambiguous: a parameter "
+                    f"`{name}` could mean either population's outputs; rename one"
+                )
+        allowed_fitness = [*names, *(f"{n}{_SUFFIX}" for n in names)]
+        allowed_probe = ["coevolve", *allowed_fitness]
         members: dict[str, _Member] = {}
         seen: dict[int, str] = {}
         for name in names:
@@ -234,8 +245,8 @@ class Coevolve:
             seen[id(pop)] = name
             members[name] = _Member(
                 pop, spec["probe"], spec["fitness"],
-                _injected(spec["probe"], "probe", name, allowed_probe),
-                _injected(spec["fitness"], "fitness", name, allowed_fitness),
+                _sources(_injected(spec["probe"], "probe", name, allowed_probe), names),
+                _sources(_injected(spec["fitness"], "fitness", name, allowed_fitness), names),
             )
         deps = {name: m.probe_deps for name, m in members.items()}
         cycle = _find_cycle(names, deps)
@@ -364,7 +375,7 @@ class Coevolve:
 
     def _run_probe(self, name: str, outputs: Mapping[str, Any]) -> Any:
         m = self._members[name]
-        args = {p: (self if p == "coevolve" else outputs[p[: -len(_SUFFIX)]]) for p in m.probe_params}
+        args = {p: (self if src is None else outputs[src]) for p, src in m.probe_params.items()}
         return m.probe(**args)
 
     def _probe_local(self) -> dict[str, Any]:
@@ -437,7 +448,7 @@ class Coevolve:
 
     def _fitness(self, name: str, outputs: Mapping[str, Any]) -> Tensor:
         m = self._members[name]
-        value = m.fitness(**{p: outputs[p[: -len(_SUFFIX)]] for p in m.fitness_params})
+        value = m.fitness(**{p: outputs[src] for p, src in m.fitness_params.items()})
         try:
             return m.population.check_fitnesses(value)
         except (FitnessError, TypeError, ValueError, RuntimeError) as error:
@@ -523,7 +534,10 @@ class Coevolve:
 def _check_name(name: Any) -> None:
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
         raise ValueError(f"population name {name!r} must be a Python identifier (it becomes `coevolve.<name>` "
-                         f"and the parameter `<name>{_SUFFIX}`)")
+                         f"and the parameters `<name>` / `<name>{_SUFFIX}`)")
+    if name == "coevolve":
+        raise ValueError("population name 'coevolve' is reserved: probes take `coevolve` (the Coevolve "
+                         "itself); rename the population")
     if name.startswith("_") or hasattr(Coevolve, name) or name in _INSTANCE_ATTRIBUTES:
         raise ValueError(f"population name {name!r} would shadow the Coevolve attribute `{name}`; rename the "
                          "population (names may not start with `_` either)")

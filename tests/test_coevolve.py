@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ranks import init_gloo, save, spawn
-from populora import Coevolve, FitnessError, HallOfFame, Population
+from populora import CheckpointError, Coevolve, FitnessError, HallOfFame, Population
 from populora.hall_of_fame import Champion
 from populora.stats import GenerationStats
 
@@ -236,13 +236,14 @@ class TestInjection:
             Coevolve(populations=pops)
         message = str(info.value)
         assert "the probe of population 'solver' (probe) has parameter `solver_output`" in message
-        assert "allowed parameter names: `coevolve`, `proposer_outputs`, `solver_outputs`" in message
+        assert ("allowed parameter names: `coevolve`, `proposer`, `solver`, `proposer_outputs`, `solver_outputs`"
+                in message)
         assert "Did you mean `solver_outputs`?" in message
 
     def test_fitness_cannot_take_coevolve(self):
         pops = dict(a=spec(line(), fitness=lambda coevolve, a_outputs: a_outputs.flatten()))
         with pytest.raises(ValueError, match=r"the fitness of population 'a' \(<lambda>\) has parameter `coevolve`.*"
-                                             r"allowed parameter names: `a_outputs`\."):
+                                             r"allowed parameter names: `a`, `a_outputs`\."):
             Coevolve(populations=pops)
 
     def test_outputs_of_an_unknown_population_raise(self):
@@ -275,6 +276,45 @@ class TestInjection:
         co.step()
         assert torch.equal(seen["probe_b"][0], torch.ones(3)) and seen["probe_b"][1] is co
         assert torch.equal(seen["fitness_a"][0], torch.ones(3)) and torch.equal(seen["fitness_a"][1], torch.full((3,), 2.0))
+
+
+    def test_a_parameter_named_after_a_population_receives_its_outputs(self):
+        """The seed README: "a parameter named after a population receives that population's outputs"."""
+        seen = {}
+
+        def probe_b(coevolve, a):
+            seen["probe_b"] = a
+            return a * 2
+
+        def fitness_a(a, b_outputs, b):
+            seen["fitness_a"] = (a, b_outputs, b)
+            return torch.zeros(4)
+
+        pops = dict(a=dict(population=line(seed=1), probe=lambda: torch.ones(3), fitness=fitness_a),
+                    b=dict(population=line(seed=2), probe=probe_b, fitness=lambda b: b.sum() + torch.arange(4.0)))
+        co = Coevolve(populations=pops)
+        assert co.order == ["a", "b"]  # `a` in b's probe is a dependency, like `a_outputs`
+        fitnesses = co.step()
+        assert torch.equal(seen["probe_b"], torch.ones(3))
+        a, b_outputs, b = seen["fitness_a"]
+        assert torch.equal(a, torch.ones(3)) and b_outputs is b and torch.equal(b, torch.full((3,), 2.0))
+        assert torch.equal(fitnesses["b"], torch.arange(4.0) + 6)
+
+    def test_a_probe_taking_its_own_population_is_a_cycle_in_either_spelling(self):
+        for param in ("a", "a_outputs"):
+            probe = eval(f"lambda coevolve, {param}: None")  # noqa: S307 - builds the parameter name
+            with pytest.raises(ValueError, match="probes form a cycle: a -> a"):
+                Coevolve(populations=dict(a=spec(line(), probe=probe)))
+
+    def test_names_that_make_parameters_ambiguous_raise(self):
+        with pytest.raises(ValueError, match="population names 'x' and 'x_outputs' are ambiguous"):
+            Coevolve(populations=dict(x=spec(line(seed=1), name="x"), x_outputs=spec(line(seed=2), name="x_outputs")))
+        with pytest.raises(ValueError, match="population name 'coevolve' is reserved"):
+            Coevolve(populations=dict(coevolve=spec(line(), name="coevolve")))
+
+    def test_a_population_whose_name_ends_in_outputs_is_injected_by_its_name(self):
+        pops = dict(x_outputs=dict(population=line(), probe=lambda: torch.ones(4), fitness=lambda x_outputs: x_outputs))
+        assert torch.equal(Coevolve(populations=pops).step()["x_outputs"], torch.ones(4))
 
 
 class TestOrder:
@@ -522,6 +562,28 @@ class TestSaveLoad:
             fresh.load_state(state)  # the proposer loaded first is restored
         assert all(torch.equal(x, y) for x, y in zip(before, adapters(fresh.proposer) + adapters(fresh.solver)))
         assert fresh.generation == 0 and fresh.proposer.generation == 0
+
+
+    @pytest.mark.parametrize("damage", ["empty", "truncated", "text", "flipped"])
+    def test_a_damaged_checkpoint_raises_checkpoint_error_and_changes_nothing(self, tmp_path, damage):
+        co = pure_coevolution()
+        co.step()
+        path = co.save(tmp_path / "co.pt")
+        data = path.read_bytes()
+        path.write_bytes({"empty": b"", "truncated": data[: len(data) // 2], "text": b"hello, world\n",
+                          "flipped": data[:-100] + bytes([data[-100] ^ 0xFF]) + data[-99:]}[damage])
+        fresh = pure_coevolution()
+        before = adapters(fresh.proposer) + adapters(fresh.solver)
+        with pytest.raises(CheckpointError, match=re.escape(str(path))):
+            fresh.load(path)
+        assert all(torch.equal(x, y) for x, y in zip(before, adapters(fresh.proposer) + adapters(fresh.solver)))
+        assert fresh.generation == 0
+
+    def test_a_checkpoint_of_another_kind_names_the_kind_it_found(self, tmp_path):
+        path = tmp_path / "pop.pt"
+        line().save(path)
+        with pytest.raises(CheckpointError, match="holds a Population checkpoint, expected a Coevolve checkpoint"):
+            pure_coevolution().load(path)
 
 
 # ---------------------------------------------------------------------------- hall of fame
