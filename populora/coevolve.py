@@ -39,7 +39,7 @@ from torch import Tensor, nn  # noqa: F401 - nn is used by the doctests
 
 from . import distributed as pd
 from .checkpoint import atomic_save, load_checkpoint
-from .errors import FitnessError
+from .errors import CheckpointError, FitnessError, InvalidTypeError, InvalidValueError
 from .hall_of_fame import HallOfFame
 from .population import Population
 from .stats import GenerationStats
@@ -73,23 +73,23 @@ def _injected(fn: Any, role: str, owner: str, allowed: Sequence[str]) -> tuple[s
     """
     where = f"the {role} of population {owner!r}"
     if not callable(fn):
-        raise TypeError(f"{where} must be callable, got {type(fn).__name__}")
+        raise InvalidTypeError(f"{where} must be callable, got {type(fn).__name__}")
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError) as error:
-        raise TypeError(f"cannot read the signature of {where} ({_fn_name(fn)}): {error}") from None
+        raise InvalidTypeError(f"cannot read the signature of {where} ({_fn_name(fn)}): {error}") from None
     names = []
     for p in params:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY):
             kind = {p.VAR_POSITIONAL: "*args", p.VAR_KEYWORD: "**kwargs"}.get(p.kind, "positional-only")
-            raise TypeError(
+            raise InvalidTypeError(
                 f"{where} ({_fn_name(fn)}) takes {kind} parameter `{p.name}`; Coevolve injects arguments by "
                 f"name, so every parameter must be one of {_quoted(allowed)}"
             )
         if p.name not in allowed:
             close = difflib.get_close_matches(p.name, allowed, n=1)
             hint = f" Did you mean `{close[0]}`?" if close else ""
-            raise ValueError(
+            raise InvalidValueError(
                 f"{where} ({_fn_name(fn)}) has parameter `{p.name}`, which Coevolve cannot inject; "
                 f"allowed parameter names: {_quoted(allowed)}.{hint}"
             )
@@ -213,7 +213,7 @@ class Coevolve:
         hall_of_fame: HallOfFame | None = None,
     ):
         if not isinstance(populations, Mapping) or not populations:
-            raise TypeError(
+            raise InvalidTypeError(
                 "`populations` must be a non-empty dict {name: dict(population=..., probe=..., fitness=...)}, "
                 f"got {populations!r}"
             )
@@ -221,7 +221,7 @@ class Coevolve:
         for name in names:
             _check_name(name)
             if name.endswith(_SUFFIX) and name.removesuffix(_SUFFIX) in populations:
-                raise ValueError(
+                raise InvalidValueError(
                     f"population names {name.removesuffix(_SUFFIX)!r} and {name!r} are ambiguous: a parameter "
                     f"`{name}` could mean either population's outputs; rename one"
                 )
@@ -233,15 +233,15 @@ class Coevolve:
             spec = populations[name]
             if not isinstance(spec, Mapping) or set(spec) != set(_SPEC_KEYS):
                 got = sorted(spec) if isinstance(spec, Mapping) else type(spec).__name__
-                raise TypeError(
+                raise InvalidTypeError(
                     f"`populations[{name!r}]` must be a dict with exactly the keys "
                     f"{_quoted(_SPEC_KEYS)}, got {got}"
                 )
             pop = spec["population"]
             if not isinstance(pop, Population):
-                raise TypeError(f"`populations[{name!r}]['population']` must be a Population, got {type(pop).__name__}")
+                raise InvalidTypeError(f"`populations[{name!r}]['population']` must be a Population, got {type(pop).__name__}")
             if id(pop) in seen:
-                raise ValueError(f"populations {seen[id(pop)]!r} and {name!r} are the same Population object")
+                raise InvalidValueError(f"populations {seen[id(pop)]!r} and {name!r} are the same Population object")
             seen[id(pop)] = name
             members[name] = _Member(
                 pop, spec["probe"], spec["fitness"],
@@ -251,7 +251,7 @@ class Coevolve:
         deps = {name: m.probe_deps for name, m in members.items()}
         cycle = _find_cycle(names, deps)
         if cycle:
-            raise ValueError(
+            raise InvalidValueError(
                 f"probes form a cycle: {' -> '.join(cycle)} (`a -> b`: the probe of b takes `a_outputs`). "
                 "Probes must form a chain; a fitness may close the circle instead, since every probe runs "
                 "before any fitness"
@@ -259,10 +259,10 @@ class Coevolve:
         kwargs = _check_evolve_kwargs(evolve_kwargs, members)
         if hall_of_fame is not None:
             if not isinstance(hall_of_fame, HallOfFame):
-                raise TypeError(f"`hall_of_fame` must be a HallOfFame, got {type(hall_of_fame).__name__}")
+                raise InvalidTypeError(f"`hall_of_fame` must be a HallOfFame, got {type(hall_of_fame).__name__}")
             for name, pop in hall_of_fame.populations.items():
                 if name not in members or members[name].population is not pop:
-                    raise ValueError(
+                    raise InvalidValueError(
                         f"the hall of fame tracks population {name!r}, which is not this Coevolve's "
                         f"population of that name (names: {names})"
                     )
@@ -488,12 +488,12 @@ class Coevolve:
                 checkpoint that does not fit (see ``Population.load_state``).
         """
         if not isinstance(state, Mapping) or state.get("format") != _FORMAT:
-            raise ValueError(f"not a populora coevolution checkpoint (missing format {_FORMAT!r})")
+            raise CheckpointError(f"not a populora coevolution checkpoint (missing format {_FORMAT!r})")
         if list(state["names"]) != list(self._members):
-            raise ValueError(f"checkpoint has populations {list(state['names'])}, this Coevolve has "
+            raise CheckpointError(f"checkpoint has populations {list(state['names'])}, this Coevolve has "
                              f"{list(self._members)}")
         if (state["hall_of_fame"] is None) != (self.hall_of_fame is None):
-            raise ValueError("the checkpoint and this Coevolve disagree on having a hall of fame "
+            raise CheckpointError("the checkpoint and this Coevolve disagree on having a hall of fame "
                              f"(checkpoint: {state['hall_of_fame'] is not None}, "
                              f"here: {self.hall_of_fame is not None})")
         backup = self.state()
@@ -533,13 +533,13 @@ class Coevolve:
 
 def _check_name(name: Any) -> None:
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
-        raise ValueError(f"population name {name!r} must be a Python identifier (it becomes `coevolve.<name>` "
+        raise InvalidValueError(f"population name {name!r} must be a Python identifier (it becomes `coevolve.<name>` "
                          f"and the parameters `<name>` / `<name>{_SUFFIX}`)")
     if name == "coevolve":
-        raise ValueError("population name 'coevolve' is reserved: probes take `coevolve` (the Coevolve "
+        raise InvalidValueError("population name 'coevolve' is reserved: probes take `coevolve` (the Coevolve "
                          "itself); rename the population")
     if name.startswith("_") or hasattr(Coevolve, name) or name in _INSTANCE_ATTRIBUTES:
-        raise ValueError(f"population name {name!r} would shadow the Coevolve attribute `{name}`; rename the "
+        raise InvalidValueError(f"population name {name!r} would shadow the Coevolve attribute `{name}`; rename the "
                          "population (names may not start with `_` either)")
 
 
@@ -560,14 +560,14 @@ def _check_evolve_kwargs(
     if evolve_kwargs is None:
         return {}
     if not isinstance(evolve_kwargs, Mapping):
-        raise TypeError(f"`evolve_kwargs` must be a dict keyed by population name, got {type(evolve_kwargs).__name__}")
+        raise InvalidTypeError(f"`evolve_kwargs` must be a dict keyed by population name, got {type(evolve_kwargs).__name__}")
     out = {}
     for name, options in evolve_kwargs.items():
         if name not in members:
-            raise ValueError(f"`evolve_kwargs` has options for {name!r}, which is not a population; "
+            raise InvalidValueError(f"`evolve_kwargs` has options for {name!r}, which is not a population; "
                              f"populations: {list(members)}")
         if not isinstance(options, Mapping):
-            raise TypeError(f"`evolve_kwargs[{name!r}]` must be a dict of evolve_ options, "
+            raise InvalidTypeError(f"`evolve_kwargs[{name!r}]` must be a dict of evolve_ options, "
                             f"got {type(options).__name__}")
         params = inspect.signature(members[name].population.evolve_).parameters
         accepted = [p for p, v in params.items()
@@ -577,7 +577,7 @@ def _check_evolve_kwargs(
             if key not in accepted and not open_ended:
                 close = difflib.get_close_matches(str(key), accepted, n=1)
                 hint = f" Did you mean `{close[0]}`?" if close else ""
-                raise ValueError(f"`evolve_kwargs[{name!r}]` has option `{key}`, which "
+                raise InvalidValueError(f"`evolve_kwargs[{name!r}]` has option `{key}`, which "
                                  f"{type(members[name].population).__name__}.evolve_ does not take; options: "
                                  f"{_quoted(accepted)}.{hint}")
         out[name] = dict(options)

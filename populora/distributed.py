@@ -36,6 +36,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from .errors import InvalidTypeError, InvalidValueError
+
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "all_gather_values",
@@ -100,7 +102,7 @@ def _env_int(name: str, default: int) -> int:
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"environment variable `{name}` must be an integer, got {value!r}") from None
+        raise InvalidValueError(f"environment variable `{name}` must be an integer, got {value!r}") from None
 
 
 def is_distributed() -> bool:
@@ -186,7 +188,7 @@ def default_timeout() -> datetime.timedelta:
     except ValueError:
         seconds = float("nan")
     if not seconds > 0 or seconds == float("inf"):
-        raise ValueError(
+        raise InvalidValueError(
             f"environment variable `POPULORA_DIST_TIMEOUT` must be a positive number of seconds, got {value!r}"
         )
     return datetime.timedelta(seconds=seconds)
@@ -304,11 +306,11 @@ def partition(num: int, rank: int | None = None, world: int | None = None) -> ra
     world = world_size() if world is None else world
     rank = _this_rank() if rank is None else rank
     if num < 0:
-        raise ValueError(f"`num` must be >= 0, got {num}")
+        raise InvalidValueError(f"`num` must be >= 0, got {num}")
     if world < 1:
-        raise ValueError(f"`world` must be >= 1, got {world}")
+        raise InvalidValueError(f"`world` must be >= 1, got {world}")
     if not 0 <= rank < world:
-        raise ValueError(f"`rank` must be in [0, {world}), got {rank}")
+        raise InvalidValueError(f"`rank` must be in [0, {world}), got {rank}")
     base, extra = divmod(num, world)
     start = rank * base + min(rank, extra)
     return range(start, start + base + (1 if rank < extra else 0))
@@ -367,7 +369,7 @@ def _exchange(
     if count and not bool((counts == 1).all()):
         missing = (counts == 0).nonzero().flatten().tolist()
         repeated = (counts > 1).nonzero().flatten().tolist()
-        raise ValueError(
+        raise InvalidValueError(
             f"every id in [0, {num}) must get exactly one value across all ranks; "
             f"missing ids {missing[:10]}{'...' if len(missing) > 10 else ''}, "
             f"ids given more than once {repeated[:10]}{'...' if len(repeated) > 10 else ''}"
@@ -383,12 +385,12 @@ def _as_ids(local_ids: Sequence[int] | Tensor, num: int) -> Tensor:
         if ids.numel() == 0:
             ids = ids.to(torch.int64)
         if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
-            raise TypeError(f"`local_ids` must be integers, got dtype {ids.dtype}")
+            raise InvalidTypeError(f"`local_ids` must be integers, got dtype {ids.dtype}")
         ids = ids.to(device="cpu", dtype=torch.int64)
     if ids.dim() != 1:
-        raise ValueError(f"`local_ids` must be one-dimensional, got shape {tuple(ids.shape)}")
+        raise InvalidValueError(f"`local_ids` must be one-dimensional, got shape {tuple(ids.shape)}")
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num):
-        raise ValueError(f"`local_ids` must lie in [0, {num}), got ids from {int(ids.min())} to {int(ids.max())}")
+        raise InvalidValueError(f"`local_ids` must lie in [0, {num}), got ids from {int(ids.min())} to {int(ids.max())}")
     return ids
 
 
@@ -436,7 +438,7 @@ def all_gather_values(
         Exception: ``error``, re-raised on the rank that passed it.
     """
     if not isinstance(num, int) or isinstance(num, bool) or num < 0:
-        raise ValueError(f"`num` must be a non-negative int, got {num!r}")
+        raise InvalidValueError(f"`num` must be a non-negative int, got {num!r}")
     device = local_values.device if isinstance(local_values, Tensor) else torch.device("cpu")
     out_dtype = torch.float32
     ids = values = torch.empty(0)
@@ -447,7 +449,7 @@ def all_gather_values(
             out_dtype = _float_dtype(values)
             ids = _as_ids(local_ids, num)
             if values.dim() != 1 or values.numel() != ids.numel():
-                raise ValueError(
+                raise InvalidValueError(
                     f"`local_values` must have shape ({ids.numel()},) to match `local_ids`, "
                     f"got {tuple(values.shape)}"
                 )
@@ -489,7 +491,7 @@ def broadcast_tensors_(tensors: Sequence[Tensor], src: int = 0, what: str = "ten
     tensors = list(tensors)
     for t in tensors:
         if not isinstance(t, Tensor):
-            raise TypeError(f"`tensors` must hold tensors, got {type(t).__name__}")
+            raise InvalidTypeError(f"`tensors` must hold tensors, got {type(t).__name__}")
     if not is_distributed():
         return
     _check_layout(_all_gather_rows(torch.tensor([_layout_hash(tensors)]))[:, 0], what, src)
@@ -498,7 +500,7 @@ def broadcast_tensors_(tensors: Sequence[Tensor], src: int = 0, what: str = "ten
 
 def _check_layout(hashes: Tensor, what: str, src: int) -> None:
     if bool((hashes != hashes[src]).any()):
-        raise ValueError(
+        raise InvalidValueError(
             f"{what} have different shapes or dtypes across ranks (layout hashes per rank "
             f"{[f'{v & 0xFFFFFFFF:08x}' for v in hashes.tolist()]}); cannot copy rank {src}'s"
         )
@@ -567,7 +569,7 @@ def checksum(tensors: Sequence[Tensor]) -> Tensor:
     tensors = list(tensors)
     for t in tensors:
         if not isinstance(t, Tensor):
-            raise TypeError(f"`tensors` must hold tensors, got {type(t).__name__}")
+            raise InvalidTypeError(f"`tensors` must hold tensors, got {type(t).__name__}")
     structure = _layout_hash(tensors)
     sums = []
     for k, t in enumerate(tensors):
@@ -685,7 +687,7 @@ def broadcast_tensor_raw(
     me_is_src = rank() == src
     if not is_distributed():
         if not isinstance(tensor, Tensor):
-            raise TypeError(f"`tensor` must be a tensor, got {type(tensor).__name__}")
+            raise InvalidTypeError(f"`tensor` must be a tensor, got {type(tensor).__name__}")
         return tensor if device is None else tensor.to(device)
     comm = _comm_device()
     header = torch.zeros(2 + _MAX_NDIM, dtype=torch.int64)
@@ -707,7 +709,7 @@ def broadcast_tensor_raw(
     dist.broadcast(header, src=src)
     header = header.cpu().tolist()
     if header[0] == _NO_TENSOR:
-        raise TypeError(problem or f"rank {src} had no valid tensor to send in broadcast_tensor_raw")
+        raise InvalidTypeError(problem or f"rank {src} had no valid tensor to send in broadcast_tensor_raw")
     dtype = _DTYPES[header[0]]
     shape = tuple(header[2 : 2 + header[1]])
     if me_is_src:

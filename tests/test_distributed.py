@@ -278,21 +278,21 @@ class TestTwoRanks:
     def test_coverage_errors_are_raised_on_every_rank(self, two_ranks):
         for res in two_ranks:
             assert res["missing"] == (
-                "ValueError",
+                "InvalidValueError",
                 "every id in [0, 3) must get exactly one value across all ranks; "
                 "missing ids [1, 2], ids given more than once []",
             )
-            assert res["repeated"][0] == "ValueError" and "ids given more than once [1]" in res["repeated"][1]
+            assert res["repeated"][0] == "InvalidValueError" and "ids given more than once [1]" in res["repeated"][1]
 
     def test_a_failing_rank_fails_every_rank(self, two_ranks):
         assert two_ranks[1]["failed"] == ("RuntimeError", "boom in rank 1")
         kind, message = two_ranks[0]["failed"]
         assert kind == "RuntimeError"
         assert message == "rank(s) [1] failed while evaluating (rank 1: RuntimeError: boom in rank 1)"
-        assert two_ranks[0]["bad_args"][0] == "ValueError"
+        assert two_ranks[0]["bad_args"][0] == "InvalidValueError"
         assert "`local_values` must have shape (2,)" in two_ranks[0]["bad_args"][1]
         assert two_ranks[1]["bad_args"][0] == "RuntimeError"
-        assert "rank 0: ValueError: `local_values` must have shape (2,)" in two_ranks[1]["bad_args"][1]
+        assert "rank 0: InvalidValueError: `local_values` must have shape (2,)" in two_ranks[1]["bad_args"][1]
         for res in two_ranks:
             assert res["after_errors"].tolist() == [0.0, 1.0]
 
@@ -304,7 +304,7 @@ class TestTwoRanks:
                     assert got.dtype == want.dtype and torch.equal(got.detach(), want.detach())
         assert not torch.equal(_rank_tensors(0)[0], _rank_tensors(1)[0])  # the test would notice
         for res in two_ranks:  # a layout mismatch fails on every rank instead of corrupting or aborting
-            assert res["broadcast_shapes"][0] == "ValueError"
+            assert res["broadcast_shapes"][0] == "InvalidValueError"
             assert res["broadcast_shapes"][1].startswith("adapters have different shapes or dtypes across ranks")
 
     def test_sync_if_different_(self, two_ranks):
@@ -319,7 +319,7 @@ class TestTwoRanks:
             assert "broadcasting rank 0's. Seed their construction (torch.manual_seed)" in message
             for got, want in zip(res["synced"], expected, strict=True):
                 assert torch.equal(got.detach(), want.detach())
-            assert res["sync_shapes"][0] == "ValueError"
+            assert res["sync_shapes"][0] == "InvalidValueError"
             assert "buffers have different shapes or dtypes across ranks" in res["sync_shapes"][1]
         assert torch.equal(two_ranks[0]["checksum"], two_ranks[1]["checksum"])
 
@@ -332,8 +332,8 @@ class TestTwoRanks:
             assert torch.equal(res["raw_from_1"], torch.full((2,), 7))
             assert res["object"] == {"seed": 1234, "from": 0}
         # rank 0 sent nothing: both ranks raise instead of waiting for a payload
-        assert two_ranks[0]["raw_none"] == ("TypeError", "`tensor` must be a tensor on rank 0, got NoneType")
-        assert two_ranks[1]["raw_none"] == ("TypeError", "rank 0 had no valid tensor to send in broadcast_tensor_raw")
+        assert two_ranks[0]["raw_none"] == ("InvalidTypeError", "`tensor` must be a tensor on rank 0, got NoneType")
+        assert two_ranks[1]["raw_none"] == ("InvalidTypeError", "rank 0 had no valid tensor to send in broadcast_tensor_raw")
 
 
 _TORCHRUN_SCRIPT = """

@@ -188,7 +188,7 @@ class TestEvaluateDistributed:
         assert ranks[0]["raised"][0] == "RuntimeError"
         assert "rank 1: KeyError: 'no environment for individual 5'" in ranks[0]["raised"][1]
         for res in ranks:  # ranks built different populations: a clear error on both, no abort
-            assert res["size_mismatch"][0] == "ValueError"
+            assert res["size_mismatch"][0] == "InvalidValueError"
             assert res["size_mismatch"][1].startswith("adapters (pop_size, low_rank and lora_targets "
                                                       "must match on every rank) have different shapes")
             assert torch.equal(res["after_error"], torch.tensor([0.0, 1.0, 2.0, 3.0, 1004.0, 1005.0, 1006.0]))
