@@ -1,15 +1,20 @@
-"""Every ```python block of README.md runs, in order, in one namespace.
+"""Every ```python block of README.md runs on its own, as a reader would paste it.
 
-Only the substitutions the API contract allows are applied: names the blocks
-leave undefined are defined beforehand, and generation / step / horizon counts
-are made smaller so the suite stays fast.
+A block runs in a fresh namespace. Two markers, visible in the README's
+source only as HTML comments, say what a block needs:
+
+- ``<!-- readme: setup -->`` before a block: a setup block the README shows
+  to say what the NEXT block assumes; both run together.
+- ``<!-- readme: continues -->`` before a block: it continues the block above
+  (the prose says so) and runs in that block's namespace.
+
+Only smaller counts are substituted, so the suite stays fast.
 """
 
 import re
 from pathlib import Path
 
 import pytest
-import torch
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -21,13 +26,32 @@ SMALLER = [  # (pattern, replacement): smaller counts only
     (r"sleep\(0\.1\)", "sleep(0.001)"),
 ]
 
+_BLOCK = re.compile(r"(?:<!-- readme: (setup|continues) -->\n)?```python\n(.*?)```", re.S)
 
-def blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+def blocks() -> list[tuple[str | None, str, int]]:
+    """``(marker, code, line)`` for every python block, in order."""
+    text = README.read_text()
+    return [(m.group(1), m.group(2), text[: m.start(2)].count("\n") + 1) for m in _BLOCK.finditer(text)]
+
+
+def units() -> list[list[tuple[str, int]]]:
+    """Groups of blocks that run in one namespace: a fresh one per group."""
+    groups: list[list[tuple[str, int]]] = []
+    pending_setup = False
+    for marker, code, line in blocks():
+        if marker == "continues" or pending_setup:
+            assert groups, f"README line {line}: nothing above to continue"
+            groups[-1].append((code, line))
+        else:
+            groups.append([(code, line)])
+        pending_setup = marker == "setup"
+    assert not pending_setup, "the README's last block is a setup block with nothing after it"
+    return groups
 
 
 def test_readme_has_the_contract_blocks():
-    text = "\n".join(blocks())
+    text = "\n".join(code for _, code, _ in blocks())
     for needle in ("pop.select_and_merge_best_(fitnesses)", "pop.evaluate_distributed(eval_env)",
                    "policy, history = evolve_with_env(", "interactor.evaluate(", "coevolve.step(distributed = True)",
                    "es.step(x_train, mse_loss, y_train)", "es.apply_fitness_scores(fitnesses)",
@@ -35,22 +59,19 @@ def test_readme_has_the_contract_blocks():
         assert needle in text, needle
 
 
-def test_readme_blocks_run(tmp_path, monkeypatch):
-    pytest.importorskip("dm_control")
-    from torch import nn
+def test_markers_are_well_formed():
+    text = README.read_text()
+    assert re.findall(r"<!-- readme: (\w+) -->", text) == re.findall(r"<!-- readme: (setup|continues) -->\n```python",
+                                                                   text), "a readme marker not right above a block"
 
-    monkeypatch.chdir(tmp_path)  # the checkpointing block writes checkpoint.pt
-    namespace = {
-        "torch": torch,
-        "nn": nn,
-        "backbone": nn.Sequential(nn.Linear(5, 32), nn.ReLU(), nn.Linear(32, 2)),
-        "num_generations": 2,
-        "inputs": torch.randn(8, 10),
-        "targets": torch.randn(8, 5),
-        "your_custom_fitness_fn": lambda output: -output.pow(2).mean().item(),
-        "compute_fitness": lambda outputs, targets: -(outputs - targets).pow(2).mean(dim=(1, 2)),
-    }
-    for i, code in enumerate(blocks()):
+
+@pytest.mark.parametrize("unit", units(), ids=lambda unit: f"line{unit[0][1]}")
+def test_readme_block_runs_on_its_own(unit, tmp_path, monkeypatch):
+    if any("dm_control" in code for code, _ in unit):
+        pytest.importorskip("dm_control")
+    monkeypatch.chdir(tmp_path)  # blocks that save write into a scratch folder
+    namespace = {"__name__": "readme"}
+    for code, line in unit:
         for pattern, replacement in SMALLER:
             code = re.sub(pattern, replacement, code)
-        exec(compile(code, f"README.md python block {i}", "exec"), namespace)
+        exec(compile("\n" * (line - 1) + code, str(README), "exec"), namespace)
