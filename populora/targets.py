@@ -5,21 +5,30 @@ A target is an ``nn.Linear`` (``delta(x) = (x @ down) @ up.T``) or an
 ``lora_targets`` entries are dotted module paths (``'encoder.0.q'``) or glob
 patterns (``'*.q'``, ``'layers.*.mlp.*'``); ``None`` selects every
 ``nn.Linear`` that a forward hook can route.
+
+Tied weights: a layer whose weight is also a parameter of another module
+(an LM's ``lm_head.weight is embed_tokens.weight``) is never a target. Merging
+its delta would write into the shared tensor, changing the other module too,
+so the merged model would not be the individual that was evaluated.
+Auto-discovery (``None``) and glob patterns skip such layers with one warning
+naming them; an exact path naming one raises :class:`TargetNotFoundError`
+naming both modules.
 """
 
 from __future__ import annotations
 
 import difflib
 import fnmatch
+import warnings
 from collections.abc import Iterable
 
 from torch import nn
 
-from .errors import TargetNotFoundError
+from .errors import InvalidTypeError, TargetNotFoundError
 
 SUPPORTED = (nn.Linear, nn.Embedding)
 
-__all__ = ["SUPPORTED", "find_targets", "layer_dims", "unroutable_reason"]
+__all__ = ["SUPPORTED", "find_targets", "layer_dims", "tied_weights", "unroutable_reason"]
 
 
 def unroutable_reason(module: nn.Module, path: str = "") -> str | None:
@@ -58,6 +67,39 @@ def _unroutable(model: nn.Module) -> dict[str, str]:
     return found
 
 
+def tied_weights(model: nn.Module) -> dict[str, list[str]]:
+    """``{path: [other.param, ...]}`` for every supported layer whose ``weight`` another module also holds.
+
+    The same module registered under two paths is not tied (one layer, one
+    weight: a merge equals routing it); a weight that is a parameter of a
+    different module object is.
+
+    Example:
+        >>> head, embed = nn.Linear(4, 10, bias=False), nn.Embedding(10, 4)
+        >>> head.weight = embed.weight
+        >>> tied_weights(nn.ModuleDict(dict(embed=embed, head=head)))
+        {'embed': ['head.weight'], 'head': ['embed.weight']}
+    """
+    holders: dict[int, list[tuple[nn.Module, str]]] = {}
+    for path, module in model.named_modules(remove_duplicate=True):
+        for name, param in module.named_parameters(recurse=False):
+            holders.setdefault(id(param), []).append((module, f"{path}.{name}" if path else name))
+    tied = {}
+    for path, module in model.named_modules(remove_duplicate=True):
+        weight = getattr(module, "weight", None) if isinstance(module, SUPPORTED) else None
+        if isinstance(weight, nn.Parameter):
+            others = [where for owner, where in holders.get(id(weight), []) if owner is not module]
+            if others:
+                tied[path] = others
+    return tied
+
+
+def _tied_message(path: str, others: list[str]) -> str:
+    return (f"'{path}.weight' is the same tensor as {', '.join(repr(o) for o in others)} (tied weights): "
+            f"merging an adapter of '{path}' would also change {', '.join(repr(o.rpartition('.')[0] or o) for o in others)}, "
+            "so the merged model would not be the routed individual")
+
+
 def layer_dims(module: nn.Module) -> tuple[int, int]:
     """``(d, e)`` of a target: in and out features (``num_embeddings, embedding_dim``)."""
     if isinstance(module, nn.Linear):
@@ -71,21 +113,36 @@ def find_targets(model: nn.Module, lora_targets: str | Iterable[str] | None) -> 
     Raises:
         TargetNotFoundError: an entry matches nothing (the closest ``nn.Linear``
             paths are listed), names a module that is not ``nn.Linear`` /
-            ``nn.Embedding``, or names a Linear that cannot be routed.
+            ``nn.Embedding``, names a layer that cannot be routed, or names
+            (by exact path) a layer whose weight is tied to another module's.
+        InvalidTypeError: an entry is not a string.
+
+    Warns:
+        UserWarning: once, naming the layers with tied weights that
+            auto-discovery or a glob pattern skipped.
     """
     modules = dict(model.named_modules(remove_duplicate=True))
     supported = {p: m for p, m in modules.items() if isinstance(m, SUPPORTED)}
     unroutable = _unroutable(model)
+    tied = tied_weights(model)
+    skipped: list[str] = []  # tied layers left out by auto-discovery or a pattern (one warning)
 
     if lora_targets is None:
         found = {p: m for p, m in supported.items() if isinstance(m, nn.Linear) and p not in unroutable}
+        skipped = [p for p in found if p in tied]
+        found = {p: m for p, m in found.items() if p not in tied}
         if not found:
             raise TargetNotFoundError(
                 f"`lora_targets=None` looks for every nn.Linear, but {type(model).__name__} has none "
-                "that can be routed; pass explicit targets (nn.Linear or nn.Embedding paths)"
+                "that can be routed" + (f" (tied weights skipped: {skipped})" if skipped else "")
+                + "; pass explicit targets (nn.Linear or nn.Embedding paths)"
             )
+        _warn_tied(skipped, tied)
         return found
 
+    if not isinstance(lora_targets, (str, Iterable)):
+        raise InvalidTypeError(f"`lora_targets` must be None, a str or a list of str, got "
+                               f"{type(lora_targets).__name__} {lora_targets!r}")
     entries = [lora_targets] if isinstance(lora_targets, str) else list(lora_targets)
     if not entries:
         raise TargetNotFoundError("`lora_targets` is empty; pass None to target every nn.Linear")
@@ -93,7 +150,8 @@ def find_targets(model: nn.Module, lora_targets: str | Iterable[str] | None) -> 
     chosen: set[str] = set()
     for entry in entries:
         if not isinstance(entry, str):
-            raise TypeError(f"`lora_targets` entries must be str paths or glob patterns, got {entry!r}")
+            raise InvalidTypeError(f"`lora_targets` entries must be str paths or glob patterns, got "
+                                   f"{type(entry).__name__} {entry!r}")
         if any(ch in entry for ch in "*?["):
             matches = [p for p in supported if fnmatch.fnmatchcase(p, entry)]
             if not matches:
@@ -105,20 +163,34 @@ def find_targets(model: nn.Module, lora_targets: str | Iterable[str] | None) -> 
             if not matches:
                 raise TargetNotFoundError(f"lora target pattern {entry!r} matches only unroutable layers: "
                                           + "; ".join(unroutable[p] for p in unroutable if fnmatch.fnmatchcase(p, entry)))
-            chosen.update(matches)
+            if all(p in tied for p in matches):
+                raise TargetNotFoundError(f"lora target pattern {entry!r} matches only layers with tied weights: "
+                                          + "; ".join(_tied_message(p, tied[p]) for p in matches))
+            skipped += [p for p in matches if p in tied and p not in skipped]
+            chosen.update(p for p in matches if p not in tied)
             continue
         if entry not in modules:
             raise TargetNotFoundError(f"lora target {entry!r} is not a module of {type(model).__name__}; "
                                       f"{_suggest(entry, supported)}")
         if entry in unroutable:
             raise TargetNotFoundError(f"lora target {entry!r} cannot be routed: {unroutable[entry]}")
+        if entry in tied:
+            raise TargetNotFoundError(f"lora target {entry!r} cannot be a target: {_tied_message(entry, tied[entry])}; "
+                                      "untie the weights or target other layers")
         if not isinstance(modules[entry], SUPPORTED):
             raise TargetNotFoundError(
                 f"lora target {entry!r} is {type(modules[entry]).__name__}; expected nn.Linear or "
                 f"nn.Embedding. {_suggest(entry, supported)}"
             )
         chosen.add(entry)
+    _warn_tied([p for p in skipped if p not in chosen], tied)
     return {p: m for p, m in supported.items() if p in chosen}
+
+
+def _warn_tied(skipped: list[str], tied: dict[str, list[str]]) -> None:
+    if skipped:
+        warnings.warn(f"skipped {len(skipped)} layer(s) with tied weights, which cannot be targets: "
+                      + "; ".join(_tied_message(p, tied[p]) for p in skipped), stacklevel=4)
 
 
 def _suggest(entry: str, supported: dict[str, nn.Module]) -> str:

@@ -1,6 +1,7 @@
 """Population construction, fitness hygiene, merge, save / load."""
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,7 +9,8 @@ from models import mlp
 from torch import nn
 
 from populora import Population
-from populora.errors import FitnessError, SpentPopulationError
+from populora.checkpoint import load_checkpoint
+from populora.errors import FitnessError, InvalidIndexError, InvalidTypeError, PopuloraError, SpentPopulationError
 
 
 def make(**kwargs):
@@ -54,11 +56,16 @@ class TestConstruction:
         assert rel.std() > 0  # individuals differ
 
     def test_init_scale_zero_is_exactly_base(self):
+        """Bitwise, but only between identical computations: the routed forward runs the model on the
+        expanded batch, so the base model is run on that same batch (same shape, same layout).
+        A 1-row base forward expanded afterwards may differ in the last bit (BLAS picks kernels by shape)."""
         pop, model = make(init_scale=0.0)
         base = copy.deepcopy(model)
         x = torch.randn(5, 6)
         with torch.no_grad():
-            assert torch.equal(pop(x[:1], all_individuals=True), base(x[:1]).expand(8, -1))
+            assert torch.equal(pop(x[:1], all_individuals=True), base(x[:1].repeat(8, 1)))  # (8, 3)
+            assert torch.equal(pop(x, all_individuals=True, broadcast=True), base(x.repeat(8, 1)))  # (40, 3), (p b)
+            assert torch.equal(pop(x, individual=3), base(x))
 
     def test_effective_rank(self):
         pop = Population(nn.Sequential(nn.Linear(32, 2)), pop_size=4, low_rank=16)
@@ -72,15 +79,16 @@ class TestConstruction:
         "kwargs, message",
         [
             ({"pop_size": 1}, r"`pop_size` must be an int >= 2, got 1"),
-            ({"pop_size": 4.0}, r"`pop_size` must be an int >= 2, got 4.0"),
+            ({"pop_size": 4.0}, r"`pop_size` must be an int, got float 4.0"),
             ({"low_rank": 0}, r"`low_rank` must be an int >= 1, got 0"),
-            ({"init_scale": -1.0}, r"`init_scale` must be a finite number >= 0, got -1.0"),
-            ({"nan_policy": "ignore"}, r"`nan_policy` must be one of \('raise', 'worst'\), got 'ignore'"),
+            ({"init_scale": -1.0}, r"`init_scale` must be a finite number >= 0.0, got -1.0"),
+            ({"nan_policy": "ignore"}, r"`nan_policy` must be one of \['raise', 'worst'\], got 'ignore'"),
         ],
     )
     def test_bad_arguments(self, kwargs, message):
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises((ValueError, TypeError), match=message) as caught:
             make(**kwargs)
+        assert isinstance(caught.value, PopuloraError)
 
 
 class TestFitness:
@@ -146,9 +154,11 @@ class TestMerge:
             pop.evolve_(torch.zeros(8))
 
     def test_merge_bad_id(self):
-        pop, _ = make()
-        with pytest.raises(ValueError, match=r"individual id 8 is out of range \[0, 8\)"):
+        pop, model = make()
+        with pytest.raises(InvalidIndexError, match=r"`individual` must be an id in \[0, 8\), got 8"):
             pop.merge_(8)
+        assert "forward" in vars(model[0])  # nothing happened: still wrapped, still usable
+        pop(torch.randn(1, 6), individual=7)
 
 
 class TestCheckpoint:
@@ -176,9 +186,10 @@ class TestCheckpoint:
 
     def test_atomic_no_temp_left_and_loadable_weights_only(self, tmp_path):
         pop, _ = make()
-        pop.save(tmp_path / "ckpt" / "pop.pt")
+        written = pop.save(tmp_path / "ckpt" / "pop.pt")
+        assert written == tmp_path / "ckpt" / "pop.pt" and isinstance(written, Path)
         assert [p.name for p in (tmp_path / "ckpt").iterdir()] == ["pop.pt"]
-        state = torch.load(tmp_path / "ckpt" / "pop.pt", weights_only=True)
+        state = load_checkpoint(written, kind="Population")  # the payload is read with weights_only=True
         assert state["config"]["pop_size"] == 8
 
     def test_failed_save_keeps_previous_checkpoint(self, tmp_path, monkeypatch):
@@ -282,5 +293,5 @@ class TestRegressions:
         with pytest.raises(FitnessError, match=r"fitnesses are required: a \(8,\) tensor"):
             pop.select()
         pop.merge_(np.argmax(np.arange(8.0)))  # a numpy integer is an id
-        with pytest.raises(ValueError, match=r"individual id must be an int, got 1.0"):
+        with pytest.raises(InvalidTypeError, match=r"`individual` must be an int id in \[0, 8\), got float 1.0"):
             make()[0].merge_(1.0)
