@@ -12,7 +12,11 @@ group ``g`` using adapter ``index[g]``, so the delta is two batched matmuls
 over ``(k, c*..., d)`` with no gather of weights per row. Rows of unequal
 groups (``individuals=`` routing) are sorted by id once per forward, packed
 into chunks of equal size (padding at most one chunk per group) and unsorted
-once at the end.
+once at the end. When the groups are so small that gathering their adapters
+would cost more memory than the activations (about one row per id, as with
+``P`` ids over ``P`` rows), the gathered groups are processed in blocks of
+bounded size (see :func:`gather_budget`), so a routed forward never holds a
+per-row copy of the weights.
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .errors import RouteError
+from .checks import check_bool, check_index
+from .errors import InvalidIndexError, InvalidTypeError, RouteError
 
-__all__ = ["Adapter", "Route", "Router", "map_tensors", "routed_call"]
+__all__ = ["Adapter", "Route", "Router", "gather_budget", "map_tensors", "routed_call"]
 
 
 class Adapter(NamedTuple):
@@ -87,19 +92,54 @@ def _offsets(index: Index, groups: int, device: torch.device) -> Tensor:
     return index
 
 
-def _rows_down(x: Tensor, module: nn.Module, adapter: Adapter, route: Route) -> Tensor:
+def _rows_down(x: Tensor, module: nn.Module, adapter: Adapter, index: Index, k: int) -> Tensor:
     """``(k, c*.., r)``: the rows projected by each group's ``down``; ``x`` is ``(k*c, ..)``."""
-    k = route.groups
     if isinstance(module, nn.Embedding):  # row `token` of each group's table, no copy of tables
         p, vocab, r = adapter.down.shape
-        flat = x.reshape(k, -1) + _offsets(route.index, k, x.device)[:, None] * vocab
+        flat = x.reshape(k, -1) + _offsets(index, k, x.device)[:, None] * vocab
         return adapter.down.reshape(p * vocab, r)[flat]
-    down = _take(adapter.down, route.index)  # (k, r, d)
+    down = _take(adapter.down, index)  # (k, r, d)
     if down.dtype != x.dtype:
         down = down.to(x.dtype)
     # (k, r, d) @ (k, d, c*..) -> (k, r, c*..): with r on the rows, BLAS runs these skinny products 2-5x
     # faster than (k, c*.., d) @ (k, d, r); the transposed view feeds baddbmm as is.
     return torch.bmm(down, x.reshape(k, -1, x.shape[-1]).transpose(1, 2)).transpose(1, 2)
+
+
+def _factors(x: Tensor, module: nn.Module, adapter: Adapter, index: Index, k: int, dtype: torch.dtype,
+             ) -> tuple[Tensor, Tensor]:
+    """``h (k, c*.., r)`` and ``up (k, r, e)`` of ``k`` groups, so that their delta is ``h @ up``.
+
+    A bias is folded into the same matmul: ``[h, 1] @ [up; bias]`` (``r + 1`` columns).
+    """
+    h = _rows_down(x, module, adapter, index, k)
+    up = _take(adapter.up, index)
+    if up.dtype != dtype:
+        h, up = h.to(dtype), up.to(dtype)
+    if adapter.bias is not None:
+        bias = _take(adapter.bias, index).to(dtype)
+        h = torch.cat((h, h.new_ones(*h.shape[:-1], 1)), dim=-1)  # (k, c*.., r+1)
+        up = torch.cat((up, bias[:, None, :]), dim=1)  # (k, r+1, e)
+    return h, up
+
+
+def gather_budget(device: torch.device, activation_bytes: int) -> int:
+    """Most bytes of gathered adapters a target layer holds at once in an ``individuals=`` forward.
+
+    Gathering the adapters of ``k`` groups copies ``k * r * (d + e)`` values;
+    with about one row per group that is ``r`` times the activations.
+    Groups are therefore processed in blocks whose gathered adapters fit
+    ``max(floor, activation_bytes)``, ``activation_bytes`` being the bytes of
+    the layer's input and output (so the extra memory stays of the order of
+    the activations whatever ``r``); the floor (1 MiB on CPU, 32 MiB on
+    accelerators, where each block costs kernel launches) keeps small
+    forwards in one block.
+
+    Example:
+        >>> gather_budget(torch.device("cpu"), 4096)
+        1048576
+    """
+    return max(1 << 20 if device.type == "cpu" else 32 << 20, activation_bytes)
 
 
 class Router:
@@ -120,7 +160,7 @@ class Router:
 
     def __init__(self, targets: dict[str, nn.Module]):
         self.names = list(targets)
-        self._state: tuple[Route, Sequence[Adapter], set[int]] | None = None
+        self._state: tuple[Route, Sequence[Adapter], set[int], _Origin] | None = None
         self.last_plan: tuple[tuple, tuple[Route, Tensor | None]] | None = None  # routed_call's one-entry cache
         self._removed = False
         self._warned: set[str] = set()
@@ -133,18 +173,42 @@ class Router:
             self._wrapped.append((module, wrapper, previous))
 
     def _forward(self, i: int, inner: Callable, module: nn.Module, input: Tensor) -> Tensor:
-        out = inner(input)
         state = self._state
-        return out if state is None else self._apply(i, module, input, out, state)
+        if state is None:
+            return inner(input)
+        try:
+            out = inner(input)
+        except RuntimeError as error:
+            self._explain(i, module, input, state[3], error)
+            raise
+        return self._apply(i, module, input, out, state)
 
-    def run(self, route: Route, adapters: Sequence[Adapter], fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``fn(*args, **kwargs)`` with the route active; undone even if it raises."""
+    def _explain(self, i: int, module: nn.Module, x: Tensor, origin: _Origin, error: RuntimeError) -> None:
+        """Raise a :class:`RouteError` counting the user's rows if ``error`` is a Linear's feature mismatch."""
+        if isinstance(module, nn.Linear) and x.dim() > 0 and x.shape[-1] != module.in_features:
+            raise RouteError(
+                f"target {self.names[i]!r} (Linear with in_features={module.in_features}) got inputs with "
+                f"{x.shape[-1]} features: its input has shape {(origin.rows, *x.shape[1:])} for the "
+                f"{origin.rows} row{'' if origin.rows == 1 else 's'} of the batch passed (first input of shape "
+                f"{origin.shape}){origin.routed()}"
+            ) from error
+
+    def run(self, route: Route, adapters: Sequence[Adapter], fn: Callable[..., Any], args: tuple = (),
+            kwargs: dict | None = None, origin: _Origin | None = None) -> Any:
+        """``fn(*args, **kwargs)`` with the route active; undone even if it raises.
+
+        ``origin`` describes the batch as the user passed it (for error
+        messages; by default the route's own rows).
+        """
+        kwargs = {} if kwargs is None else kwargs
         if self._state is not None:
             raise RuntimeError("a routed forward is already running on this model (re-entrant call)")
         if self._removed:
             raise RuntimeError("this router was removed from its model (the population was merged or closed)")
         called: set[int] = set()
-        self._state = (route, adapters, called)
+        if origin is None:
+            origin = _Origin(route.n, (route.n,), 1, "")
+        self._state = (route, adapters, called, origin)
         try:
             out = fn(*args, **kwargs)
         finally:
@@ -181,14 +245,18 @@ class Router:
 
     def _apply(self, i: int, module: nn.Module, x: Tensor, out: Tensor, state: tuple) -> Tensor:
         """``out`` plus each row's delta (in place when the layout allows)."""
-        route, adapters, called = state
+        route, adapters, called, origin = state
         called.add(i)
         if x.shape[0] != route.n:
             raise RouteError(
                 f"target {self.names[i]!r} received {x.shape[0]} rows but this routed forward has "
-                f"{route.n}; the batch must be the leading dimension of every target's input"
+                f"{route.n}{origin.routed()}; the batch must be the leading dimension of every target's input"
             )
         adapter = adapters[i]
+        if route.n == 0:  # an empty batch: nothing to add (the base output is already (0, ..))
+            if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in adapter):
+                out = out + sum(t.sum() for t in adapter if t is not None) * 0  # still a function of the adapters
+            return out
         k, c = route.groups, route.chunk
         down, up = adapter.down, adapter.up
         if (route.index is None and route.dest is None and adapter.bias is None and down.dtype == out.dtype
@@ -199,21 +267,48 @@ class Router:
             return out
         if route.dest is not None:  # unequal groups: pack rows into (k c), padded
             x = x.new_zeros((k * c, *x.shape[1:])).index_copy_(0, route.dest, x)
-        h = _rows_down(x, module, adapter, route)  # (k, c*.., r)
-        up = _take(adapter.up, route.index)  # (k, r, e)
-        if up.dtype != out.dtype:
-            h, up = h.to(out.dtype), up.to(out.dtype)
-        if adapter.bias is not None:  # fold the bias into the same matmul: [h, 1] @ [up; bias]
-            bias = _take(adapter.bias, route.index).to(out.dtype)
-            h = torch.cat((h, h.new_ones(*h.shape[:-1], 1)), dim=-1)  # (k, c*.., r+1)
-            up = torch.cat((up, bias[:, None, :]), dim=1)  # (k, r+1, e)
-        if route.dest is None and out.is_contiguous():
-            out.view(k, -1, out.shape[-1]).baddbmm_(h, up)  # (k, c*.., e) += (k, c*.., r) @ (k, r, e)
-            return out
-        delta = torch.bmm(h, up).reshape(k * c, *out.shape[1:])
+        index, e = route.index, out.shape[-1]
+        block = k
+        if isinstance(index, Tensor):  # adapters are gathered per group: bound the copy (gather_budget)
+            rank = up.shape[1]
+            per_group = (rank * e + (0 if isinstance(module, nn.Embedding) else rank * down.shape[-1])
+                         + (0 if adapter.bias is None else e)) * down.element_size()
+            budget = gather_budget(out.device, (x.numel() + out.numel()) * out.element_size())
+            block = max(1, min(k, budget // per_group))
+        in_place = route.dest is None and out.is_contiguous()
+        if block == k:
+            h, up = _factors(x, module, adapter, index, k, out.dtype)
+            if in_place:
+                out.view(k, -1, e).baddbmm_(h, up)  # (k, c*.., e) += (k, c*.., r) @ (k, r, e)
+                return out
+            delta = torch.bmm(h, up)
+        else:
+            target = out.view(k, -1, e) if in_place else out.new_zeros((k * c, *out.shape[1:])).view(k, -1, e)
+            for g0 in range(0, k, block):
+                g1 = min(k, g0 + block)
+                h, up = _factors(x[g0 * c : g1 * c], module, adapter, index[g0:g1], g1 - g0, out.dtype)
+                target[g0:g1].baddbmm_(h, up)
+            if in_place:
+                return out
+            delta = target
+        delta = delta.reshape(k * c, *out.shape[1:])
         if route.dest is not None:
             delta = delta.index_select(0, route.dest)
         return out + delta
+
+
+class _Origin(NamedTuple):
+    """The batch as the user passed it, for error messages: ``rows`` routed as ``rows * times``."""
+
+    rows: int
+    shape: tuple
+    times: int
+    how: str
+
+    def routed(self) -> str:
+        if self.times == 1:
+            return ""
+        return f" (routed as {self.rows * self.times} rows: {self.how})"
 
 
 # ----------------------------------------------------------------------------
@@ -255,25 +350,36 @@ def _batch_size(leaves: list[Tensor]) -> int:
     return sizes.pop()
 
 
-def _host_ids(ids: Any) -> np.ndarray:
-    """Ids as an int64 numpy array (the route plan is data-dependent: it is made on the host)."""
+def _host_ids(ids: Any, num: int) -> np.ndarray:
+    """Ids as a ``(m,)`` int64 numpy array, each in ``[0, num)`` (the route plan is data-dependent: it is
+    made on the host). Lists / tuples of ints or NumPy integers, NumPy arrays and integer tensors pass."""
     if isinstance(ids, Tensor):
-        if ids.is_floating_point() or ids.dtype == torch.bool:
-            raise RouteError(f"`individuals` must hold integer ids, got dtype {ids.dtype}")
+        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            raise InvalidTypeError(f"`individuals` must hold integer ids, got a tensor of dtype {ids.dtype}")
         ids = ids.detach().cpu().numpy()
-    ids = np.asarray(ids)
-    if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu":
-        raise RouteError(f"`individuals` must be a non-empty 1-D list or integer tensor of ids, "
-                         f"got shape {ids.shape} and dtype {ids.dtype}")
+    try:
+        ids = np.asarray(ids)
+    except (ValueError, TypeError) as error:
+        raise RouteError(f"`individuals` must be a 1-D list or integer tensor of ids, got {ids!r:.80}") from error
+    if ids.dtype.kind not in "iu" and ids.size:  # (an empty list is float64 to NumPy)
+        raise InvalidTypeError(f"`individuals` must hold integer ids, got {ids.dtype} values ({ids!r:.80})")
+    if ids.ndim != 1:
+        raise RouteError(f"`individuals` must be a 1-D list or integer tensor of ids, got shape {ids.shape}")
+    if ids.size:
+        low, high = ids.min(), ids.max()
+        if low < 0 or high >= num:
+            bad = int(low) if low < 0 else int(high)
+            raise InvalidIndexError(f"`individuals` must hold ids in [0, {num}), got {bad} (at position "
+                                    f"{int(np.flatnonzero(ids == bad)[0])})")
     return ids.astype(np.int64, copy=False)
 
 
 def _plan(row_ids: np.ndarray, num: int, device: torch.device) -> tuple[Route, Tensor | None]:
-    """Route for rows owned by ``row_ids`` (any order) and the permutation that groups them by id."""
-    bad = (row_ids < 0) | (row_ids >= num)
-    if bad.any():
-        raise RouteError(f"individual id {int(row_ids[bad][0])} is out of range [0, {num})")
+    """Route for rows owned by ``row_ids`` (any order, each in ``[0, num)``) and the permutation that
+    groups them by id."""
     n = row_ids.size
+    if n == 0:
+        return Route(n=0, groups=0, chunk=0), None
     perm = None
     if (row_ids[1:] < row_ids[:-1]).any():
         perm = np.argsort(row_ids, kind="stable")
@@ -323,16 +429,35 @@ def routed_call(
             order; a 1-row batch is broadcast to each id; ``n`` divisible by
             ``len(ids)`` is split ``(p b)``.
 
+    Ids may be Python ints, NumPy integers or integer tensors (``individuals``
+    also a NumPy array). An empty batch routes in every layout and gives
+    ``(0, ..)`` outputs, as the base model does: with ``individuals=ids`` 0
+    rows split among any number of ids (``b = 0``), and ``individuals=[]``
+    fits only 0 rows (or a broadcast batch, giving 0 rows).
+
     Raises:
-        RouteError: conflicting arguments, ids out of ``[0, num)``, or a batch
-            size that does not fit the layout (both sizes are named).
+        InvalidIndexError: an id out of ``[0, num)`` (no negative wrap-around).
+        InvalidTypeError: an id that is not an integer (floats, bools, strings),
+            or a non-bool ``all_individuals`` / ``broadcast``.
+        RouteError: conflicting arguments, a batch size that does not fit the
+            layout (both sizes are named), or inputs whose feature size does
+            not fit a target Linear (the message counts the rows passed, not
+            the rows a broadcast repeated them to). Any other error of the
+            model in a broadcast forward gets a note naming the rows passed.
     """
-    given = [individual is not None, individuals is not None, bool(all_individuals)]
+    all_individuals = check_bool("all_individuals", all_individuals)
+    broadcast = check_bool("broadcast", broadcast)
+    given = [individual is not None, individuals is not None, all_individuals]
     if sum(given) > 1:
         raise RouteError("pass at most one of `individual=`, `individuals=` and `all_individuals=True`, got "
                          + ", ".join(name for name, g in zip(("individual", "individuals", "all_individuals"), given) if g))
     if broadcast and not (all_individuals or individuals is not None):
         raise RouteError("`broadcast=True` needs `all_individuals=True` or `individuals=`")
+    if individual is not None:  # checked before anything moves
+        if isinstance(individual, Tensor) and individual.dim() and individual.numel() == 1:
+            individual = individual.reshape(())
+        individual = check_index("individual", individual, num)
+    ids = None if individuals is None else _host_ids(individuals, num)
     leaves = _leaves((args, kwargs))
     if device is not None and any(t.device != device for t in leaves):
         non_blocking = device.type == "cuda"  # host -> device only: a device -> host copy must be synchronous
@@ -343,19 +468,14 @@ def routed_call(
     n_in = _batch_size(leaves)
     dev = device if device is not None else leaves[0].device
     perm = None
+    times, how = 1, ""  # the route's rows are `times` copies of the user's batch
     if individual is not None:
-        if isinstance(individual, bool) or not isinstance(individual, int) and not (
-            isinstance(individual, Tensor) and individual.numel() == 1 and not individual.is_floating_point()
-        ):
-            raise RouteError(f"`individual` must be an int id, got {individual!r}")
-        i = int(individual)
-        if not 0 <= i < num:
-            raise RouteError(f"individual id {i} is out of range [0, {num})")
-        route = Route(n=n_in, groups=1, chunk=n_in, index=slice(i, i + 1))
+        route = Route(n=n_in, groups=1, chunk=n_in, index=slice(individual, individual + 1))
     elif all_individuals:
         if n_in == 1 or broadcast:
             args, kwargs = _expand((args, kwargs), num)
             route = Route(n=num * n_in, groups=num, chunk=n_in)
+            times, how = num, f"the whole batch for each of {num} individuals"
         elif n_in % num == 0:
             route = Route(n=n_in, groups=num, chunk=n_in // num)
         else:
@@ -365,17 +485,17 @@ def routed_call(
                 "every individual the whole batch"
             )
     else:
-        ids = _host_ids(individuals)
         m = ids.size
         expand = n_in == 1 or broadcast  # every id sees the whole batch, whatever its size
         if expand:
             args, kwargs = _expand((args, kwargs), m)
-        elif n_in % m:
+            times, how = m, f"the whole batch for each of {m} ids"
+        elif n_in % m if m else n_in:  # one id per row, or rows divisible by the ids (0 ids fit 0 rows)
             raise RouteError(
                 f"batch of {n_in} rows does not fit {m} individual ids: pass one id per row, a single "
                 f"row, a batch divisible by {m} (split (p b)), or `broadcast=True`"
             )
-        row_ids = np.repeat(ids, n_in if expand else n_in // m)
+        row_ids = np.repeat(ids, n_in if expand else n_in // m if m else 0)
         key = (row_ids.tobytes(), num, dev)
         if router.last_plan is not None and router.last_plan[0] == key:  # same rows as last call (env loops)
             route, perm = router.last_plan[1]
@@ -385,7 +505,15 @@ def routed_call(
         if perm is not None:  # group rows by id once for the whole forward; unsorted once at the end
             args, kwargs = map_tensors((args, kwargs), lambda t: t.index_select(0, perm) if t.dim() else t)
 
-    out = router.run(route, adapters, model, *args, **kwargs)
+    origin = _Origin(n_in, tuple(next(t.shape for t in leaves if t.dim() > 0)), times, how)
+    try:
+        out = router.run(route, adapters, model, args, kwargs, origin)
+    except Exception as error:
+        if times > 1 and hasattr(error, "add_note") and not isinstance(error, RouteError):
+            error.add_note(f"populora: this routed forward ran the model on {route.n} rows, {origin.how}: the "
+                           f"batch passed has {n_in} rows (first input of shape {origin.shape}), so row counts "
+                           "above count the repeated rows")
+        raise
     if perm is None:
         return out
     return map_tensors(out, lambda t: torch.empty_like(t).index_copy_(0, perm, t) if t.dim() and t.shape[0] == route.n else t)

@@ -2,13 +2,14 @@
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 from models import TinyTransformer, mlp
 from torch import nn
 
 from populora import Population
-from populora.errors import RouteError
+from populora.errors import InvalidIndexError, InvalidTypeError, PopuloraError, RouteError
 
 P = 6
 
@@ -166,10 +167,6 @@ def test_route_errors():
     pop, _, x = make("mlp")
     with pytest.raises(RouteError, match=r"batch of 7 rows cannot be split among pop_size=6.*broadcast=True"):
         pop(x[:7], all_individuals=True)
-    with pytest.raises(RouteError, match=r"individual id 6 is out of range \[0, 6\)"):
-        pop(x, individual=6)
-    with pytest.raises(RouteError, match=r"individual id -1 is out of range \[0, 6\)"):
-        pop(x[:2], individuals=[0, -1])
     with pytest.raises(RouteError, match=r"at most one of .*individual, all_individuals"):
         pop(x, individual=0, all_individuals=True)
     with pytest.raises(RouteError, match=r"batch of 12 rows does not fit 5 individual ids"):
@@ -250,3 +247,141 @@ def test_broadcast_to_as_many_ids_as_rows():
     with torch.no_grad():
         out = pop(x[:3], individuals=[4, 1, 2], broadcast=True)  # 3 rows, 3 ids -> 9 rows
         close(out, reference(pop, base, x[:3].repeat(3, 1), [4, 4, 4, 1, 1, 1, 2, 2, 2]))
+
+
+# ---------------------------------------------------------------------------- ids: types and range
+
+
+def test_numpy_and_tensor_ids_route_like_python_ints():
+    """NumPy scalars / arrays and integer tensors are accepted wherever Python ints are (same shapes:
+    bitwise equal)."""
+    pop, _, x = make("mlp")
+    ids = [3, 0, 5, 5, 1, 3, 3, 0, 2, 5, 5, 5]
+    with torch.no_grad():
+        want = pop(x, individual=3)
+        for i in (np.int64(3), np.int32(3), np.uint8(3), torch.tensor(3), torch.tensor([3])):
+            assert torch.equal(pop(x, individual=i), want), type(i)
+        want = pop(x, individuals=ids)
+        for given in (np.array(ids), np.array(ids, dtype=np.uint8), [np.int64(i) for i in ids], tuple(ids),
+                      torch.tensor(ids, dtype=torch.int32), [torch.tensor(i) for i in ids]):
+            assert torch.equal(pop(x, individuals=given), want), type(given)
+        assert torch.equal(pop(x, all_individuals=np.bool_(True)), pop(x, all_individuals=True))
+        assert torch.equal(pop(x[:2], individuals=np.array([4, 1]), broadcast=np.bool_(True)),
+                           pop(x[:2], individuals=[4, 1], broadcast=True))
+
+
+def test_out_of_range_ids_raise_invalid_index_error():
+    """An id out of [0, P) is an InvalidIndexError (an IndexError) in every layout, named with its position."""
+    pop, _, x = make("mlp")
+    for bad in (6, -1, np.int64(6), torch.tensor(-1)):
+        with pytest.raises(InvalidIndexError, match=rf"`individual` must be an id in \[0, 6\), got {int(bad)}$"):
+            pop(x, individual=bad)
+    with pytest.raises(InvalidIndexError, match=r"`individuals` must hold ids in \[0, 6\), got -1 \(at position 1\)"):
+        pop(x[:2], individuals=[0, -1])
+    with pytest.raises(InvalidIndexError, match=r"`individuals` must hold ids in \[0, 6\), got 6 \(at position 2\)"):
+        pop(x[:1], individuals=np.array([0, 5, 6]))
+    with pytest.raises(InvalidIndexError, match=r"got 99 \(at position 0\)"):
+        pop(x[:0], individuals=torch.tensor([99]))  # checked even when no row would reach it
+    with pytest.raises(IndexError):  # the builtin too, so both `except` styles work
+        pop(x, individual=99)
+    with pytest.raises(InvalidIndexError, match=r"`individual` must be an id in \[0, 2\), got 2"):
+        pop.forward_factors([type(f)(f.down[:2], f.up[:2]) for f in pop.factors()], x, individual=2)
+
+
+def test_non_integer_ids_and_flags_raise_invalid_type_error():
+    pop, _, x = make("mlp")
+    cases = [
+        (dict(individual=1.5), r"`individual` must be an int id in \[0, 6\), got float 1.5"),
+        (dict(individual=True), r"`individual` must be an int id in \[0, 6\), got bool True"),
+        (dict(individual=torch.tensor(1.0)), r"`individual` must be an int id .*got float 1.0"),
+        (dict(individuals=[0.0, 1.0]), r"`individuals` must hold integer ids, got float64 values"),
+        (dict(individuals=[True, False]), r"`individuals` must hold integer ids, got bool values"),
+        (dict(individuals=["a", "b"]), r"`individuals` must hold integer ids, got <U1 values"),
+        (dict(individuals=torch.tensor([0.0, 1.0])), r"`individuals` must hold integer ids, got a tensor of dtype torch.float32"),
+        (dict(all_individuals="yes"), r"`all_individuals` must be a bool, got str 'yes'"),
+        (dict(individuals=[0, 1], broadcast=1), r"`broadcast` must be a bool, got int 1"),
+    ]
+    for kwargs, match in cases:
+        with pytest.raises(InvalidTypeError, match=match):
+            pop(x[:2], **kwargs)
+    with pytest.raises(RouteError, match=r"`individuals` must be a 1-D list or integer tensor of ids, got shape \(1, 2\)"):
+        pop(x[:2], individuals=[[0, 1]])
+    with pytest.raises(RouteError, match=r"`individuals` must be a 1-D list or integer tensor of ids, got \[0, \[1\]\]"):
+        pop(x[:2], individuals=[0, [1]])
+
+
+# ---------------------------------------------------------------------------- empty batches
+
+
+@pytest.mark.parametrize("kind", ["mlp", "transformer"])
+def test_empty_batch_routes_in_every_layout(kind):
+    """0 rows in, 0 rows out, like the base model: every layout (ids are still checked)."""
+    pop, base, x = make(kind)
+    empty = x[:0]
+    with torch.no_grad():
+        want = base(empty).shape
+        assert want[0] == 0
+        layouts = [dict(individual=2), dict(individual=np.int64(0)), dict(all_individuals=True),
+                   dict(all_individuals=True, broadcast=True), dict(individuals=[]), dict(individuals=[], broadcast=True),
+                   dict(individuals=[0, 1]), dict(individuals=torch.tensor([5, 1, 1]), broadcast=True)]
+        for route in layouts:
+            out = pop(empty, **route)
+            assert out.shape == want, route
+        # a non-empty route after the empty ones still routes (the plan cache holds no stale empty plan)
+        close(pop(x, individuals=[4, 1]), reference(pop, base, x, [4] * 6 + [1] * 6))
+
+
+def test_empty_ids():
+    """`individuals=[]` fits 0 rows; a broadcast batch (1 row, or broadcast=True) gives 0 rows; else a RouteError."""
+    pop, _, x = make("mlp")
+    with torch.no_grad():
+        assert pop(x[:1], individuals=[]).shape == (0, 3)
+        assert pop(x[:4], individuals=np.array([], dtype=np.int64), broadcast=True).shape == (0, 3)
+    with pytest.raises(RouteError, match=r"batch of 3 rows does not fit 0 individual ids"):
+        pop(x[:3], individuals=[])
+
+
+def test_empty_batch_with_grad():
+    pop = Population(mlp(), pop_size=3, low_rank=2, requires_grad=True)
+    out = pop(torch.zeros(0, 6), all_individuals=True, broadcast=True)
+    assert out.shape == (0, 3) and out.requires_grad
+    out.sum().backward()
+    assert all(p.grad is None or not p.grad.any() for p in pop.parameters() if p.requires_grad)
+
+
+# ---------------------------------------------------------------------------- errors count the user's rows
+
+
+def test_wrong_feature_size_names_the_rows_passed():
+    """A Linear target given the wrong feature size: the error counts the user's rows, not the broadcast copies."""
+    pop, _, _ = make("mlp")
+    bad = torch.randn(2, 5)  # the model wants 6 features
+    with pytest.raises(RouteError, match=r"target '0' \(Linear with in_features=6\) got inputs with 5 features: its "
+                       r"input has shape \(2, 5\) for the 2 rows of the batch passed \(first input of shape \(2, 5\)\) "
+                       r"\(routed as 12 rows: the whole batch for each of 6 individuals\)$"):
+        pop(bad, all_individuals=True, broadcast=True)
+    with pytest.raises(RouteError, match=r"its input has shape \(2, 5\) for the 2 rows .* \(routed as 6 rows: the "
+                       r"whole batch for each of 3 ids\)$"):
+        pop(bad, individuals=[0, 4, 4], broadcast=True)
+    with pytest.raises(RouteError, match=r"got inputs with 5 features: its input has shape \(1, 5\) for the 1 row "
+                       r"of the batch passed \(first input of shape \(1, 5\)\) \(routed as 6 rows"):
+        pop(bad[:1], all_individuals=True)
+    for x, route in ((bad, dict(individual=1)), (bad, dict(individuals=[3, 0])), (bad.repeat(3, 1), dict(all_individuals=True))):
+        n = len(x)
+        with pytest.raises(RouteError, match=rf"got inputs with 5 features: its input has shape \({n}, 5\) for the {n} "
+                           rf"rows of the batch passed \(first input of shape \({n}, 5\)\)$"):
+            pop(x, **route)
+    with pytest.raises(RuntimeError, match=r"\(2x5 and 6x16\)"):  # the plain model's own error is untouched
+        pop(bad)
+
+
+def test_model_error_in_broadcast_forward_notes_the_rows_passed():
+    """An error raised by a non-target layer keeps its type and message, plus a note with the user's rows."""
+    torch.manual_seed(0)
+    pop = Population(mlp(), pop_size=4, low_rank=1, lora_targets=["2"])  # layer 0 is not a target
+    with pytest.raises(RuntimeError, match=r"\(8x5 and 6x16\)") as info:
+        pop(torch.randn(2, 5), all_individuals=True, broadcast=True)
+    assert not isinstance(info.value, PopuloraError)
+    assert info.value.__notes__ == ["populora: this routed forward ran the model on 8 rows, the whole batch for each "
+                                    "of 4 individuals: the batch passed has 2 rows (first input of shape (2, 5)), so "
+                                    "row counts above count the repeated rows"]
