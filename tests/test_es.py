@@ -6,17 +6,16 @@ from __future__ import annotations
 import copy
 import math
 
+import numpy as np
 import pytest
 import torch
 from models import TinyTransformer, mlp
 from torch import nn
 
 from populora import EggrollES
-from populora.errors import FitnessError
-from populora.es import FITNESS_SHAPINGS, stable_seed
+from populora.errors import FitnessError, InvalidIndexError, InvalidTypeError, InvalidValueError, PopuloraError
+from populora.es import FITNESS_SHAPINGS, ESStateError, stable_seed
 from populora.es.noise import draw_noise
-
-
 
 
 def close(a, b, tol=1e-5):
@@ -284,8 +283,9 @@ def test_loss_fn_not_vmap_safe_falls_back_to_loop():
     y = torch.randn(5, 3)
     safe = es.losses(x, lambda o, t: ((o - t) ** 2).mean(), y)
     unsafe = es.losses(x, lambda o, t: float(((o - t) ** 2).mean().item()), y)
-    close(safe, unsafe)
-    assert safe.shape == (4,)
+    torch.testing.assert_close(safe, unsafe, rtol=1e-5, atol=1e-5, check_dtype=False)
+    assert safe.shape == (4,) and safe.dtype == torch.float32
+    assert unsafe.dtype == torch.float64  # Python floats are doubles: kept as such
 
 
 def test_evaluate_accepts_the_three_fitness_signatures():
@@ -353,23 +353,45 @@ def test_load_state_dict_rejects_other_configuration():
 
 
 def test_bad_constructor_arguments():
+    """Every bad value is an InvalidValueError (a PopuloraError and a ValueError), every bad type an InvalidTypeError."""
     model = mlp()
-    with pytest.raises(ValueError, match="pop_size must be even when using antithetic sampling, got pop_size=5"):
-        EggrollES(model, 5, 0.1, 0.1, 2)
-    with pytest.raises(ValueError, match="`sigma` must be a finite number > 0, got -1"):
-        EggrollES(model, 4, -1, 0.1, 2)
-    with pytest.raises(ValueError, match="`rank` must be an int >= 1, got 0"):
-        EggrollES(model, 4, 0.1, 0.1, 0)
-    with pytest.raises(ValueError, match="`fitness_shaping` must be one of"):
-        EggrollES(model, 4, 0.1, 0.1, 2, fitness_shaping="softmax")
-    with pytest.raises(ValueError, match="`group_size` must divide pop_size=8 and be even"):
-        EggrollES(model, 8, 0.1, 0.1, 2, group_size=3)
-    with pytest.raises(ValueError, match="no parameters selected"):
-        EggrollES(model, 4, 0.1, 0.1, 2, param_filter=lambda name: False)
-    with pytest.raises(ValueError, match="`lr` must be a number when no `optimizer` is given"):
-        EggrollES(model, 4, 0.1, None, 2)
-    with pytest.raises(TypeError, match="`model` must be an nn.Module"):
+    cases = [
+        (InvalidValueError, "pop_size must be even when using antithetic sampling, got pop_size=5", (5, 0.1, 0.1, 2), {}),
+        (InvalidValueError, "pop_size must be even when using antithetic sampling, got pop_size=7", (7, 0.1, 0.1, 2), {}),
+        (InvalidValueError, "`pop_size` must be an int >= 2, got 1", (1, 0.1, 0.1, 2), {}),
+        (InvalidTypeError, "`pop_size` must be an int, got str '8'", ("8", 0.1, 0.1, 2), {}),
+        (InvalidValueError, r"`sigma` must be a finite number > 0(\.0)?, got -1", (4, -1, 0.1, 2), {}),
+        (InvalidValueError, r"`sigma` must be a finite number > 0(\.0)?, got nan", (4, float("nan"), 0.1, 2), {}),
+        (InvalidValueError, "`rank` must be an int >= 1, got 0", (4, 0.1, 0.1, 0), {}),
+        (InvalidTypeError, "`rank` must be an int, got float 2.5", (4, 0.1, 0.1, 2.5), {}),
+        (InvalidValueError, "`fitness_shaping` must be one of", (4, 0.1, 0.1, 2), {"fitness_shaping": "softmax"}),
+        (InvalidValueError, "`group_size` must divide pop_size=8 and be even", (8, 0.1, 0.1, 2), {"group_size": 3}),
+        (InvalidValueError, "no parameters selected", (4, 0.1, 0.1, 2), {"param_filter": lambda name: False}),
+        (InvalidValueError, "`lr` must be a number when no `optimizer` is given", (4, 0.1, None, 2), {}),
+        (InvalidTypeError, "`seed` must be an int, got str 'x'", (4, 0.1, 0.1, 2), {"seed": "x"}),
+        (InvalidTypeError, "`antithetic` must be a bool, got int 1", (4, 0.1, 0.1, 2), {"antithetic": 1}),
+        (InvalidValueError, "`noise_reuse` must be an int >= 1, got 0", (4, 0.1, 0.1, 2), {"noise_reuse": 0}),
+    ]
+    for error, message, args, kwargs in cases:
+        with pytest.raises(error, match=message) as info:
+            EggrollES(model, *args, **kwargs)
+        assert isinstance(info.value, PopuloraError)
+    with pytest.raises(InvalidTypeError, match="`model` must be an nn.Module"):
         EggrollES(lambda x: x, 4, 0.1, 0.1, 2)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_numpy_scalars_are_accepted_like_python_numbers():
+    es = EggrollES(mlp(), np.int64(8), np.float32(0.25), np.float64(0.1), np.int32(2), seed=np.int64(3),
+                   antithetic=np.bool_(True), noise_reuse=np.int64(1))
+    assert (es.pop_size, es.sigma, es.rank, es.seed, es.lr) == (8, 0.25, 2, 3, pytest.approx(0.1))
+    assert type(es.pop_size) is int and type(es.sigma) is float
+    members = es.member_params(np.int64(7))
+    assert members["0.weight"].shape == (16, 6)
+    with pytest.raises(InvalidIndexError, match=r"`member` must be an id in \[0, 8\), got 8"):
+        es.member_params(8)
+    with pytest.raises(InvalidIndexError):
+        es.perturbations([0, 99])
 
 
 @pytest.mark.parametrize(
@@ -377,20 +399,34 @@ def test_bad_constructor_arguments():
     [
         (TinyTransformer(), ["'pos'", "'blocks.0.ln1.weight'", "LayerNorm"]),
         (nn.Sequential(nn.Conv1d(2, 3, 3), nn.Flatten(), nn.Linear(3, 2)), ["'0.weight'", "Conv1d"]),
-        (nn.MultiheadAttention(4, 2), ["'in_proj_weight'"]),
     ],
 )
-def test_unroutable_parameters_are_rejected_by_name(model, names):
-    with pytest.raises(ValueError, match="param_filter") as info:
-        EggrollES(model, 4, 0.1, 0.1, 2)
+def test_unroutable_parameters_are_frozen_with_one_warning_naming_them(model, names):
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with pytest.warns(UserWarning, match="perturb_unroutable=True") as caught:
+        es = EggrollES(model, 4, 0.1, 0.1, 2)
+    assert len(caught) == 1
     for name in names:
-        assert name in str(info.value)
+        assert name in str(caught[0].message)
+    frozen = [n for n in before if n not in es.param_names]
+    assert frozen and all(("ln" in n or n == "pos" or n.startswith("0.")) for n in frozen)
+    x = torch.randint(0, 11, (2, 8)) if isinstance(model, TinyTransformer) else torch.randn(2, 2, 3)
+    es.step(x, lambda o, t: o.square().mean())
+    for n, p in model.named_parameters():
+        assert torch.equal(p, before[n]) == (n in frozen), n
 
 
-def test_multihead_attention_out_proj_is_refused():
+def test_multihead_attention_needs_perturb_unroutable():
+    """MHA's packed projections (and out_proj, whose forward it never calls) can only go through the fallback."""
     model = nn.MultiheadAttention(4, 2)
-    with pytest.raises(ValueError, match="out_proj.*never calls out_proj's forward"):
+    with pytest.raises(InvalidValueError, match="out_proj.*never calls out_proj's forward.*perturb_unroutable=True"):
         EggrollES(model, 4, 0.1, 0.1, 2, param_filter=lambda name: name.startswith("out_proj"))
+    es = EggrollES(model, 4, 0.1, 0.1, 2, perturb_unroutable=True)
+    assert es.param_names == ["in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"]
+    x = torch.randn(3, 2, 4)
+    out = es.ask()(x, x, x)
+    for i in range(4):
+        close(out[0][i], torch.func.functional_call(model, es.member_params(i), (x, x, x))[0])
 
 
 def test_bad_fitnesses_raise_before_any_change():
@@ -417,7 +453,7 @@ def test_bad_inputs_and_loss_functions():
         es.step(x)
     members = es.ask()
     es.tell(torch.arange(4.0))
-    with pytest.raises(RuntimeError, match="belong to generation 0, but the ES is at generation 1"):
+    with pytest.raises(ESStateError, match="belong to generation 0, but the ES is at generation 1"):
         members(x)
 
 

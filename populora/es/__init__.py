@@ -10,7 +10,7 @@ Higher fitness is better everywhere. See ``spec/es.md`` for the semantics.
 
 from .compat import TorchEggrollES
 from .core import EggrollES, ESStats
-from .members import Members
+from .members import ESStateError, Members
 from .shaping import FITNESS_SHAPINGS
 from .noise import (
     compute_es_gradient,
@@ -22,6 +22,7 @@ from .noise import (
 
 __all__ = [
     "FITNESS_SHAPINGS",
+    "ESStateError",
     "ESStats",
     "EggrollES",
     "Members",

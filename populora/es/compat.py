@@ -14,12 +14,17 @@ Higher fitness is better.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from ..checkpoint import atomic_save, load_checkpoint
+from ..checks import check_bool, check_float
+from ..errors import CheckpointError
 from .core import EggrollES
+from .members import ESStateError
 from .params import call_filter
 
 __all__ = ["TorchEggrollES"]
@@ -42,14 +47,21 @@ class TorchEggrollES:
         antithetic: mirrored pairs: member ``i + N/2`` uses ``-E_i``.
 
     The noise seed is fixed (0), so two processes building the same model
-    draw the same noise. The routed forward perturbs ``nn.Linear`` weights and
-    biases and ``nn.Embedding`` weights; other parameters (norm gains, bare
-    parameters, convolutions) must be left out with ``param_filter``.
+    draw the same noise. Works with any ``nn.Module``: every selected
+    parameter is perturbed. ``nn.Linear`` weights and biases and
+    ``nn.Embedding`` weights go through the routed low-rank forward (one
+    batched forward for the whole population); any other parameter (a bare
+    ``nn.Parameter`` used in any expression, a norm gain, a convolution
+    kernel) gets low-rank noise if 2-D and full Gaussian noise otherwise, and
+    the members are then evaluated with ``torch.func.functional_call``
+    vectorised by ``torch.func.vmap`` (a loop when the model is not
+    vmap-safe), as :class:`~populora.EggrollES` with ``perturb_unroutable=True``.
 
     Raises:
-        ValueError: odd ``pop_size`` with ``antithetic`` ("pop_size must be
-            even..."), no parameter selected ("no parameters selected..."), or
-            a selected parameter the routed forward cannot perturb (named).
+        ValueError: (:class:`~populora.errors.InvalidValueError`) odd
+            ``pop_size`` with ``antithetic`` ("pop_size must be even..."), no
+            parameter selected ("no parameters selected..."), another bad value.
+        TypeError: (:class:`~populora.errors.InvalidTypeError`) an argument of the wrong type.
     """
 
     def __init__(
@@ -67,12 +79,14 @@ class TorchEggrollES:
         wrapped = None if param_filter is None else (
             lambda name, param: call_filter(param_filter, name, param, param_first=True)
         )
+        normalize_fitness = check_bool("normalize_fitness", normalize_fitness)
         self.es = EggrollES(
             model, pop_size, sigma, lr, rank, seed=0, antithetic=antithetic,
-            fitness_shaping="zscore" if normalize_fitness else "center", param_filter=wrapped, device=device,
+            fitness_shaping="zscore" if normalize_fitness else "center", param_filter=wrapped,
+            perturb_unroutable=True, device=device,
         )
         self.model = self.es.model
-        self.pop_size, self.rank = pop_size, rank
+        self.pop_size, self.rank = self.es.pop_size, self.es.rank
         self.normalize_fitness, self.antithetic = normalize_fitness, antithetic
         self.device = self.es.device
         self.param_names = self.es.param_names
@@ -86,7 +100,7 @@ class TorchEggrollES:
 
     @sigma.setter
     def sigma(self, value: float) -> None:
-        self.es.sigma = float(value)
+        self.es.sigma = check_float("sigma", value, low=0.0, low_open=True)
 
     @property
     def lr(self) -> float:
@@ -94,8 +108,9 @@ class TorchEggrollES:
 
     @lr.setter
     def lr(self, value: float) -> None:
+        value = check_float("lr", value, low=0.0)
         for group in self.es.optimizer.param_groups:
-            group["lr"] = float(value)
+            group["lr"] = value
 
     @property
     def epoch(self) -> int:
@@ -132,11 +147,13 @@ class TorchEggrollES:
     def get_stacked_params(self) -> dict[str, Tensor]:
         """``{name: (pop_size, *shape)}`` of the prepared population, for ``torch.func.vmap``.
 
+        Computed in float64 for a float64 model.
+
         Raises:
-            RuntimeError: before :meth:`prepare_population` (or after the update it fed).
+            ESStateError: (a ``RuntimeError``) before :meth:`prepare_population` (or after the update it fed).
         """
         if self._stacked is None:
-            raise RuntimeError("Call prepare_population() first")
+            raise ESStateError("Call prepare_population() first")
         return self._stacked
 
     def apply_fitness_scores(self, fitnesses: Tensor) -> float:
@@ -149,25 +166,49 @@ class TorchEggrollES:
             The mean fitness.
 
         Raises:
-            RuntimeError: before :meth:`prepare_population`.
-            ValueError: wrong number of fitnesses ("Expected 32 fitness scores, got 31") or NaN.
+            ESStateError: (a ``RuntimeError``) before :meth:`prepare_population`.
+            FitnessError: (a ``ValueError``) wrong number of fitnesses ("Expected 32 fitness scores,
+                got 31") or NaN.
         """
         if self._stacked is None:
-            raise RuntimeError("Call prepare_population() first")
+            raise ESStateError("Call prepare_population() first")
         stats = self.es.tell(fitnesses)
         self._population = self._stacked = None
         return stats.mean
 
     def state_dict(self) -> dict[str, Any]:
-        """Optimizer state for checkpointing (tensors and plain values: ``torch.load`` reads it as is)."""
+        """Optimizer state for checkpointing: a snapshot (copies), tensors and plain values only,
+        so ``torch.load`` reads it as is."""
         state = self.es.state_dict()
         state["epoch"] = self.es.generation
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Load :meth:`state_dict` (checked before anything changes)."""
+        """Load :meth:`state_dict`: validated whole before anything changes.
+
+        Raises:
+            CheckpointError: (a ``ValueError``) a missing or bad key (named); nothing has changed.
+        """
         self.es.load_state_dict(state)
         self._population = self._stacked = None
+
+    def save(self, path: str | Path) -> Path:
+        """Write :meth:`state_dict` to ``path`` atomically (a verified ``TorchEggrollES`` checkpoint)."""
+        return atomic_save(self.state_dict(), path, kind="TorchEggrollES")
+
+    def load(self, path: str | Path) -> None:
+        """Resume from a file written by :meth:`save` (all or nothing).
+
+        Raises:
+            FileNotFoundError: nothing at ``path``.
+            CheckpointError: empty, truncated, corrupted or foreign file, or a
+                state that does not fit (the file and the key are named).
+        """
+        state = load_checkpoint(path, kind="TorchEggrollES")
+        try:
+            self.load_state_dict(state)
+        except CheckpointError as error:
+            raise CheckpointError(f"checkpoint {str(path)!r}: {error}") from None
 
     def __repr__(self) -> str:
         return (f"TorchEggrollES(pop_size={self.pop_size}, sigma={self.sigma}, lr={self.lr}, rank={self.rank}, "

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 import os
 import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -31,10 +33,13 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from .. import distributed as pd
+from ..checkpoint import atomic_save, load_checkpoint
+from ..checks import check_bool, check_float, check_index, check_int, check_seed
+from ..errors import CheckpointError, ConfigMismatchError, InvalidTypeError, InvalidValueError, PopuloraError
 from ..fitness import evaluate as evaluate_fitness
-from ..routing import Adapter, Router
-from .factors import MemberFactors
-from .members import Members, _leading, map_tensors, member_losses, split_members
+from ..routing import Adapter
+from .factors import MemberFactors, compute_dtype
+from .members import ESRouter, Members, _leading, map_tensors, member_losses, split_members
 from .noise import PairNoise
 from .params import ESParam, select_params
 from .shaping import FITNESS_SHAPINGS, check_es_fitnesses, group_table, shape_fitness
@@ -60,19 +65,6 @@ class ESStats(NamedTuple):
     worst: float
     best_ever: float
     grad_norm: float
-
-
-def _positive_int(name: str, value: Any, low: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"`{name}` must be an int >= {low}, got {value!r}")
-    return value
-
-
-def _number(name: str, value: Any, *, positive: bool) -> float:
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-    if not ok or (value <= 0 if positive else value < 0):
-        raise ValueError(f"`{name}` must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
-    return float(value)
 
 
 class EggrollES:
@@ -109,14 +101,33 @@ class EggrollES:
             ``generation // noise_reuse``); 1 gives fresh noise every generation.
         perturb_vectors: give biases full Gaussian noise; ``False`` freezes
             every 1-D parameter (biases, norm gains) instead.
+        perturb_unroutable: also perturb the selected parameters the routed
+            forward cannot reach (a bare ``nn.Parameter`` used in any
+            expression, a norm gain, a convolution kernel, the projections of
+            ``nn.MultiheadAttention``), through the ``functional_call``
+            fallback (see below). Default ``False``: they are frozen, with one
+            warning naming them.
         device: where the model and noise live; default the model's device, or
             ``cuda:(local_rank % device_count)`` under torchrun.
 
+    How :meth:`ask` evaluates the members: ``nn.Linear`` weights and biases
+    and ``nn.Embedding`` weights are perturbed by the routed forward, ONE
+    batched forward over every member's rows. With ``perturb_unroutable=True``
+    and a model that has unroutable parameters, the model is instead called
+    once per member with ``torch.func.functional_call`` and that member's
+    values of the unroutable parameters (materialised, ``(m, *shape)``; low
+    rank noise for a 2-D parameter, full Gaussian otherwise), vectorised over
+    the members with ``torch.func.vmap`` (a Python loop when the model is not
+    vmap-safe); inside each call the Linear / Embedding perturbations stay low
+    rank. Seeding, antithetic pairs, shaping, the update and checkpoints are
+    the same for both kinds of parameter; a tied parameter is one parameter
+    with one perturbation.
+
     Raises:
-        ValueError: a bad value (named), odd ``pop_size`` with ``antithetic``,
-            no parameter selected, or a selected parameter the routed forward
-            cannot perturb (named, with how to leave it out).
-        TypeError: ``model`` is not an ``nn.Module``, ``optimizer`` of the wrong type.
+        InvalidValueError: (a ``ValueError``) a bad value (named), odd
+            ``pop_size`` with ``antithetic``, or no parameter selected.
+        InvalidTypeError: (a ``TypeError``) ``model`` is not an ``nn.Module``,
+            an argument of the wrong type, ``optimizer`` of the wrong type.
 
     Example:
         >>> import torch
@@ -126,6 +137,8 @@ class EggrollES:
         >>> stats.generation, es.generation, es.ask()(torch.ones(4, 3)).shape
         (0, 1, torch.Size([8, 4, 1]))
     """
+
+    _KIND = "EggrollES"  # the checkpoint kind of save() / load()
 
     def __init__(
         self,
@@ -143,39 +156,59 @@ class EggrollES:
         param_filter: Callable[..., bool] | None = None,
         noise_reuse: int = 1,
         perturb_vectors: bool = True,
+        perturb_unroutable: bool = False,
         device: str | torch.device | None = None,
     ):
         if not isinstance(model, nn.Module):
-            raise TypeError(f"`model` must be an nn.Module, got {type(model).__name__}")
-        pop_size = _positive_int("pop_size", pop_size, 2)
+            raise InvalidTypeError(f"`model` must be an nn.Module, got {type(model).__name__}")
+        pop_size = check_int("pop_size", pop_size, low=2)
+        antithetic = check_bool("antithetic", antithetic)
         if antithetic and pop_size % 2:
-            raise ValueError(f"pop_size must be even when using antithetic sampling, got pop_size={pop_size}")
-        sigma = _number("sigma", sigma, positive=True)
+            raise InvalidValueError(f"pop_size must be even when using antithetic sampling, got pop_size={pop_size}")
+        sigma = check_float("sigma", sigma, low=0.0, low_open=True)
         if lr is not None:
-            lr = _number("lr", lr, positive=False)
+            lr = check_float("lr", lr, low=0.0)
         elif optimizer is None:
-            raise ValueError("`lr` must be a number when no `optimizer` is given, got None")
-        rank = _positive_int("rank", rank)
-        if isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**63:
-            raise ValueError(f"`seed` must be an int (64-bit), got {seed!r}")
-        if not (callable(fitness_shaping) or fitness_shaping in FITNESS_SHAPINGS):
-            raise ValueError(f"`fitness_shaping` must be one of {sorted(FITNESS_SHAPINGS)} or a function, "
-                             f"got {fitness_shaping!r}")
+            raise InvalidValueError("`lr` must be a number when no `optimizer` is given, got None")
+        rank = check_int("rank", rank, low=1)
+        seed = check_seed("seed", seed)
+        if not (callable(fitness_shaping) or (isinstance(fitness_shaping, str) and fitness_shaping in FITNESS_SHAPINGS)):
+            raise InvalidValueError(f"`fitness_shaping` must be one of {sorted(FITNESS_SHAPINGS)} or a function, "
+                                    f"got {fitness_shaping!r}")
         if group_size is not None:
-            _positive_int("group_size", group_size, 2)
+            group_size = check_int("group_size", group_size, low=2)
             if pop_size % group_size or (antithetic and group_size % 2):
-                raise ValueError(f"`group_size` must divide pop_size={pop_size}"
-                                 + (" and be even (a group holds whole antithetic pairs)" if antithetic else "")
-                                 + f", got {group_size}")
-        noise_reuse = _positive_int("noise_reuse", noise_reuse)
+                raise InvalidValueError(f"`group_size` must divide pop_size={pop_size}"
+                                        + (" and be even (a group holds whole antithetic pairs)" if antithetic else "")
+                                        + f", got {group_size}")
+        noise_reuse = check_int("noise_reuse", noise_reuse, low=1)
+        perturb_vectors = check_bool("perturb_vectors", perturb_vectors)
+        perturb_unroutable = check_bool("perturb_unroutable", perturb_unroutable)
         if optimizer is not None and not (isinstance(optimizer, torch.optim.Optimizer) or callable(optimizer)):
-            raise TypeError(f"`optimizer` must be a torch.optim.Optimizer or a function params -> Optimizer, "
-                            f"got {type(optimizer).__name__}")
-        self._params: list[ESParam] = select_params(model, rank, param_filter, perturb_vectors)
+            raise InvalidTypeError(f"`optimizer` must be a torch.optim.Optimizer or a function params -> Optimizer, "
+                                   f"got {type(optimizer).__name__}")
+        params = select_params(model, rank, param_filter, perturb_vectors)
+        unroutable = [p for p in params if not p.routed]
+        if unroutable and not perturb_unroutable:
+            listed = ", ".join(f"{p.name!r} ({p.why})" for p in unroutable)
+            params = [p for p in params if p.routed]
+            if not params:
+                raise InvalidValueError(
+                    f"every selected parameter is one the routed ES forward cannot perturb: {listed}; pass "
+                    "`perturb_unroutable=True` to perturb them through the functional_call fallback")
+            warnings.warn(
+                f"EggrollES freezes {len(unroutable)} selected parameter(s) that the routed forward cannot perturb "
+                f"(it reaches nn.Linear weights and biases and nn.Embedding weights): {listed}. Pass "
+                "`perturb_unroutable=True` to evolve them too (each member's forward then runs through "
+                "torch.func.functional_call), or leave them out with `param_filter` to silence this warning",
+                UserWarning, stacklevel=2)
+        self._params: list[ESParam] = params
+        self._fallback: list[ESParam] = [p for p in params if not p.routed]
+        self._fallback_modes: dict[bool, str] = {}
 
         self.pop_size, self.sigma, self.rank, self.seed = pop_size, sigma, rank, seed
         self.antithetic, self.fitness_shaping, self.group_size = antithetic, fitness_shaping, group_size
-        self.noise_reuse, self.perturb_vectors = noise_reuse, perturb_vectors
+        self.noise_reuse, self.perturb_vectors, self.perturb_unroutable = noise_reuse, perturb_vectors, perturb_unroutable
         self.pairs = pop_size // 2 if antithetic else pop_size
         self.optimizer = self._make_optimizer(optimizer, lr)  # may raise: before the model moves
         self.device = pd.resolve_device(device, model)
@@ -195,7 +228,7 @@ class EggrollES:
         order = {path: i for i, (path, _) in enumerate(model.named_modules())}
         self._targets = dict(sorted(targets.items(), key=lambda kv: order[kv[0]]))
         self._factors = MemberFactors(self._params, self._targets, pop_size, antithetic, self.device)
-        self._router = Router(self._targets)
+        self._router = ESRouter(self._targets)
 
     # ------------------------------------------------------------------ construction helpers
 
@@ -209,12 +242,12 @@ class EggrollES:
         if not isinstance(optimizer, torch.optim.Optimizer):
             optimizer = optimizer(params)
             if not isinstance(optimizer, torch.optim.Optimizer):
-                raise TypeError(f"`optimizer` factory must return a torch.optim.Optimizer, got "
+                raise InvalidTypeError(f"`optimizer` factory must return a torch.optim.Optimizer, got "
                                 f"{type(optimizer).__name__}")
         held = {id(q) for group in optimizer.param_groups for q in group["params"]}
         missing = [p.name for p in self._params if id(p.param) not in held]
         if missing:
-            raise ValueError(f"`optimizer` does not hold the selected parameters {missing}; build it over "
+            raise InvalidValueError(f"`optimizer` does not hold the selected parameters {missing}; build it over "
                              "model.parameters() or pass a factory `lambda params: torch.optim.Adam(params, lr=...)`")
         return optimizer
 
@@ -259,9 +292,12 @@ class EggrollES:
     def ask(self) -> Members:
         """The members of the current generation: a callable that routes rows to them.
 
-        See :class:`~populora.es.members.Members`. Under torch.distributed the
-        first call checks the model parameters (and seed) across ranks by
-        checksum and, if they differ, broadcasts rank 0's with a warning.
+        See :class:`~populora.es.members.Members` (and the class docstring for
+        how a model with unroutable parameters is evaluated). Under
+        torch.distributed the first call checks the configuration across ranks
+        (:class:`~populora.errors.ConfigMismatchError` on every rank, naming
+        the fields, if it differs) and the model parameters by checksum (if
+        they differ, rank 0's are broadcast with a warning).
         """
         self._sync_once()
         if self._members is None or self._members[0] != self.generation:
@@ -297,14 +333,19 @@ class EggrollES:
             max_rows: at most this many rows per routed forward (at least one
                 member's ``b``): bounds activation memory whatever ``N``.
 
+        Returns:
+            ``(N,)`` losses, float64 when ``loss_fn`` returns float64 (or Python
+            floats), else float32.
+
         Raises:
-            ValueError: per-member tensors not ``(N, b, ...)``, ``max_rows < 1``,
-                or ``loss_fn`` not returning one number per member.
+            RouteError: (a ``ValueError``) per-member tensors not ``(N, b, ...)``.
+            InvalidValueError: ``max_rows < 1``.
+            FitnessError: ``loss_fn`` not returning one number per member.
         """
         if not callable(loss_fn):
-            raise TypeError(f"`loss_fn` must be callable, got {type(loss_fn).__name__}")
+            raise InvalidTypeError(f"`loss_fn` must be callable, got {type(loss_fn).__name__}")
         if max_rows is not None:
-            _positive_int("max_rows", max_rows)
+            max_rows = check_int("max_rows", max_rows, low=1)
         n = self.pop_size
         if per_member:
             split_members(inputs, n, "inputs")
@@ -364,7 +405,8 @@ class EggrollES:
         and ``max_rows`` as in :meth:`losses`), or ``fitness=fn`` (see :meth:`evaluate`).
         """
         if (fitness is None) == (loss_fn is None):
-            raise ValueError("pass either `inputs` and `loss_fn` (fitness = -loss) or `fitness=fn`, not both/neither")
+            raise InvalidValueError("pass either `inputs` and `loss_fn` (fitness = -loss) or `fitness=fn`, "
+                                    "not both/neither")
         if fitness is not None:
             return self.tell(self.evaluate(fitness))
         return self.tell(-self.losses(inputs, loss_fn, targets, per_member=per_member, max_rows=max_rows))
@@ -386,13 +428,15 @@ class EggrollES:
             fitnesses: ``(N,)`` raw fitnesses of the current generation, higher is better.
 
         Returns:
-            ``{name: g}``, each ``g`` shaped (and typed) like its parameter.
+            ``{name: g}``, each ``g`` shaped (and typed) like its parameter,
+            computed in float64 for a float64 parameter.
         """
-        z = self.shape_fitness(fitnesses)
+        z = self.shape_fitness(fitnesses)  # in the fitnesses' precision
         w = z[: self.pairs] - z[self.pairs :] if self.antithetic else z  # (pairs,)
         scale = self._sigma_now() / math.sqrt(self.pop_size)
         noises = self._noises()
-        return {p.name: (scale * noises[p.name].dense(w)).to(p.param.dtype) for p in self._params}
+        return {p.name: (scale * noises[p.name].dense(w, compute_dtype(p.param.dtype))).to(p.param.dtype)
+                for p in self._params}
 
     def tell(self, fitnesses: Any) -> ESStats:
         """Update the parameters from the current generation's fitnesses (higher is better).
@@ -432,9 +476,12 @@ class EggrollES:
     # ------------------------------------------------------------------ materialised members (on request only)
 
     def member_params(self, member: int) -> dict[str, Tensor]:
-        """``{name: W + sigma * E_member}`` of one member of the current generation (materialised)."""
-        if isinstance(member, bool) or not isinstance(member, int) or not 0 <= member < self.pop_size:
-            raise ValueError(f"`member` must be an int in [0, {self.pop_size}), got {member!r}")
+        """``{name: W + sigma * E_member}`` of one member of the current generation (materialised).
+
+        Raises:
+            InvalidIndexError: (an ``IndexError``) ``member`` outside ``[0, pop_size)``.
+        """
+        member = check_index("member", member, self.pop_size)
         return {name: stack[0] for name, stack in self.population_params([member]).items()}
 
     @torch.no_grad()
@@ -444,9 +491,26 @@ class EggrollES:
         For inspection and tests; the routed forward never forms these. Member
         ``i + N/2`` is exactly ``-1`` times member ``i`` when antithetic.
         """
+        ids = self._ids(members)
         noises, sigma = self._noises(), self._sigma_now()
-        ids = torch.arange(self.pop_size) if members is None else torch.as_tensor(list(members), dtype=torch.long)
-        return {p.name: self._factors.perturbation(p, noises[p.name], sigma)[ids.to(self.device)] for p in self._params}
+        return {p.name: self._factors.perturbation(p, noises[p.name], sigma, ids) for p in self._params}
+
+    def _ids(self, members: Sequence[int] | None) -> Tensor:
+        if members is None:
+            return torch.arange(self.pop_size)
+        if isinstance(members, Tensor):
+            members = members.tolist()
+        return torch.tensor([check_index("member", i, self.pop_size) for i in members], dtype=torch.long)
+
+    @torch.no_grad()
+    def _fallback_values(self, ids: Tensor) -> dict[str, Tensor]:
+        """``{name: (m, *shape)}`` members' values of the unroutable parameters (the fallback forward's)."""
+        noises, sigma = self._noises(), self._sigma_now()
+        out = {}
+        for p in self._fallback:
+            delta = self._factors.perturbation(p, noises[p.name], sigma, ids)
+            out[p.name] = (p.param.detach().to(delta.dtype) + delta).to(p.param.dtype)
+        return out
 
     @torch.no_grad()
     def population_params(self, members: Sequence[int] | None = None) -> dict[str, Tensor]:
@@ -454,21 +518,52 @@ class EggrollES:
 
         Materialises ``m`` copies of every evolved parameter: for inspection,
         tests and the torcheggroll API, never used by the routed forward.
+        Computed in float64 for a float64 parameter (float32 otherwise), then
+        cast to the parameter's dtype.
         """
         params = {p.name: p.param for p in self._params}
-        return {name: (params[name].detach().float() + delta).to(params[name].dtype)
+        return {name: (params[name].detach().to(delta.dtype) + delta).to(params[name].dtype)
                 for name, delta in self.perturbations(members).items()}
 
     # ------------------------------------------------------------------ distributed
 
+    def _fingerprint(self) -> dict[str, Any]:
+        """What every rank must agree on: compared across ranks at the first step."""
+        return {
+            **self._config(),
+            "sigma": self.sigma, "seed": self.seed, "generation": self.generation,
+            "dtypes": [str(p.param.dtype) for p in self._params],
+            "optimizer": type(self.optimizer).__name__,
+            "lr": [group.get("lr") for group in self.optimizer.param_groups],
+        }
+
     def _sync_once(self) -> None:
+        """First step under torch.distributed: check the configuration, then repair differing weights.
+
+        Every rank all-gathers a small fingerprint (:meth:`_fingerprint`); if
+        any field differs, every rank raises :class:`ConfigMismatchError`
+        naming the fields and each rank's value, before any other collective
+        (so nothing hangs or diverges). The model's weights are then compared
+        by checksum and rank 0's are broadcast, with a warning, where they differ.
+        """
         if self._synced or not pd.is_distributed():
             return
+        mine = self._fingerprint()
+        table: list[Any] = [None] * pd.world_size()
+        dist.all_gather_object(table, mine)
+        differ = [key for key in mine if len({repr(row.get(key)) for row in table}) > 1]
+        if differ:
+            def show(value: Any) -> str:
+                text = repr(value)
+                return text if len(text) <= 120 else text[:117] + "..."
+
+            details = "; ".join(f"{key}: " + ", ".join(f"rank {r}: {show(row.get(key))}" for r, row in enumerate(table))
+                                for key in differ)
+            raise ConfigMismatchError(
+                f"{type(self).__name__} configuration differs across ranks in {differ} ({details}); build the ES "
+                "with the same arguments (and model) on every rank")
         with torch.no_grad():
             pd.sync_if_different_([*self.model.parameters(), *self.model.buffers()], "ES model parameters")
-            state = torch.tensor([self.seed, self.generation], dtype=torch.int64)
-            pd.sync_if_different_([state], "ES seeds / generations")
-        self.seed, self.generation = (int(v) for v in state.tolist())
         self._synced = True
         self._factors.clear()
         self._members = None
@@ -480,7 +575,7 @@ class EggrollES:
         ``POPULORA_ES_DEBUG_SYNC=1``). Returns True without a process group.
 
         Raises:
-            RuntimeError: on every rank, if the ranks' parameters differ.
+            ConfigMismatchError: (a ``RuntimeError``) on every rank, if the ranks' parameters differ.
         """
         if not pd.is_distributed():
             return True
@@ -491,7 +586,7 @@ class EggrollES:
         dist.all_gather(table, mine)
         rows = [tuple(t.cpu().tolist()) for t in table]
         if len(set(rows)) > 1:
-            raise RuntimeError(f"ES parameters differ across ranks after generation {self.generation - 1}: "
+            raise ConfigMismatchError(f"ES parameters differ across ranks after generation {self.generation - 1}: "
                                f"checksums per rank {rows}")
         return True
 
@@ -501,7 +596,7 @@ class EggrollES:
         return {
             "pop_size": self.pop_size, "rank": self.rank, "antithetic": self.antithetic,
             "noise_reuse": self.noise_reuse, "group_size": self.group_size,
-            "perturb_vectors": self.perturb_vectors,
+            "perturb_vectors": self.perturb_vectors, "perturb_unroutable": self.perturb_unroutable,
             "fitness_shaping": self.fitness_shaping if isinstance(self.fitness_shaping, str) else None,
             "params": self.param_names, "shapes": [list(p.param.shape) for p in self._params],
         }
@@ -509,9 +604,13 @@ class EggrollES:
     def state_dict(self) -> dict[str, Any]:
         """A snapshot for an exact resume: params, optimizer state, generation, seed, sigma, config.
 
-        Tensors and plain Python values only, so ``torch.load`` with its
-        default ``weights_only=True`` reads it; callables (``param_filter``,
-        a shaping function, an LR scheduler) are not stored.
+        Every tensor is a copy (nothing shares storage with the live
+        parameters or optimizer state), so stepping on afterwards does not
+        change a saved state. Tensors and plain Python values only, so
+        ``torch.load`` with its default ``weights_only=True`` reads it;
+        callables (``param_filter``, a shaping function, an LR scheduler) are
+        not stored. The noise is a pure function of ``(seed, name, epoch)``:
+        no generator state is needed.
         """
         return {
             "format": _FORMAT,
@@ -525,36 +624,133 @@ class EggrollES:
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`; checked against this ES before anything changes.
+    def _checked_state(self, state: Any) -> dict[str, Any]:
+        """Every field of a :meth:`state_dict`, validated against this ES; nothing is written.
 
         Raises:
-            ValueError: not an EggrollES state, or its configuration or
-                parameter shapes differ from this ES's (the key is named).
+            CheckpointError: naming the first missing or bad key.
         """
         if not isinstance(state, dict) or state.get("format") != _FORMAT:
-            raise ValueError(f"not an EggrollES state dict (expected format {_FORMAT!r}, got "
-                             f"{state.get('format') if isinstance(state, dict) else type(state).__name__!r})")
-        mine, theirs = self._config(), state.get("config", {})
+            raise CheckpointError(f"not an EggrollES state dict (expected format {_FORMAT!r}, got "
+                                  f"{state.get('format') if isinstance(state, dict) else type(state).__name__!r})")
+        required = ("config", "seed", "sigma", "generation", "best_fitness", "best_member", "params", "optimizer")
+        missing = [key for key in required if key not in state]
+        if missing:
+            raise CheckpointError(f"EggrollES state is missing {missing}; nothing was loaded")
+
+        def field(key: str, check: Callable[[], Any]) -> Any:
+            try:
+                return check()
+            except PopuloraError as error:
+                raise CheckpointError(f"EggrollES state has a bad {key!r}: {error}") from None
+
+        mine, theirs = self._config(), state["config"]
+        if not isinstance(theirs, dict):
+            raise CheckpointError(f"EggrollES state has a bad 'config': expected a dict, got {type(theirs).__name__}")
         for key, value in mine.items():
-            if key == "fitness_shaping" and (value is None or theirs.get(key) is None):
+            if key not in theirs:
+                raise CheckpointError(f"EggrollES state config is missing {key!r}")
+            if key == "fitness_shaping" and (value is None or theirs[key] is None):
                 continue
-            if theirs.get(key) != value:
-                raise ValueError(f"checkpoint has {key}={theirs.get(key)!r}, this ES has {value!r}")
+            if theirs[key] != value:
+                raise CheckpointError(f"checkpoint has {key}={theirs[key]!r}, this ES has {value!r}")
+        checked = {
+            "seed": field("seed", lambda: check_seed("seed", state["seed"])),
+            "sigma": field("sigma", lambda: check_float("sigma", state["sigma"], low=0.0, low_open=True)),
+            "generation": field("generation", lambda: check_int("generation", state["generation"], low=0)),
+        }
+        best = state["best_fitness"]
+        if isinstance(best, bool) or not isinstance(best, numbers.Real) or math.isnan(best):
+            raise CheckpointError(f"EggrollES state has a bad 'best_fitness': expected a number, got {best!r}")
+        checked["best_fitness"] = float(best)
+        member = state["best_member"]
+        if member is not None:
+            if not isinstance(member, (list, tuple)) or len(member) != 2:
+                raise CheckpointError(f"EggrollES state has a bad 'best_member': expected None or "
+                                      f"[generation, member], got {member!r}")
+            member = (field("best_member", lambda: check_int("best_member[0]", member[0], low=0)),
+                      field("best_member", lambda: check_index("best_member[1]", member[1], self.pop_size)))
+        checked["best_member"] = member
         params = state["params"]
+        if not isinstance(params, dict):
+            raise CheckpointError(f"EggrollES state has a bad 'params': expected a dict, got {type(params).__name__}")
         for p in self._params:
-            if tuple(params[p.name].shape) != tuple(p.param.shape):
-                raise ValueError(f"checkpoint parameter {p.name!r} has shape {tuple(params[p.name].shape)}, "
-                                 f"expected {tuple(p.param.shape)}")
-        self.optimizer.load_state_dict(state["optimizer"])
+            value = params.get(p.name)
+            if not isinstance(value, Tensor):
+                raise CheckpointError(f"EggrollES state 'params' is missing parameter {p.name!r}")
+            if tuple(value.shape) != tuple(p.param.shape):
+                raise CheckpointError(f"checkpoint parameter {p.name!r} has shape {tuple(value.shape)}, "
+                                      f"expected {tuple(p.param.shape)}")
+            if not (value.is_floating_point() or value.is_complex()) or not bool(torch.isfinite(value).all()):
+                raise CheckpointError(f"checkpoint parameter {p.name!r} must hold finite floats, got dtype "
+                                      f"{value.dtype} (with non-finite values: {not bool(torch.isfinite(value).all())})")
+        extra = sorted(set(params) - set(self.param_names))
+        if extra:
+            raise CheckpointError(f"EggrollES state 'params' holds parameters this ES does not evolve: {extra}")
+        checked["params"] = params
+        opt = state["optimizer"]
+        groups = opt.get("param_groups") if isinstance(opt, dict) else None
+        if not isinstance(groups, list) or not isinstance(opt.get("state"), dict):
+            raise CheckpointError("EggrollES state has a bad 'optimizer': expected a torch.optim state_dict "
+                                  "(a dict with 'state' and 'param_groups')")
+        ours = self.optimizer.param_groups
+        if len(groups) != len(ours) or any(not isinstance(g, dict) or len(g.get("params", ())) != len(o["params"])
+                                           for g, o in zip(groups, ours)):
+            raise CheckpointError(f"EggrollES state 'optimizer' has parameter groups of sizes "
+                                  f"{[len(g.get('params', ())) if isinstance(g, dict) else None for g in groups]}, "
+                                  f"this ES's optimizer {[len(o['params']) for o in ours]}")
+        checked["optimizer"] = opt
+        return checked
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`: all or nothing.
+
+        The whole state is validated first (every key present and well
+        formed, the configuration and parameter shapes equal to this ES's);
+        only then is anything written. The state is copied in, so it stays
+        usable (loading it twice restores the same point twice).
+
+        Raises:
+            CheckpointError: (a ``ValueError``) not an EggrollES state, a
+                missing or bad key, or a configuration or parameter shape that
+                differs from this ES's (the key is named). Nothing has changed.
+        """
+        checked = self._checked_state(state)
+        before = copy.deepcopy(self.optimizer.state_dict())
+        try:
+            self.optimizer.load_state_dict(copy.deepcopy(checked["optimizer"]))
+        except Exception as error:
+            self.optimizer.load_state_dict(before)
+            raise CheckpointError(f"EggrollES state has a bad 'optimizer': {type(error).__name__}: {error}") from None
         with torch.no_grad():
             for p in self._params:
-                p.param.copy_(params[p.name])
-        self.seed, self.sigma, self.generation = int(state["seed"]), float(state["sigma"]), int(state["generation"])
-        self.best_fitness = float(state["best_fitness"])
-        self.best_member = None if state["best_member"] is None else tuple(state["best_member"])
+                p.param.copy_(checked["params"][p.name])
+        self.seed, self.sigma, self.generation = checked["seed"], checked["sigma"], checked["generation"]
+        self.best_fitness, self.best_member = checked["best_fitness"], checked["best_member"]
         self._factors.clear()
         self._members = None
+
+    def save(self, path: str | Path) -> Path:
+        """Write :meth:`state_dict` to ``path`` atomically (a verified checkpoint); returns the ``Path``.
+
+        See :func:`populora.checkpoint.atomic_save`; :meth:`load` reads it back.
+        """
+        return atomic_save(self.state_dict(), path, kind=self._KIND)
+
+    def load(self, path: str | Path) -> None:
+        """Resume from a file written by :meth:`save` (all or nothing, as :meth:`load_state_dict`).
+
+        Raises:
+            FileNotFoundError: nothing at ``path``.
+            CheckpointError: the file is empty, truncated, corrupted, of another
+                kind, or holds a state that does not fit this ES (the file and
+                the key are named). Nothing has changed.
+        """
+        state = load_checkpoint(path, kind=self._KIND)
+        try:
+            self.load_state_dict(state)
+        except CheckpointError as error:
+            raise CheckpointError(f"checkpoint {str(path)!r}: {error}") from None
 
     def close(self) -> None:
         """Remove the routing hooks from the model (it keeps its trained weights)."""

@@ -21,7 +21,7 @@ from ..routing import Adapter
 from .noise import PairNoise, _signs, draw_noise
 from .params import ESParam
 
-__all__ = ["MemberFactors"]
+__all__ = ["MemberFactors", "compute_dtype"]
 
 
 class MemberFactors:
@@ -40,7 +40,7 @@ class MemberFactors:
         self.params, self.targets = params, targets
         self.pop_size, self.antithetic, self.device = pop_size, antithetic, device
         self.pairs = pop_size // 2 if antithetic else pop_size
-        self._by_use = {(o.path, o.attr): p for p in params for o in p.owners}
+        self._by_use = {(o.path, o.attr): p for p in params if p.routed for o in p.owners}
         self._buffers: dict[tuple, Tensor] = {}
         self._noise: tuple[tuple[int, int], dict[str, PairNoise]] | None = None
 
@@ -106,11 +106,25 @@ class MemberFactors:
             adapters.append(Adapter(down, up, bias_noise))
         return adapters
 
-    def perturbation(self, p: ESParam, noise: PairNoise, sigma: float) -> Tensor:
-        """``(N, *shape)``: ``sigma * E_i`` of every member, materialised (float32)."""
+    def perturbation(self, p: ESParam, noise: PairNoise, sigma: float, members: Tensor | None = None) -> Tensor:
+        """``(m, *shape)``: ``sigma * E_i`` of the given members (default all ``N``), materialised.
+
+        Computed in :func:`compute_dtype` of the parameter (float64 for a float64 parameter).
+        """
         pair, sign = _signs(self.pop_size, self.antithetic, self.device)
+        if members is not None:
+            members = members.to(self.device)
+            pair, sign = pair[members], sign[members]
+        dtype = compute_dtype(p.param.dtype)
         if noise.full is not None:
-            per_pair = noise.full
-        else:
-            per_pair = torch.bmm(noise.at.transpose(1, 2), noise.bt) / math.sqrt(noise.rank)  # (pairs, R, C)
-        return per_pair[pair] * (sigma * sign).view(-1, *[1] * p.param.dim())
+            per_member = noise.full[pair].to(dtype)
+        else:  # (u, R, r) @ (u, r, C) over the u distinct pairs asked for: mirrors are exact negatives
+            used, inverse = torch.unique(pair, return_inverse=True)
+            per_pair = torch.bmm(noise.at[used].transpose(1, 2).to(dtype), noise.bt[used].to(dtype))
+            per_member = (per_pair / math.sqrt(noise.rank))[inverse]
+        return per_member * (sigma * sign).to(dtype).view(-1, *[1] * p.param.dim())
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The precision ES computes a parameter's noise and update in: float64 for float64, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32

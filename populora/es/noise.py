@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..errors import FitnessError
+from ..checks import check_float, check_int, check_seed
+from ..errors import FitnessError, InvalidValueError
 from ..operators.shaping import check_fitnesses, zscore
 
 __all__ = [
@@ -71,21 +72,23 @@ class PairNoise:
     def rank(self) -> int:
         return 0 if self.at is None else self.at.shape[1]
 
-    def dense(self, pair_weights: Tensor) -> Tensor:
+    def dense(self, pair_weights: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
         """``sum_k w_k E_k`` from the factors: one matmul with inner size ``pairs * r``.
 
         Args:
             pair_weights: ``(pairs,)`` weight of each pair.
+            dtype: the precision to compute in (the factors are float32 draws,
+                cast up losslessly for float64).
 
         Returns:
-            ``(R, C)`` for a matrix (``E_k = A_k B_k^T / sqrt(r)``), ``shape`` for a vector.
+            ``(R, C)`` for a matrix (``E_k = A_k B_k^T / sqrt(r)``), ``shape`` otherwise.
         """
-        w = pair_weights.to(device=self._any.device, dtype=torch.float32)
+        w = pair_weights.to(device=self._any.device, dtype=dtype)
         if self.full is not None:
-            return torch.tensordot(w, self.full, dims=1)
+            return torch.tensordot(w, self.full.to(dtype), dims=1)
         pairs, r, rows = self.at.shape
-        weighted = (self.at * (w / math.sqrt(r))[:, None, None]).reshape(pairs * r, rows)  # (k r, R)
-        return weighted.T @ self.bt.reshape(pairs * r, -1)  # (R, k r) @ (k r, C) -> (R, C)
+        weighted = (self.at.to(dtype) * (w / math.sqrt(r))[:, None, None]).reshape(pairs * r, rows)  # (k r, R)
+        return weighted.T @ self.bt.to(dtype).reshape(pairs * r, -1)  # (R, k r) @ (k r, C) -> (R, C)
 
     @property
     def _any(self) -> Tensor:
@@ -168,25 +171,27 @@ def generate_lora_noise(param: Tensor, rank: int, sigma: float, seed: int, devic
         ``(R, C)`` float32 noise on ``device``.
 
     Raises:
-        ValueError: if ``param`` is not 2-D or ``rank < 1``.
+        InvalidValueError: (a ``ValueError``) if ``param`` is not 2-D or ``rank < 1``.
+        InvalidTypeError: (a ``TypeError``) a ``rank``, ``sigma`` or ``seed`` that is not a number.
     """
     if param.dim() != 2:
-        raise ValueError(f"`param` must be 2-D for low-rank noise, got shape {tuple(param.shape)}; "
-                         "use generate_standard_noise for other shapes")
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise ValueError(f"`rank` must be an int >= 1, got {rank!r}")
+        raise InvalidValueError(f"`param` must be 2-D for low-rank noise, got shape {tuple(param.shape)}; "
+                                "use generate_standard_noise for other shapes")
+    rank = check_int("rank", rank, low=1)
+    sigma = check_float("sigma", sigma)
     device = _check_device(device, param)
     rows, cols = param.shape
     r = min(rank, rows, cols)
-    generator = torch.Generator(device=device).manual_seed(int(seed))
+    generator = torch.Generator(device=device).manual_seed(check_seed("seed", seed))
     block = torch.randn(rows + cols, r, generator=generator, device=device)
     return (sigma / math.sqrt(r)) * (block[:rows] @ block[rows:].T)
 
 
 def generate_standard_noise(param: Tensor, sigma: float, seed: int, device: torch.device) -> Tensor:
     """Full Gaussian noise ``sigma * N(0, 1)`` shaped like ``param`` (float32, on ``device``)."""
+    sigma = check_float("sigma", sigma)
     device = _check_device(device, param)
-    generator = torch.Generator(device=device).manual_seed(int(seed))
+    generator = torch.Generator(device=device).manual_seed(check_seed("seed", seed))
     return sigma * torch.randn(param.shape, generator=generator, device=device)
 
 
@@ -225,17 +230,19 @@ def generate_noise_for_shapes(
         ``{name: (N, *shape)}``.
 
     Raises:
-        ValueError: odd ``pop_size`` with ``antithetic``, ``pop_size < 1``, or a rank < 1.
+        InvalidValueError: (a ``ValueError``) odd ``pop_size`` with ``antithetic``, ``pop_size < 1``,
+            or a rank < 1.
 
     Example:
         >>> noise = generate_noise_for_shapes({"W": (3, 2), "b": (3,)}, {"W": 1, "b": None}, 4, 0.1, 0, "cpu")
         >>> noise["W"].shape, bool((noise["W"][:2] == -noise["W"][2:]).all())
         (torch.Size([4, 3, 2]), True)
     """
-    if isinstance(pop_size, bool) or not isinstance(pop_size, int) or pop_size < 1:
-        raise ValueError(f"`pop_size` must be a positive int, got {pop_size!r}")
+    pop_size = check_int("pop_size", pop_size, low=1)
+    sigma = check_float("sigma", sigma)
+    epoch = check_int("epoch", epoch)
     if antithetic and pop_size % 2:
-        raise ValueError(f"pop_size must be even when using antithetic sampling, got pop_size={pop_size}")
+        raise InvalidValueError(f"pop_size must be even when using antithetic sampling, got pop_size={pop_size}")
     device = torch.device(device)
     pairs = pop_size // 2 if antithetic else pop_size
     pair, sign = _signs(pop_size, antithetic, device)
@@ -243,8 +250,8 @@ def generate_noise_for_shapes(
     for name, shape in shapes.items():
         shape = tuple(int(s) for s in shape)
         rank = ranks.get(name)
-        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
-            raise ValueError(f"`ranks[{name!r}]` must be an int >= 1 or None, got {rank!r}")
+        if rank is not None:
+            rank = check_int(f"ranks[{name!r}]", rank, low=1)
         noise = draw_noise(0, name, epoch, pairs, shape, rank if len(shape) == 2 else None, device)
         if noise.full is not None:
             per_pair = noise.full
@@ -277,13 +284,22 @@ def compute_es_gradient(
         FitnessError: (a ``ValueError``) if ``rewards`` is not ``(N,)`` for the
             ``N`` of every noise tensor, or contains NaN.
     """
-    r = check_fitnesses(torch.as_tensor(rewards), "rewards")
+    if not isinstance(rewards, Tensor):  # Python floats are doubles: keep their precision
+        try:
+            rewards = torch.as_tensor(rewards, dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError):
+            raise FitnessError(f"`rewards` must be a tensor or a sequence of numbers, got "
+                               f"{type(rewards).__name__}") from None
+    try:
+        r = check_fitnesses(rewards, "rewards")
+    except (TypeError, ValueError) as error:
+        raise FitnessError(str(error)) from None
     if r.dim() != 1:
         raise FitnessError(f"`rewards` must be 1-D (one per member), got shape {tuple(r.shape)}")
     for name, n in noise.items():
         if n.dim() == 0 or n.shape[0] != r.shape[0]:
             raise FitnessError(f"`rewards` has {r.shape[0]} values but noise[{name!r}] has shape "
                                f"{tuple(n.shape)}; expected ({r.shape[0]}, ...)")
-    z = zscore(r) if normalize_fitness else r - r.mean()
+    z = zscore(r) if normalize_fitness else r - r.mean()  # in the rewards' precision (float64 stays float64)
     scale = 1.0 / math.sqrt(r.shape[0])  # sqrt(N) * mean = sum / sqrt(N)
     return {name: torch.tensordot(z.to(n.device, n.dtype) * scale, n, dims=1) for name, n in noise.items()}

@@ -1,18 +1,21 @@
-"""Which parameters ES perturbs, and how the routed forward reaches each of them.
+"""Which parameters ES perturbs, and how each is reached: routed, or through the fallback.
 
-The routed path (:mod:`populora.routing`) can perturb, per member and without
-copying weights:
+The routed path (:mod:`populora.routing`) perturbs, per member and without
+copying weights, inside ONE batched forward:
 
 - ``nn.Linear.weight`` (``(e, d)``): low rank, ``(x down) up^T`` added to the output;
 - ``nn.Embedding.weight`` (``(V, e)``): low rank, routed by token;
 - ``nn.Linear.bias`` (``(e,)``): full Gaussian noise added to each member's rows.
 
-Anything else (a LayerNorm gain, a bare ``nn.Parameter`` used in ``forward``,
-a convolution kernel, ``nn.MultiheadAttention``'s packed projections) cannot
-be perturbed per member in one forward, so it is rejected up front by name;
-the message says how to leave it out (``param_filter``, or
-``perturb_vectors=False`` for 1-D parameters). A parameter shared by several
-modules (tied embedding and output head) is perturbed consistently in each.
+Every other selected parameter (a LayerNorm gain, a bare ``nn.Parameter``
+used in any expression, a convolution kernel, ``nn.MultiheadAttention``'s
+packed projections) is *unroutable*: it is perturbed through the fallback
+(each member's value materialised and swapped in with
+``torch.func.functional_call``; low-rank noise for a 2-D parameter, full
+Gaussian noise otherwise), or frozen, as the ES class decides. A parameter
+shared by several modules (tied embedding and output head) is one parameter
+with one perturbation: routed through each of its owners when all of them are
+routable, else through the fallback as a whole.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from ..errors import TargetNotFoundError
-from ..targets import find_targets, unroutable_reason
+from ..errors import InvalidTypeError, InvalidValueError
+from ..targets import unroutable_reason
 
 __all__ = ["ESParam", "Owner", "call_filter", "select_params"]
 
@@ -45,14 +48,18 @@ class ESParam:
     Attributes:
         name: its name in ``model.named_parameters()``.
         param: the parameter itself.
-        rank: effective low rank ``min(r, R, C)`` for a matrix, ``None`` for full noise.
-        owners: the modules it is routed through.
+        rank: effective low rank ``min(r, R, C)`` for a 2-D parameter, ``None`` for full noise.
+        owners: the modules it is routed through (empty for a fallback parameter).
+        routed: perturbed by the routed forward (else by the ``functional_call`` fallback).
+        why: for a fallback parameter, why the routed path cannot reach it.
     """
 
     name: str
     param: nn.Parameter
     rank: int | None
     owners: list[Owner] = field(default_factory=list)
+    routed: bool = True
+    why: str = ""
 
     @property
     def is_matrix(self) -> bool:
@@ -72,7 +79,8 @@ def _arity(fn: Callable) -> int:
     if len(required) == 1 or (not required and len(positional) == 1):
         return 1
     if len(required) > 2:
-        raise TypeError(f"`param_filter` must take (name, param) or (name), got signature {inspect.signature(fn)}")
+        raise InvalidTypeError(f"`param_filter` must take (name, param) or (name), got signature "
+                               f"{inspect.signature(fn)}")
     return 2
 
 
@@ -98,9 +106,22 @@ def _owners(model: nn.Module) -> dict[int, list[Owner]]:
     return found
 
 
-def _routable(owner: Owner) -> str | None:
+def _bypassed(model: nn.Module) -> dict[str, str]:
+    """Linear layers whose owner never calls their forward (``nn.MultiheadAttention.out_proj``)."""
+    found = {}
+    for path, module in model.named_modules():
+        if isinstance(module, nn.MultiheadAttention):
+            where = f"{path}.out_proj" if path else "out_proj"
+            found[where] = (f"nn.MultiheadAttention '{path or '<root>'}' uses its out_proj weight directly and "
+                            "never calls out_proj's forward")
+    return found
+
+
+def _routable(owner: Owner, bypassed: dict[str, str]) -> str | None:
     """Why the routed path cannot perturb this use of a parameter, or ``None`` if it can."""
     module, where = owner.module, owner.path or "<root>"
+    if owner.path in bypassed:
+        return bypassed[owner.path]
     for kind, attrs in ((nn.Linear, ("weight", "bias")), (nn.Embedding, ("weight",))):
         if isinstance(module, kind) and owner.attr in attrs:
             return unroutable_reason(module, owner.path)
@@ -115,54 +136,39 @@ def select_params(
     *,
     param_first: bool = False,
 ) -> list[ESParam]:
-    """The parameters ES perturbs, in ``named_parameters()`` order.
+    """The parameters ES perturbs, in ``named_parameters()`` order, each marked routed or not.
 
-    Candidates are the parameters that require grad and pass ``param_filter``.
-    1-D parameters are frozen (skipped) when ``perturb_vectors`` is False.
+    Candidates are the parameters that require grad and pass ``param_filter``
+    (a tied parameter is one candidate, under its first name). 1-D parameters
+    are skipped when ``perturb_vectors`` is False. A candidate is routed when
+    every module using it is an ``nn.Linear`` (as weight or bias) or an
+    ``nn.Embedding`` (as weight) whose forward the model calls; otherwise it
+    is returned with ``routed=False`` and the reason in ``why``.
 
     Raises:
-        ValueError: if nothing is selected, or a selected parameter cannot be
-            perturbed by the routed forward (every such parameter is named,
-            with the ways to exclude it).
+        InvalidValueError: if nothing is selected.
     """
     owners = _owners(model)
+    bypassed = _bypassed(model)
     chosen: list[ESParam] = []
-    rejected: list[str] = []
     for name, param in model.named_parameters():
         if not param.requires_grad or not call_filter(param_filter, name, param, param_first=param_first):
             continue
-        uses = owners.get(id(param), [])
-        problems = [why for why in map(_routable, uses) if why is not None]
-        is_vector = param.dim() <= 1
-        if is_vector and not perturb_vectors:
+        if param.dim() <= 1 and not perturb_vectors:
             continue
-        if not problems and param.dim() == 2 and all(o.attr == "weight" for o in uses):
-            chosen.append(ESParam(name, param, min(rank, *param.shape), uses))
-        elif not problems and param.dim() == 1 and all(o.attr == "bias" for o in uses):
+        uses = owners.get(id(param), [])
+        problems = [why for why in (_routable(o, bypassed) for o in uses) if why is not None]
+        low = min(rank, *param.shape) if param.dim() == 2 else None
+        if not problems and param.dim() == 2 and uses and all(o.attr == "weight" for o in uses):
+            chosen.append(ESParam(name, param, low, uses))
+        elif not problems and param.dim() == 1 and uses and all(o.attr == "bias" for o in uses):
             chosen.append(ESParam(name, param, None, uses))
         else:
-            why = "; ".join(problems) or f"it has shape {tuple(param.shape)}"
-            rejected.append(f"{name!r} ({why})")
-    if rejected:
-        raise ValueError(
-            "the routed ES forward can only perturb nn.Linear weights and biases and nn.Embedding weights, "
-            f"but these selected parameters are something else: {', '.join(rejected)}. Leave them out with "
-            "`param_filter` (e.g. param_filter=lambda name: 'norm' not in name), freeze them with "
-            "`requires_grad_(False)`, or pass `perturb_vectors=False` to freeze every 1-D parameter"
-        )
+            why = "; ".join(dict.fromkeys(problems)) or f"it has shape {tuple(param.shape)}"
+            chosen.append(ESParam(name, param, low, [], routed=False, why=why))
     if not chosen:
-        raise ValueError(
+        raise InvalidValueError(
             "no parameters selected for ES: every parameter was left out by `param_filter`, does not require "
             "grad, or is a 1-D parameter frozen by `perturb_vectors=False`"
         )
-    _check_unroutable_linears(model, chosen)
     return chosen
-
-
-def _check_unroutable_linears(model: nn.Module, chosen: list[ESParam]) -> None:
-    """Linear layers whose owner bypasses their forward (nn.MultiheadAttention.out_proj) are refused."""
-    paths = sorted({o.path for p in chosen for o in p.owners})
-    try:
-        find_targets(model, paths)
-    except TargetNotFoundError as error:
-        raise ValueError(f"{error}. Leave its parameters out with `param_filter`") from None

@@ -42,7 +42,11 @@ def group_table(pop_size: int, group_size: int | None, antithetic: bool) -> Tens
 
 
 def check_es_fitnesses(fitnesses: Any, pop_size: int, shaping: str | Callable) -> Tensor:
-    """Validate raw fitnesses: ``(N,)`` real numbers without NaN; returns a float32 CPU tensor.
+    """Validate raw fitnesses: ``(N,)`` real numbers without NaN; returns a CPU tensor.
+
+    The result is float64 for float64 tensors and for Python / NumPy sequences
+    (Python floats are doubles), float32 for other tensors: shaping then runs
+    in that precision, so fitnesses such as ``1e8 + i`` keep their order.
 
     Raises:
         FitnessError: (a ``ValueError``) not numbers, wrong length (both sizes
@@ -50,7 +54,7 @@ def check_es_fitnesses(fitnesses: Any, pop_size: int, shaping: str | Callable) -
     """
     if not isinstance(fitnesses, Tensor):
         try:
-            fitnesses = torch.as_tensor(fitnesses, dtype=torch.float32)
+            fitnesses = torch.as_tensor(fitnesses, dtype=torch.float64)
         except (TypeError, ValueError, RuntimeError):
             raise FitnessError(f"fitnesses must be a tensor or a sequence of {pop_size} numbers, got "
                                f"{type(fitnesses).__name__}") from None
