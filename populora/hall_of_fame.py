@@ -16,8 +16,10 @@ import torch
 from torch import Tensor, nn  # noqa: F401 - nn is used by the doctests
 
 from .checkpoint import atomic_save, load_checkpoint
+from .checks import check_int, check_seed
+from .errors import CheckpointError, InvalidTypeError, InvalidValueError
 from .operators import Factors
-from .population import Population
+from .population import Population, _naming
 
 __all__ = ["Champion", "HallOfFame"]
 
@@ -80,15 +82,19 @@ class HallOfFame:
     """
 
     def __init__(self, populations: Mapping[str, Population], capacity: int | None = None, *, seed: int = 0):
-        if not isinstance(populations, Mapping) or not populations:
-            raise TypeError(f"`populations` must be a non-empty dict {{name: Population}}, got {populations!r}")
+        if not isinstance(populations, Mapping):
+            raise InvalidTypeError(f"`populations` must be a non-empty dict {{name: Population}}, got "
+                                   f"{type(populations).__name__} {populations!r}")
+        if not populations:
+            raise InvalidValueError("`populations` must be a non-empty dict {name: Population}, got {}")
         for name, pop in populations.items():
             if not isinstance(name, str):
-                raise TypeError(f"population names must be strings, got {name!r}")
+                raise InvalidTypeError(f"population names must be strings, got {name!r}")
             if not isinstance(pop, Population):
-                raise TypeError(f"`populations[{name!r}]` must be a Population, got {type(pop).__name__}")
-        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
-            raise ValueError(f"`capacity` must be an int >= 1 or None, got {capacity!r}")
+                raise InvalidTypeError(f"`populations[{name!r}]` must be a Population, got {type(pop).__name__}")
+        if capacity is not None:
+            capacity = check_int("capacity", capacity, low=1)
+        seed = check_seed("seed", seed)
         self.populations: dict[str, Population] = dict(populations)
         self.capacity = capacity
         self.seed = seed
@@ -106,13 +112,13 @@ class HallOfFame:
         if population is None:
             if len(self.populations) == 1:
                 return next(iter(self.populations))
-            raise ValueError(f"this hall tracks {list(self.populations)}: pass `population`")
+            raise InvalidValueError(f"this hall tracks {list(self.populations)}: pass `population`")
         if isinstance(population, Population):
             for name, pop in self.populations.items():
                 if pop is population:
                     return name
-            raise ValueError("this Population is not tracked by the hall of fame; tracked: "
-                             f"{list(self.populations)}")
+            raise InvalidValueError("this Population is not tracked by the hall of fame; tracked: "
+                                    f"{list(self.populations)}")
         if population not in self.populations:
             raise KeyError(f"no population named {population!r} in the hall of fame; tracked: {list(self.populations)}")
         return population
@@ -139,6 +145,7 @@ class HallOfFame:
             FitnessError: ``fitnesses`` is not a valid ``(P,)`` fitness.
         """
         name = self._name(population)
+        generation = check_int("generation", generation, low=0)
         champion = self._capture(name, self.populations[name].check_fitnesses(fitnesses), generation)
         self._append(champion)
         return champion
@@ -172,13 +179,12 @@ class HallOfFame:
         """
         name = self._name(population)
         archive = self._archive[name]
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"`k` must be an int >= 1, got {k!r}")
+        k = check_int("k", k, low=1)
         if not archive:
-            raise ValueError(f"the hall of fame has no champions of {name!r} yet")
+            raise InvalidValueError(f"the hall of fame has no champions of {name!r} yet")
         if not replace and k > len(archive):
-            raise ValueError(f"cannot sample {k} distinct champions of {name!r}: the archive holds {len(archive)} "
-                             "(pass replace=True or a smaller k)")
+            raise InvalidValueError(f"cannot sample {k} distinct champions of {name!r}: the archive holds "
+                                    f"{len(archive)} (pass replace=True or a smaller k)")
         if replace:
             ids = torch.randint(len(archive), (k,), generator=self.generator)
         else:
@@ -208,10 +214,10 @@ class HallOfFame:
         single = isinstance(champions, Champion)
         group = [champions] if single else list(champions)
         if not group or not all(isinstance(c, Champion) for c in group):
-            raise TypeError("`champions` must be a Champion or a non-empty sequence of Champions")
+            raise InvalidTypeError("`champions` must be a Champion or a non-empty sequence of Champions")
         names = {c.population for c in group}
         if len(names) != 1:
-            raise ValueError(f"`champions` must all come from one population, got {sorted(names)}")
+            raise InvalidValueError(f"`champions` must all come from one population, got {sorted(names)}")
         name = self._name(names.pop())
         pop = self.populations[name]
         stacks = [Factors(torch.stack([c.factors[t].down for c in group]), torch.stack([c.factors[t].up for c in group]))
@@ -222,49 +228,115 @@ class HallOfFame:
     # ------------------------------------------------------------------ save / load
 
     def state(self) -> dict[str, Any]:
-        """The archive and the generator (tensors and plain values)."""
+        """The archive and the generator (tensors and plain values).
+
+        A snapshot: every tensor is a CPU copy sharing no storage with the
+        archived champions or the generator.
+        """
         return {
             "format": _FORMAT,
             "capacity": self.capacity,
             "seed": self.seed,
-            "generator": self.generator.get_state(),
+            "generator": self.generator.get_state().clone(),
             "champions": {
                 name: [{"generation": c.generation, "individual": c.individual, "fitness": c.fitness,
-                        "downs": [f.down.cpu() for f in c.factors], "ups": [f.up.cpu() for f in c.factors]}
+                        "downs": [f.down.detach().to("cpu", copy=True) for f in c.factors],
+                        "ups": [f.up.detach().to("cpu", copy=True) for f in c.factors]}
                        for c in archive]
                 for name, archive in self._archive.items()
             },
         }
 
     def load_state(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state` (checked against the tracked populations before anything changes)."""
+        """Restore :meth:`state`: all or nothing.
+
+        Everything is checked first (format, keys, the tracked populations,
+        every champion's entries, factor shapes and dtypes, the generator
+        state); only then is the hall changed.
+
+        Raises:
+            CheckpointError: naming the missing or wrong key; the hall is unchanged.
+        """
         if not isinstance(state, Mapping) or state.get("format") != _FORMAT:
-            raise ValueError(f"not a populora hall-of-fame checkpoint (missing format {_FORMAT!r})")
-        if set(state["champions"]) != set(self.populations):
-            raise ValueError(f"checkpoint archives {sorted(state['champions'])}, this hall tracks "
-                             f"{sorted(self.populations)}")
+            got = state.get("format") if isinstance(state, Mapping) else type(state).__name__
+            raise CheckpointError(f"not a populora hall-of-fame state: got {got!r}, expected format {_FORMAT!r}")
+        missing = [key for key in ("capacity", "seed", "generator", "champions") if key not in state]
+        if missing:
+            raise CheckpointError(f"the hall-of-fame state lacks the key(s) {missing}")
+        capacity, seed = state["capacity"], state["seed"]
+        if capacity is not None and (not _is_int(capacity) or capacity < 1):
+            raise CheckpointError(f"the hall-of-fame state's 'capacity' must be None or an int >= 1, got {capacity!r}")
+        if not _is_int(seed):
+            raise CheckpointError(f"the hall-of-fame state's 'seed' must be an int, got {seed!r}")
+        champions = state["champions"]
+        if not isinstance(champions, Mapping) or set(champions) != set(self.populations):
+            got = sorted(champions) if isinstance(champions, Mapping) else type(champions).__name__
+            raise CheckpointError(f"checkpoint archives {got}, this hall tracks {sorted(self.populations)}")
         archive: dict[str, list[Champion]] = {}
-        for name, entries in state["champions"].items():
+        for name, entries in champions.items():
             pop = self.populations[name]
             shapes = [(tuple(f.down.shape[1:]), tuple(f.up.shape[1:])) for f in pop.factors()]
+            if not isinstance(entries, (list, tuple)):
+                raise CheckpointError(f"the hall-of-fame state's champions of {name!r} must be a list, got "
+                                      f"{type(entries).__name__}")
             archive[name] = []
-            for e in entries:
+            for j, e in enumerate(entries):
+                where = f"champion {j} of {name!r}"
+                keys = ("generation", "individual", "fitness", "downs", "ups")
+                if not isinstance(e, Mapping) or any(key not in e for key in keys):
+                    have = sorted(e) if isinstance(e, Mapping) else type(e).__name__
+                    raise CheckpointError(f"the hall-of-fame state's {where} must hold {list(keys)}, got {have}")
+                if not (_is_int(e["generation"]) and _is_int(e["individual"]) and isinstance(e["fitness"], (int, float))
+                        and not isinstance(e["fitness"], bool)):
+                    raise CheckpointError(f"the hall-of-fame state's {where} has a non-numeric generation, "
+                                          "individual or fitness")
+                tensors = [*e["downs"], *e["ups"]] if isinstance(e["downs"], (list, tuple)) and isinstance(
+                    e["ups"], (list, tuple)) else None
+                if tensors is None or not all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in tensors):
+                    raise CheckpointError(f"the hall-of-fame state's {where} must hold lists of floating-point "
+                                          "tensors under 'downs' and 'ups'")
                 got = [(tuple(d.shape), tuple(u.shape)) for d, u in zip(e["downs"], e["ups"])]
-                if got != shapes:
-                    raise ValueError(f"checkpoint champion of {name!r} has factor shapes {got}, the population "
-                                     f"has {shapes}")
-                factors = tuple(Factors(d.to(pop.device), u.to(pop.device)) for d, u in zip(e["downs"], e["ups"]))
+                if len(e["downs"]) != len(e["ups"]) or got != shapes:
+                    raise CheckpointError(f"checkpoint champion of {name!r} has factor shapes {got}, the population "
+                                          f"has {shapes}")
+                factors = tuple(Factors(d.to(pop.device, copy=True), u.to(pop.device, copy=True))
+                                for d, u in zip(e["downs"], e["ups"]))
                 archive[name].append(Champion(name, int(e["generation"]), int(e["individual"]), float(e["fitness"]),
                                               factors))
-        self.generator.set_state(state["generator"])
-        self.capacity = state["capacity"]
-        self.seed = state["seed"]
+        generator = torch.Generator()
+        saved = state["generator"]
+        try:
+            if not isinstance(saved, torch.Tensor) or saved.dtype != torch.uint8:
+                raise TypeError(f"expected a uint8 tensor, got {type(saved).__name__}")
+            generator.set_state(saved)
+        except (RuntimeError, TypeError) as err:
+            raise CheckpointError(f"the hall-of-fame state's 'generator' is not a CPU generator state: {err}") from None
+        self.generator = generator
+        self.capacity = capacity
+        self.seed = seed
         self._archive = archive
 
     def save(self, path: str | Path) -> Path:
-        """Write :meth:`state` atomically (temp file + rename)."""
+        """Write :meth:`state` atomically (temp file + rename).
+
+        Returns:
+            The ``Path`` written.
+        """
         return atomic_save(self.state(), path, kind="HallOfFame")
 
     def load(self, path: str | Path) -> None:
-        """Restore a hall saved by :meth:`save`."""
-        self.load_state(load_checkpoint(path, kind="HallOfFame"))
+        """Restore a hall saved by :meth:`save`.
+
+        Raises:
+            FileNotFoundError: nothing at ``path``.
+            CheckpointError: the file is empty, truncated, corrupted, of
+                another kind, or does not fit this hall (the file is named);
+                the hall is unchanged.
+        """
+        state = load_checkpoint(path, kind="HallOfFame")
+        with _naming(path):
+            self.load_state(state)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

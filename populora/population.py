@@ -216,8 +216,9 @@ class Population(nn.Module):
     def __setstate__(self, state: dict[str, Any]) -> None:
         """A deep copy (or unpickled copy) of a live population is live on its own model."""
         super().__setstate__(state)
-        if not self.__dict__.get("_spent", True) and isinstance(self.__dict__.get("model"), nn.Module):
-            _LIVE.setdefault(self.model, weakref.WeakSet()).add(self)
+        model = self.__dict__.get("_modules", {}).get("model")
+        if not self.__dict__.get("_spent", True) and isinstance(model, nn.Module):
+            _LIVE.setdefault(model, weakref.WeakSet()).add(self)
 
     # ------------------------------------------------------------------ routing
 

@@ -128,9 +128,9 @@ class TestErrors:
             ({"parent_selection_type": "tournamnet"}, ValueError, r"Did you mean `tournament`\?"),
             ({"mutation_kwargs": {"sigma": 1}}, TypeError, r"sigma"),
             ({"crossover_kwargs": {"drop_rate": 0.5}}, TypeError, r"drop_rate"),
-            ({"survive_frac": 1.0}, ValueError, r"`survive_frac` must be a number in \(0, 1\), got 1.0"),
-            ({"survive_frac": 0.0}, ValueError, r"`survive_frac` must be a number in \(0, 1\), got 0.0"),
-            ({"elite_frac": -0.1}, ValueError, r"`elite_frac` must be a number in \[0, 1\), got -0.1"),
+            ({"survive_frac": 1.0}, ValueError, r"`survive_frac` must be a finite number in \(0, 1\), got 1.0"),
+            ({"survive_frac": 0.0}, ValueError, r"`survive_frac` must be a finite number in \(0, 1\), got 0.0"),
+            ({"elite_frac": -0.1}, ValueError, r"`elite_frac` must be a finite number in \[0, 1\), got -0.1"),
             ({"elite_frac": 0.9}, ValueError, r"`elite_frac=0.9` gives 10 elites per group but `survive_frac=0.5` keeps only 6"),
             ({"epsilon": -1.0}, ValueError, r"`epsilon` must be a finite number >= 0, got -1.0"),
             ({"epsilon": float("nan")}, ValueError, r"`epsilon` must be a finite number >= 0, got nan"),
@@ -152,7 +152,7 @@ class TestErrors:
         pop = make()
         with pytest.raises(ValueError, match="exactly one of `individual=`, `individuals=` and `all_individuals=True`"):
             pop.mutate_("full_gaussian")
-        with pytest.raises(ValueError, match=r"`individuals` holds id 12, out of range \[0, 12\)"):
+        with pytest.raises(IndexError, match=r"`individuals` holds id 12, out of range \[0, 12\)"):
             pop.mutate_("full_gaussian", individuals=[0, 12])
 
     def test_crossover_argument_errors(self):
@@ -163,7 +163,7 @@ class TestErrors:
             pop.crossover_("average", [[0, 1], [2, 3]], [4, 4])
         with pytest.raises(ValueError, match=r"xes"):
             pop.crossover_("xes", [[0, 1]], [4])  # needs fitnesses
-        with pytest.raises(ValueError, match=r"`parents` holds id -1, out of range"):
+        with pytest.raises(IndexError, match=r"`parents` holds id -1, out of range"):
             pop.crossover_("average", [[0, -1]], [4])
 
 

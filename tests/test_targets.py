@@ -1,11 +1,13 @@
 """Finding lora targets: paths, globs, auto-discovery, and the errors for misses."""
 
+import warnings
+
 import pytest
 from models import TinyTransformer, mlp
 from torch import nn
 
 from populora.errors import TargetNotFoundError
-from populora.targets import find_targets
+from populora.targets import find_targets, tied_weights
 
 
 def test_none_finds_every_linear_in_module_order():
@@ -70,3 +72,47 @@ def test_layers_whose_forward_is_not_the_plain_one_are_refused():
     with pytest.raises(TargetNotFoundError, match=r"'2' cannot be routed: nn.Embedding '2' has max_norm=1.0"):
         find_targets(model, ["2"])
     assert list(find_targets(model, None)) == ["1"]
+
+
+def _tied_lm():
+    """Embedding + Linear head sharing one weight (an LM with tie_word_embeddings=True), a Linear between."""
+    model = nn.ModuleDict(dict(embed=nn.Embedding(11, 8), mid=nn.Linear(8, 8), head=nn.Linear(8, 11, bias=False)))
+    model.head.weight = model.embed.weight
+    return model
+
+
+def test_tied_weights_are_found():
+    assert tied_weights(_tied_lm()) == {"embed": ["head.weight"], "head": ["embed.weight"]}
+    shared = nn.Linear(3, 3)
+    assert tied_weights(nn.Sequential(shared, nn.ReLU(), shared)) == {}  # one module twice: one layer, not tied
+
+
+def test_auto_discovery_and_patterns_skip_tied_layers_with_one_warning():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert list(find_targets(_tied_lm(), None)) == ["mid"]
+    assert len(caught) == 1
+    assert str(caught[0].message).startswith("skipped 1 layer(s) with tied weights, which cannot be targets: "
+                                             "'head.weight' is the same tensor as 'embed.weight' (tied weights)")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert list(find_targets(_tied_lm(), "*")) == ["mid"]
+    assert len(caught) == 1 and "skipped 2 layer(s)" in str(caught[0].message)
+    with pytest.raises(TargetNotFoundError, match=r"pattern 'he\*' matches only layers with tied weights"):
+        find_targets(_tied_lm(), "he*")
+
+
+def test_explicit_tied_target_raises_naming_both_modules():
+    with pytest.raises(TargetNotFoundError, match=r"lora target 'head' cannot be a target: 'head.weight' is the "
+                                                  r"same tensor as 'embed.weight' \(tied weights\): merging an "
+                                                  r"adapter of 'head' would also change 'embed'"):
+        find_targets(_tied_lm(), ["mid", "head"])
+    with pytest.raises(TargetNotFoundError, match=r"'embed.weight' is the same tensor as 'head.weight'"):
+        find_targets(_tied_lm(), "embed")
+
+
+def test_only_tied_linears_is_an_error():
+    model = nn.ModuleDict(dict(embed=nn.Embedding(5, 4), head=nn.Linear(4, 5, bias=False)))
+    model.head.weight = model.embed.weight
+    with pytest.raises(TargetNotFoundError, match=r"has none that can be routed \(tied weights skipped: \['head'\]\)"):
+        find_targets(model, None)
