@@ -70,6 +70,8 @@ class MemberFactors:
         """``(pairs, ...) -> (N, ...)``: member ``i`` gets ``s_i * scale * per_pair[k(i)]`` (``scale=None``: no sign)."""
         out = self._buffer(key, (self.pop_size, *per_pair.shape[1:]), dtype)
         halves = (out[: self.pairs], out[self.pairs :]) if self.antithetic else (out,)
+        if per_pair.dtype != dtype:  # e.g. float64 stacks from float32 draws: scale in float64
+            per_pair = per_pair.to(dtype)
         for half, sign in zip(halves, (1.0, -1.0)):
             if scale is None:
                 half.copy_(per_pair)
@@ -122,7 +124,7 @@ class MemberFactors:
             used, inverse = torch.unique(pair, return_inverse=True)
             per_pair = torch.bmm(noise.at[used].transpose(1, 2).to(dtype), noise.bt[used].to(dtype))
             per_member = (per_pair / math.sqrt(noise.rank))[inverse]
-        return per_member * (sigma * sign).to(dtype).view(-1, *[1] * p.param.dim())
+        return per_member * (sign.to(dtype) * sigma).view(-1, *[1] * p.param.dim())
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

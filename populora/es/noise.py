@@ -253,12 +253,13 @@ def generate_noise_for_shapes(
         if rank is not None:
             rank = check_int(f"ranks[{name!r}]", rank, low=1)
         noise = draw_noise(0, name, epoch, pairs, shape, rank if len(shape) == 2 else None, device)
+        work = torch.float64 if dtype == torch.float64 else torch.float32  # float64 asked: computed in float64
         if noise.full is not None:
-            per_pair = noise.full
+            per_pair = noise.full.to(work)
         else:
             r = noise.rank
-            per_pair = torch.bmm(noise.at.transpose(1, 2), noise.bt) / math.sqrt(r)  # (pairs, R, C)
-        per_member = per_pair[pair] * (sigma * sign).view(-1, *[1] * len(shape))
+            per_pair = torch.bmm(noise.at.transpose(1, 2).to(work), noise.bt.to(work)) / math.sqrt(r)  # (pairs, R, C)
+        per_member = per_pair[pair] * (sign.to(work) * sigma).view(-1, *[1] * len(shape))
         out[name] = per_member.to(dtype)
     return out
 
