@@ -14,23 +14,26 @@ signature                                      kind       called
 :func:`evaluate` partitions the ids across ranks (:func:`~populora.distributed.partition`),
 calls the function accordingly and exchanges the values
 (:func:`~populora.distributed.all_gather_values`), so every rank gets the same
-``(p,)`` float32 vector. NaNs are kept: the population applies its NaN policy.
+``(p,)`` vector (float32 by default, ``dtype=torch.float64`` keeps Python
+floats exactly). NaNs are kept: the population applies its NaN policy.
+:func:`as_fitnesses` converts anything number-like to a tensor of its own
+precision and names the type of anything else.
 """
 
 from __future__ import annotations
 
 import inspect
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from populora import distributed as _dist
-from populora.errors import FitnessError
+from populora.errors import FitnessError, InvalidTypeError, InvalidValueError
 
-__all__ = ["FitnessKind", "evaluate", "fitness_kind"]
+__all__ = ["FitnessKind", "as_fitnesses", "evaluate", "fitness_kind"]
 
 FitnessKind = Literal["batch", "single", "all"]
 
@@ -73,16 +76,16 @@ def fitness_kind(fn: Callable[..., Any]) -> FitnessKind:
         'single'
     """
     if not callable(fn):
-        raise TypeError(f"a fitness function must be callable, got {type(fn).__name__}; expected {_FORMS}")
+        raise InvalidTypeError(f"a fitness function must be callable, got {type(fn).__name__}; expected {_FORMS}")
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError) as error:
-        raise TypeError(
+        raise InvalidTypeError(
             f"cannot read the signature of fitness function {_describe(fn)} ({error}); expected {_FORMS}"
         ) from None
 
-    def refuse(why: str) -> TypeError:
-        return TypeError(f"cannot tell how to call fitness function {_describe(fn)}: {why}; expected {_FORMS}")
+    def refuse(why: str) -> InvalidTypeError:
+        return InvalidTypeError(f"cannot tell how to call fitness function {_describe(fn)}: {why}; expected {_FORMS}")
 
     if any(p.kind is p.VAR_POSITIONAL for p in params):
         raise refuse("it takes *args (a wrapper? decorate it with functools.wraps)")
@@ -127,34 +130,96 @@ def _scalar(value: Any, what: str) -> float:
     raise FitnessError(f"{what} must return a number, got {type(value).__name__}: {value!r:.80}")
 
 
-def _vector(result: Any, n: int, what: str) -> Tensor:
-    """A fitness result as an ``(n,)`` float32 CPU tensor (NaN kept)."""
+def as_fitnesses(values: Any, what: str = "fitnesses", *, returned: int | None = None) -> Tensor:
+    """Fitness values as a real tensor in their own precision (higher is better; NaN kept).
+
+    A tensor or NumPy array keeps its dtype; a list or tuple of numbers (Python,
+    NumPy or one-element tensors) becomes float64, which holds Python floats
+    exactly. Booleans and integers are accepted (a tensor of them keeps its
+    integer dtype: convert as needed).
+
+    Args:
+        values: a tensor, NumPy array, or sequence of numbers.
+        what: how the values are named in errors.
+        returned: for a function's result: the number of values it should
+            have returned (errors then say "must return ...").
+
+    Returns:
+        The values as a tensor (not reshaped, not moved; detached).
+
+    Raises:
+        FitnessError: ``values`` are not numbers: a string, a dict, an
+            object, a complex tensor, ... (its type is named).
+
+    Example:
+        >>> as_fitnesses([1e8 + 1, 1e8]).dtype
+        torch.float64
+        >>> as_fitnesses("abc")
+        Traceback (most recent call last):
+        ...
+        populora.errors.FitnessError: fitnesses must be real numbers (a tensor, array or list), got str: 'abc'
+    """
+    def refuse(kind: str) -> FitnessError:
+        if returned is not None:
+            return FitnessError(f"{what} must return {returned} numbers (sequence, array or tensor), got {kind}: "
+                                f"{values!r:.80}")
+        return FitnessError(f"{what} must be real numbers (a tensor, array or list), got {kind}: {values!r:.80}")
+
+    if isinstance(values, Tensor):
+        t = values.detach()
+    elif isinstance(values, (str, bytes, Mapping, set, frozenset)) or values is None:
+        raise refuse(type(values).__name__)
+    elif isinstance(values, (list, tuple)):
+        bad = next((v for v in values if isinstance(v, (str, bytes, Mapping)) or v is None), None)
+        if bad is not None:
+            raise refuse(f"{type(values).__name__} holding {type(bad).__name__}")
+        try:
+            t = torch.tensor([_scalar(v, what) for v in values], dtype=torch.float64)
+        except FitnessError:
+            try:
+                t = torch.as_tensor(values)  # e.g. a list of equal-length rows: the caller checks the shape
+            except (TypeError, ValueError, RuntimeError):
+                raise refuse(f"{type(values).__name__} of non-numbers") from None
+    elif isinstance(values, numbers.Real):
+        t = torch.tensor(float(values), dtype=torch.float64)
+    else:
+        try:
+            t = torch.as_tensor(values)
+        except (TypeError, ValueError, RuntimeError):
+            raise refuse(type(values).__name__) from None
+    if t.is_complex() or not (t.is_floating_point() or t.dtype in _REAL_DTYPES):
+        raise FitnessError(f"{what} must {'return' if returned is not None else 'be'} real numbers, got dtype {t.dtype}")
+    return t
+
+
+def _vector(result: Any, n: int, what: str, dtype: torch.dtype = torch.float32) -> Tensor:
+    """A fitness result as an ``(n,)`` CPU tensor of ``dtype`` (NaN kept)."""
     if result is None:
         raise FitnessError(f"{what} returned None; expected {n} values (did it forget to `return`?)")
     if isinstance(result, (list, tuple)):
-        values = torch.tensor([_scalar(v, f"each value of {what}") for v in result], dtype=torch.float32)
+        values = torch.tensor([_scalar(v, f"each value of {what}") for v in result], dtype=torch.float64)
     else:
-        try:
-            values = result.detach() if isinstance(result, Tensor) else torch.as_tensor(result)
-        except (TypeError, ValueError, RuntimeError):
-            raise FitnessError(
-                f"{what} must return {n} numbers (sequence, array or tensor), got {type(result).__name__}"
-            ) from None
-        if values.is_complex() or not (values.is_floating_point() or values.dtype in _REAL_DTYPES):
-            raise FitnessError(f"{what} must return real numbers, got dtype {values.dtype}")
+        values = as_fitnesses(result, what, returned=n)
     shape = tuple(values.shape)
     long_dims = [s for s in shape if s != 1]
     if values.numel() != n or len(long_dims) > 1:
         raise FitnessError(
             f"{what} returned {values.numel()} values (shape {shape}) for {n} individuals; expected shape ({n},)"
         )
-    return values.reshape(n).to(device="cpu", dtype=torch.float32)
+    return values.reshape(n).to(device="cpu", dtype=dtype)
 
 
 _REAL_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
-def evaluate(fn: Callable[..., Any], population: Any, num: int, *, distributed: bool = True) -> Tensor:
+def evaluate(
+    fn: Callable[..., Any],
+    population: Any,
+    num: int,
+    *,
+    distributed: bool = True,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
     """Fitness of every individual, the same ``(num,)`` vector on every rank.
 
     Higher is better. With a distributed group and ``distributed=True`` the
@@ -173,9 +238,11 @@ def evaluate(fn: Callable[..., Any], population: Any, num: int, *, distributed: 
         population: passed through to ``fn`` untouched.
         num: number of individuals ``p``.
         distributed: split the work across ranks when a group exists.
+        dtype: ``torch.float32`` (default) or ``torch.float64`` (keeps Python
+            floats exactly, e.g. fitnesses ``1e8 + i``); the same on every rank.
 
     Returns:
-        ``(num,)`` float32 CPU tensor in id order; NaNs are kept.
+        ``(num,)`` CPU tensor of ``dtype`` in id order; NaNs are kept.
 
     Raises:
         TypeError: if ``fn`` has none of the three signatures.
@@ -188,29 +255,31 @@ def evaluate(fn: Callable[..., Any], population: Any, num: int, *, distributed: 
         tensor([0.0000, 0.5000, 1.0000])
     """
     if not isinstance(num, int) or isinstance(num, bool) or num < 1:
-        raise ValueError(f"`num` must be a positive int (the number of individuals), got {num!r}")
+        raise InvalidValueError(f"`num` must be a positive int (the number of individuals), got {num!r}")
+    if dtype not in (torch.float32, torch.float64):
+        raise InvalidValueError(f"`dtype` must be torch.float32 or torch.float64, got {dtype!r}")
     kind = fitness_kind(fn)
     spread = distributed and _dist.is_distributed()
     me, world = (_dist.rank(), _dist.world_size()) if spread else (0, 1)
 
     ids: list[int] = []
-    values = torch.empty(0)
+    values = torch.empty(0, dtype=dtype)
     failure: Exception | None = None
     try:
         if kind == "all":
             if me == 0:
                 ids = list(range(num))
-                values = _vector(fn(population), num, f"fitness function {_describe(fn)}")
+                values = _vector(fn(population), num, f"fitness function {_describe(fn)}", dtype)
         else:
             ids = list(_dist.partition(num, me, world))
             if kind == "batch" and ids:
                 values = _vector(
-                    fn(population, individuals=list(ids)), len(ids), f"fitness function {_describe(fn)}"
+                    fn(population, individuals=list(ids)), len(ids), f"fitness function {_describe(fn)}", dtype
                 )
             elif kind == "single":
                 what = f"fitness function {_describe(fn)}"
                 values = torch.tensor(
-                    [_scalar(fn(population, i), f"{what} (individual {i})") for i in ids], dtype=torch.float32
+                    [_scalar(fn(population, i), f"{what} (individual {i})") for i in ids], dtype=dtype
                 )
     except Exception as error:
         if not spread:

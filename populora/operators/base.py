@@ -7,11 +7,18 @@ Four kinds of operator, one registry each (name -> function):
   -> (g, num_children, num_parents)``.
 - ``CROSSOVERS``: ``fn(stacks, parents (c, k), *, fitnesses, generator, num_groups, **options)
   -> list[Factors]``.
-- ``MUTATIONS``: ``fn(factors, *, epsilon, floors, generator, **options) -> list[Factors]``.
+- ``MUTATIONS``: ``fn(factors, *, epsilon, weight_scales, generator, **options) -> list[Factors]``
+  (``weight_scales[t]``: the reference RMS of target ``t``'s weight; see
+  :mod:`populora.operators.mutation`).
 
 Higher fitness is better for every operator. Operators are pure, vectorised
 and draw every random number from the ``generator`` they are given. A user's
 function with the same signature slots in through ``register_<kind>``.
+
+Every bad argument raises a :class:`~populora.errors.PopuloraError`:
+:class:`~populora.errors.InvalidTypeError` (also a ``TypeError``) for a wrong
+type, :class:`~populora.errors.InvalidValueError` (also a ``ValueError``) for a
+wrong value. NumPy scalars and 0-d tensors pass wherever Python numbers do.
 """
 
 from __future__ import annotations
@@ -19,11 +26,14 @@ from __future__ import annotations
 import difflib
 import inspect
 import math
-import numbers
-from typing import Callable, Mapping, NamedTuple
+import warnings
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 import torch
 from torch import Tensor
+
+from ..checks import check_float, check_int
+from ..errors import InvalidTypeError, InvalidValueError
 
 
 class Factors(NamedTuple):
@@ -61,41 +71,41 @@ _STANDARD: dict[str, tuple[int, frozenset[str]]] = {
     "selection": (2, frozenset({"generator"})),
     "parent_selection": (3, frozenset({"generator"})),
     "crossover": (2, frozenset({"fitnesses", "generator", "num_groups"})),
-    "mutation": (1, frozenset({"epsilon", "floors", "generator"})),
+    "mutation": (1, frozenset({"epsilon", "weight_scales", "generator"})),
 }
 
 
 def _registry(kind: str) -> dict[str, OperatorFn]:
     if kind not in _REGISTRIES:
-        raise ValueError(f"`kind` must be one of {sorted(_REGISTRIES)}, got {kind!r}")
+        raise InvalidValueError(f"`kind` must be one of {sorted(_REGISTRIES)}, got {kind!r}")
     return _REGISTRIES[kind]
 
 
 def _register(kind: str, name: str, fn: OperatorFn | None, overwrite: bool, validate):
     registry = _registry(kind)
     if not isinstance(name, str) or not name:
-        raise TypeError(f"`name` of a {kind} must be a non-empty str, got {name!r}")
+        raise InvalidTypeError(f"`name` of a {kind} must be a non-empty str, got {name!r}")
     if validate is not None and not callable(validate):
-        raise TypeError(f"`validate` of {kind} {name!r} must be callable, got {type(validate).__name__}")
+        raise InvalidTypeError(f"`validate` of {kind} {name!r} must be callable, got {type(validate).__name__}")
 
-    def add(f: OperatorFn) -> OperatorFn:
+    def add(f: OperatorFn, _stacklevel: int = 2) -> OperatorFn:  # the user frame, counted from add
         if not callable(f):
-            raise TypeError(f"a {kind} must be callable, got {type(f).__name__} for {name!r}")
+            raise InvalidTypeError(f"a {kind} must be callable, got {type(f).__name__} for {name!r}")
         if name in registry and not overwrite:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{kind} {name!r} is already registered; pass `overwrite=True` to replace it"
             )
-        _check_keywords(kind, name, f)
+        _check_keywords(kind, name, f, _stacklevel + 1)
         registry[name] = f
         _VALIDATORS.pop((kind, name), None)
         if validate is not None:
             _VALIDATORS[(kind, name)] = validate
         return f
 
-    return add if fn is None else add(fn)
+    return add if fn is None else add(fn, 4)
 
 
-def _check_keywords(kind: str, name: str, fn: OperatorFn) -> None:
+def _check_keywords(kind: str, name: str, fn: OperatorFn, stacklevel: int = 2) -> None:
     """A registered function must accept the population's keyword arguments."""
     try:
         params = inspect.signature(fn).parameters
@@ -105,8 +115,16 @@ def _check_keywords(kind: str, name: str, fn: OperatorFn) -> None:
         return
     named = {n for n, p in params.items() if p.kind is not p.POSITIONAL_ONLY}
     missing = sorted(_STANDARD[kind][1] - named)
+    if kind == "mutation" and missing == ["weight_scales"] and "floors" in named:
+        warnings.warn(
+            f"mutation {name!r} takes the keyword `floors`, renamed `weight_scales` (with a new "
+            "meaning: the reference RMS of each target's weight; see populora.operators.mutation); "
+            "it still receives `floors` (the old per-target factor scale) for one release",
+            DeprecationWarning, stacklevel=stacklevel,
+        )
+        return
     if missing:
-        raise TypeError(
+        raise InvalidTypeError(
             f"{kind} {name!r} must accept the keyword argument(s) {missing}; "
             f"its signature is {inspect.signature(fn)}"
         )
@@ -124,11 +142,12 @@ def register_selection(
             omit it to use the call as a decorator.
         overwrite: replace an operator already registered under ``name``.
         validate: optional ``validate(**options)`` raising ``TypeError`` /
-            ``ValueError`` on bad option values; :func:`check_options` runs it.
+            ``ValueError`` (best: :class:`~populora.errors.InvalidTypeError` /
+            :class:`~populora.errors.InvalidValueError`) on bad option values; :func:`check_options` runs it.
 
     Raises:
-        ValueError: ``name`` is taken and ``overwrite`` is False.
-        TypeError: ``fn`` does not accept the keyword ``generator``.
+        InvalidValueError: ``name`` is taken and ``overwrite`` is False.
+        InvalidTypeError: ``fn`` does not accept the keyword ``generator``.
     """
     return _register("selection", name, fn, overwrite, validate)
 
@@ -162,12 +181,17 @@ def register_mutation(
 ):
     """Register a mutation; use directly or as a decorator. See :func:`register_selection`.
 
-    ``fn(factors, *, epsilon, floors, generator, **options) -> list[Factors]``
-    must accept the keywords ``epsilon``, ``floors`` and ``generator``.
+    ``fn(factors, *, epsilon, weight_scales, generator, **options) -> list[Factors]``
+    must accept the keywords ``epsilon``, ``weight_scales`` and ``generator``
+    (see :mod:`populora.operators.mutation` for what they mean). A function
+    that takes the pre-0.2 keyword ``floors`` instead of ``weight_scales`` is
+    still accepted, with a ``DeprecationWarning``, for one release: it then
+    receives ``floors[t] = sqrt(weight_scales[t] / sqrt(r_t))``, the factor
+    scale ``floors`` used to mean.
 
     Example:
         >>> @register_mutation("identity_example")
-        ... def identity_example(factors, *, epsilon, floors, generator):
+        ... def identity_example(factors, *, epsilon, weight_scales, generator):
         ...     return [Factors(f.down.clone(), f.up.clone()) for f in factors]
         >>> get_operator("mutation", "identity_example") is identity_example
         True
@@ -184,7 +208,7 @@ def get_operator(kind: str, name: str) -> OperatorFn:
         name: a registered name.
 
     Raises:
-        ValueError: unknown ``kind`` or ``name``; the message lists the
+        InvalidValueError: unknown ``kind`` or ``name``; the message lists the
             available names and suggests the closest one.
     """
     registry = _registry(kind)
@@ -192,7 +216,7 @@ def get_operator(kind: str, name: str) -> OperatorFn:
         names = sorted(registry)
         close = difflib.get_close_matches(str(name), names, n=1)
         hint = f" Did you mean `{close[0]}`?" if close else ""
-        raise ValueError(f"Unknown {kind} `{name}`; available: {names}.{hint}")
+        raise InvalidValueError(f"Unknown {kind} `{name}`; available: {names}.{hint}")
     return registry[name]
 
 
@@ -210,7 +234,7 @@ def option_names(kind: str, name: str) -> list[str]:
             continue
         if p.kind is p.POSITIONAL_OR_KEYWORD and i < n_positional:
             continue
-        if p.name not in keywords:
+        if p.name not in keywords and not (kind == "mutation" and p.name == "floors"):
             names.append(p.name)
     return names
 
@@ -230,9 +254,9 @@ def check_options(kind: str, name: str, options: Mapping[str, object] | None) ->
         The operator.
 
     Raises:
-        ValueError: unknown ``kind`` or ``name``, or an option value out of
+        InvalidValueError: unknown ``kind`` or ``name``, or an option value out of
             range (e.g. ``rho=2``).
-        TypeError: ``options`` is not a mapping, or names a keyword the operator
+        InvalidTypeError: ``options`` is not a mapping, or names a keyword the operator
             does not take (the message lists the ones it does take), or one the
             population passes itself, or an option has the wrong type.
     """
@@ -240,22 +264,22 @@ def check_options(kind: str, name: str, options: Mapping[str, object] | None) ->
     if options is None:
         return fn
     if not isinstance(options, Mapping):
-        raise TypeError(f"options of {kind} `{name}` must be a dict, got {type(options).__name__}")
+        raise InvalidTypeError(f"options of {kind} `{name}` must be a dict, got {type(options).__name__}")
     accepted = option_names(kind, name)
     try:
         params = inspect.signature(fn).parameters.values()
         takes_any = any(p.kind is p.VAR_KEYWORD for p in params)
     except (TypeError, ValueError):
         takes_any = True
-    reserved = sorted(set(options) & _STANDARD[kind][1])
+    reserved = sorted(set(options) & (_STANDARD[kind][1] | ({"floors"} if kind == "mutation" else set())))
     if reserved:
-        raise TypeError(
+        raise InvalidTypeError(
             f"{kind} `{name}` option(s) {reserved} are passed by the population itself, "
             f"not as options; accepted options: {accepted}"
         )
     unknown = sorted(k for k in options if k not in accepted)
     if unknown and not takes_any:
-        raise TypeError(
+        raise InvalidTypeError(
             f"{kind} `{name}` got unexpected option(s) {unknown}; accepted options: {accepted}"
         )
     validate = _VALIDATORS.get((kind, name))
@@ -264,22 +288,78 @@ def check_options(kind: str, name: str, options: Mapping[str, object] | None) ->
     return fn
 
 
-def check_number(name: str, value, ok: Callable[[float], bool], expect: str, *, integer: bool = False) -> None:
-    """Validate a numeric option: ``TypeError`` if not a (finite) number, ``ValueError`` unless ``ok(value)``.
+def check_number(name: str, value, ok: Callable[[float], bool], expect: str, *, integer: bool = False):
+    """Validate a numeric option and return it as a Python ``int`` / ``float``.
+
+    A thin wrapper over :func:`populora.checks.check_int` /
+    :func:`~populora.checks.check_float` (so NumPy scalars and 0-d tensors
+    pass) plus the rule ``ok``.
+
+    Raises:
+        InvalidTypeError: not a (real or integer) number.
+        InvalidValueError: not finite, or ``ok(value)`` is False.
 
     Example:
         >>> check_number("rho", 0.5, lambda v: 0 <= v <= 1, "in [0, 1]")
+        0.5
         >>> check_number("rho", 2, lambda v: 0 <= v <= 1, "in [0, 1]")
         Traceback (most recent call last):
         ...
-        ValueError: `rho` must be in [0, 1], got 2
+        populora.errors.InvalidValueError: `rho` must be in [0, 1], got 2
     """
-    kind = numbers.Integral if integer else numbers.Real
-    what = "an int" if integer else "a real number"
-    if isinstance(value, bool) or not isinstance(value, kind):
-        raise TypeError(f"`{name}` must be {what} {expect}, got {type(value).__name__} {value!r}")
-    if not (math.isfinite(value) and ok(value)):
-        raise ValueError(f"`{name}` must be {'an int ' if integer else ''}{expect}, got {value!r}")
+    try:
+        number = check_int(name, value) if integer else check_float(name, value)
+    except InvalidTypeError:
+        what = "an int" if integer else "a real number"
+        raise InvalidTypeError(f"`{name}` must be {what} {expect}, got {type(value).__name__} {value!r}") from None
+    except InvalidValueError:
+        number = None
+    if number is None or not ok(number):
+        shown = value.item() if isinstance(value, Tensor) else value
+        raise InvalidValueError(f"`{name}` must be {'an int ' if integer else ''}{expect}, got {shown!r}")
+    return number
+
+
+def legacy_floors(fn: OperatorFn) -> bool:
+    """Whether mutation ``fn`` takes the deprecated ``floors`` keyword instead of ``weight_scales``."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    if "weight_scales" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return False
+    return "floors" in params
+
+
+def call_mutation(
+    fn: OperatorFn,
+    factors: Sequence[Factors],
+    *,
+    epsilon: float,
+    weight_scales: Sequence[float],
+    generator: torch.Generator,
+    **options,
+) -> list[Factors]:
+    """Run mutation ``fn`` with the population's standard arguments.
+
+    A function registered with the deprecated keyword ``floors`` gets
+    ``floors[t] = sqrt(weight_scales[t] / sqrt(r_t))`` (``r_t`` the target's
+    effective rank ``min(r, d, e)``): the per-target factor scale that keyword
+    meant before it was renamed.
+
+    Args:
+        fn: a mutation (see :func:`register_mutation`).
+        factors: per target ``Factors(down (m, d, r), up (m, e, r))``.
+        epsilon: the mutation strength.
+        weight_scales: per target reference RMS of the weight.
+        generator: the source of randomness.
+        **options: the mutation's own options.
+    """
+    if legacy_floors(fn):
+        floors = [math.sqrt(float(w) / math.sqrt(max(1, min(f.down.shape[-1], f.down.shape[-2], f.up.shape[-2]))))
+                  for f, w in zip(factors, weight_scales)]
+        return fn(factors, epsilon=epsilon, floors=floors, generator=generator, **options)
+    return fn(factors, epsilon=epsilon, weight_scales=weight_scales, generator=generator, **options)
 
 
 # Random draws. Every draw happens on the generator's device (so a CPU

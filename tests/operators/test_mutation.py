@@ -4,18 +4,27 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
+from populora.errors import InvalidTypeError, InvalidValueError
 from populora.operators import MUTATIONS, Factors
 
 M = 6
+ADDITIVE = ["full_gaussian", "layer_selective_gaussian", "neftune_style"]
 
 
-def call(name, factors, seed=0, epsilon=0.1, floors=None, **kw):
-    floors = [1.0] * len(factors) if floors is None else floors
+def call(name, factors, seed=0, epsilon=0.1, weight_scales=None, **kw):
+    weight_scales = [1.0] * len(factors) if weight_scales is None else weight_scales
     gen = torch.Generator().manual_seed(seed)
-    return MUTATIONS[name](factors, epsilon=epsilon, floors=floors, generator=gen, **kw)
+    return MUTATIONS[name](factors, epsilon=epsilon, weight_scales=weight_scales, generator=gen, **kw)
+
+
+def rms_change(new: Factors, old: Factors) -> float:
+    """Root of the mean (over individuals and entries) squared change of dW, in float64."""
+    d = new.up.double() @ new.down.double().mT - old.up.double() @ old.down.double().mT
+    return d.square().mean().sqrt().item()
 
 
 def changed(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
@@ -65,9 +74,23 @@ class TestContract:
         for new in call(mutation_name, zeros):
             assert torch.isfinite(new.down).all() and torch.isfinite(new.up).all()
 
-    def test_bad_floors(self, mutation_name, helpers):
-        with pytest.raises(ValueError, match=r"`floors` must hold one finite value >= 0 per target \(4\)"):
-            call(mutation_name, helpers.random_stacks(M), floors=[1.0])
+    def test_bad_weight_scales(self, mutation_name, helpers):
+        with pytest.raises(InvalidValueError, match=r"`weight_scales` must hold one finite value >= 0 per target \(4\)"):
+            call(mutation_name, helpers.random_stacks(M), weight_scales=[1.0])
+        with pytest.raises(InvalidTypeError, match=r"`weight_scales` must hold one real number per target"):
+            call(mutation_name, helpers.random_stacks(M), weight_scales=["a"] * 4)
+
+    def test_epsilon_types(self, mutation_name, helpers):
+        """NumPy scalars pass; a wrong type is an InvalidTypeError, a bad value an InvalidValueError."""
+        factors = helpers.random_stacks(M)
+        helpers.assert_same(call(mutation_name, factors, epsilon=np.float32(0.25)),
+                            call(mutation_name, factors, epsilon=0.25))
+        with pytest.raises(InvalidTypeError, match=r"`epsilon` must be a real number >= 0, got str 'a'"):
+            call(mutation_name, factors, epsilon="a")
+        with pytest.raises(InvalidValueError, match=r"`epsilon` must be >= 0, got -1"):
+            call(mutation_name, factors, epsilon=-1)
+        with pytest.raises(InvalidValueError, match=r"`epsilon` must be >= 0, got nan"):
+            call(mutation_name, factors, epsilon=float("nan"))
 
 
 @pytest.mark.parametrize("name", ["full_gaussian", "layer_selective_gaussian", "svd_structured"])
@@ -77,28 +100,60 @@ def test_zero_epsilon_keeps_dw(name, helpers):
         assert torch.allclose(helpers.delta(new), helpers.delta(old), atol=1e-10)
 
 
-def test_full_gaussian_noise_is_relative_to_each_factor():
-    """Noise RMS = epsilon * rms(factor_i), whatever the individual's scale."""
-    scales = torch.tensor([1e-2, 1.0, 1e3]).view(3, 1, 1)
+@pytest.mark.parametrize("name", ADDITIVE)
+@pytest.mark.parametrize("state", ["zero", "down_only", "balanced", "large", "unbalanced"])
+def test_additive_change_is_epsilon_times_weight_scale(name, state):
+    """E[rms(dW' - dW)] = epsilon * w, whatever the adapter's size (zero included)."""
+    g = torch.Generator().manual_seed(1)
+    m, d, e, r, w, eps = 400, 48, 24, 4, 0.3, 0.2
+    a = math.sqrt(w / math.sqrt(r))  # balanced factor scale for rms(dW) = w
+    down_scale, up_scale = {"zero": (0, 0), "down_only": (a, 0), "balanced": (a, 0.1 * a),
+                            "large": (10 * a, 10 * a), "unbalanced": (5 * a, 0.01 * a)}[state]
+    old = Factors(torch.randn(m, d, r, generator=g, dtype=torch.float64) * down_scale,
+                  torch.randn(m, e, r, generator=g, dtype=torch.float64) * up_scale)
+    kw = {"fraction": 1.0} if name == "layer_selective_gaussian" else {}
+    new = call(name, [old], epsilon=eps, weight_scales=[w], **kw)[0]
+    assert rms_change(new, old) == pytest.approx(eps * w, rel=0.1)
+    # and it is linear in epsilon and in the weight scale
+    new = call(name, [old], epsilon=eps / 2, weight_scales=[3 * w], **kw)[0]
+    assert rms_change(new, old) == pytest.approx(1.5 * eps * w, rel=0.1)
+
+
+@pytest.mark.parametrize("name", ADDITIVE)
+def test_additive_zero_weight_scale_or_epsilon_changes_nothing(name, helpers):
+    factors = helpers.random_stacks(M, dtype=torch.float64)
+    for kw in ({"epsilon": 0.0}, {"weight_scales": [0.0] * 4}):
+        for new, old in zip(call(name, factors, **kw), factors):
+            assert torch.allclose(helpers.delta(new), helpers.delta(old), atol=1e-12)
+
+
+def test_neftune_noise_is_uniform_on_down_when_up_is_nonzero(helpers):
+    factors = helpers.random_stacks(M, shapes=[(64, 9, 4)], dtype=torch.float64)
+    new = call("neftune_style", factors, epsilon=0.3, weight_scales=[0.5])[0]
+    assert torch.equal(new.up, factors[0].up)
+    noise = new.down - factors[0].down  # U(-b, b) per individual: max close to b, mean |.| = b / 2
+    b = noise.abs().amax((1, 2))
+    assert torch.allclose(noise.abs().mean((1, 2)), b / 2, rtol=0.1)
+
+
+def test_neftune_moves_a_zero_up_through_up():
     g = torch.Generator().manual_seed(0)
-    down, up = torch.randn(3, 64, 8, generator=g) * scales, torch.randn(3, 32, 8, generator=g)
-    new = call("full_gaussian", [Factors(down, up)], epsilon=0.2, floors=[1e-6])[0]
-    for x, y in ((new.down, down), (new.up, up)):
-        ratio = (x - y).square().mean((1, 2)).sqrt() / (0.2 * y.square().mean((1, 2)).sqrt())
-        assert ((ratio > 0.85) & (ratio < 1.15)).all(), ratio
+    old = Factors(torch.randn(50, 32, 4, generator=g), torch.zeros(50, 16, 4))
+    new = call("neftune_style", [old], epsilon=0.2, weight_scales=[0.1])[0]
+    assert torch.equal(new.down, old.down)
+    assert (new.up != 0).flatten(1).any(1).all()
+    assert rms_change(new, old) == pytest.approx(0.02, rel=0.15)
 
 
-def test_full_gaussian_floor_moves_zero_and_tiny_factors():
-    """A factor below 10% of its reference RMS gets noise as if it had 10% of it."""
-    down = torch.zeros(2, 64, 8)
-    down[1] = 1e-6
-    up = torch.ones(2, 32, 8)
-    new = call("full_gaussian", [Factors(down, up)], epsilon=0.5, floors=[2.0])[0]
-    noise = (new.down - down).square().mean((1, 2)).sqrt()
-    assert torch.allclose(noise, torch.full((2,), 0.5 * 0.1 * 2.0), rtol=0.15)
-    up_noise = (new.up - up).square().mean((1, 2)).sqrt()  # rms 1 > 0.2: its own scale
-    assert torch.allclose(up_noise, torch.full((2,), 0.5), rtol=0.15)
-    assert torch.equal(call("full_gaussian", [Factors(down, up)], floors=[0.0])[0].down[0], down[0])
+def test_neftune_alpha_is_deprecated_and_keeps_its_old_meaning(helpers):
+    factors = helpers.random_stacks(M, shapes=[(64, 9, 4)], dtype=torch.float64)
+    with pytest.warns(DeprecationWarning, match="`alpha` of neftune_style is deprecated"):
+        new = call("neftune_style", factors, alpha=5.0, epsilon=123.0)[0]  # epsilon is ignored
+    bound = 5.0 / math.sqrt(64 * 4)
+    noise = (new.down - factors[0].down).abs()
+    assert noise.max() <= bound and noise.max() > 0.95 * bound
+    assert noise.mean().item() == pytest.approx(bound / 2, rel=0.05)  # uniform on [-b, b]
+    assert torch.equal(new.up, factors[0].up)
 
 
 @pytest.mark.parametrize("fraction,count", [(1 / 3, 2), (0.01, 1), (0.5, 3), (0.75, 5), (1.0, 6)])  # 4.5 rounds up
@@ -158,21 +213,15 @@ def test_component_masking_picks_components_at_random(helpers):
     assert ((1 - survived.double().mean(0)) - 0.25).abs().max() < 0.08  # each component ~1/4 of the time
 
 
-def test_neftune_bound_and_up_unchanged(helpers):
-    factors = helpers.random_stacks(M, shapes=[(64, 9, 4)], dtype=torch.float64)
-    new = call("neftune_style", factors, alpha=5.0, epsilon=123.0)[0]  # epsilon is ignored
-    bound = 5.0 / math.sqrt(64 * 4)
-    noise = (new.down - factors[0].down).abs()
-    assert noise.max() <= bound and noise.max() > 0.95 * bound
-    assert noise.mean().item() == pytest.approx(bound / 2, rel=0.05)  # uniform on [-b, b]
-    assert torch.equal(new.up, factors[0].up)
-
-
 def test_option_errors(helpers):
     factors = helpers.random_stacks(M)
-    with pytest.raises(ValueError, match=r"`rho` must be in \[0, 1\], got 1.5"):
+    with pytest.raises(InvalidValueError, match=r"`rho` must be in \[0, 1\], got 1.5"):
         call("component_masking", factors, rho=1.5)
-    with pytest.raises(ValueError, match=r"`fraction` must be in \(0, 1\], got 0"):
+    with pytest.raises(InvalidValueError, match=r"`fraction` must be in \(0, 1\], got 0"):
         call("layer_selective_gaussian", factors, fraction=0)
+    with pytest.raises(InvalidTypeError, match=r"`rho` must be a real number in \[0, 1\], got str '0.3'"):
+        call("component_masking", factors, rho="0.3")
+    helpers.assert_same(call("component_masking", factors, rho=np.float64(0.5)),  # NumPy options pass
+                        call("component_masking", factors, rho=0.5))
     with pytest.raises(ValueError, match="`epsilon` must be >= 0, got -0.1"):
         call("full_gaussian", factors, epsilon=-0.1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from populora.errors import InvalidTypeError, InvalidValueError
 from populora.operators import base
 from populora.operators import (
     CROSSOVERS, MUTATIONS, PARENT_SELECTIONS, SELECTIONS, Factors, check_options, get_operator,
@@ -45,49 +46,81 @@ def test_register_directly_and_as_decorator():
     assert get_operator("selection", "keep_first") is keep_first
 
     @register_mutation("identity")
-    def identity(factors, *, epsilon, floors, generator):
+    def identity(factors, *, epsilon, weight_scales, generator):
         return [Factors(f.down.clone(), f.up.clone()) for f in factors]
 
     assert MUTATIONS["identity"] is identity
     out = get_operator("mutation", "identity")(
-        [Factors(torch.ones(2, 3, 1), torch.ones(2, 4, 1))], epsilon=0.1, floors=[1.0],
+        [Factors(torch.ones(2, 3, 1), torch.ones(2, 4, 1))], epsilon=0.1, weight_scales=[1.0],
         generator=torch.Generator())
     assert torch.equal(out[0].down, torch.ones(2, 3, 1))
+
+
+def test_mutation_with_the_old_floors_keyword_still_works():
+    """Registered with `floors` (pre-0.2): a DeprecationWarning pointing at the caller, and the
+    population hands it floors = sqrt(weight_scale / sqrt(rank)), what the keyword used to mean."""
+    seen = {}
+
+    def old_style(factors, *, epsilon, floors, generator):
+        seen["floors"] = list(floors)
+        return [Factors(f.down * 2, f.up) for f in factors]
+
+    with pytest.warns(DeprecationWarning, match="takes the keyword `floors`, renamed `weight_scales`") as record:
+        register_mutation("old_style", old_style)
+    assert record[0].filename == __file__
+    with pytest.warns(DeprecationWarning) as record:
+        register_mutation("old_style_deco", overwrite=True)(old_style)
+    assert record[0].filename == __file__
+    assert "floors" not in option_names("mutation", "old_style")
+    with pytest.raises(InvalidTypeError, match=r"option\(s\) \['floors'\] are passed by the population itself"):
+        check_options("mutation", "old_style", {"floors": [1.0]})
+
+    from populora import Population
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Linear(8, 2))
+    pop = Population(model, pop_size=4, low_rank=4, seed=0)
+    before = pop.factors()[0].down.clone()
+    pop.mutate_("old_style", all_individuals=True)
+    assert torch.equal(pop.factors()[0].down, 2 * before)
+    expected = [(w / r ** 0.5) ** 0.5 for w, r in zip(pop.weight_scales, pop.ranks)]  # ranks (4, 2)
+    assert seen["floors"] == pytest.approx(expected)
+    with pytest.warns(DeprecationWarning, match="`Population.floors` is deprecated"):
+        assert pop.floors == pytest.approx(expected)
 
 
 def test_duplicate_needs_overwrite():
     def mine(stacks, parents, *, fitnesses, generator, num_groups=1):
         return []
 
-    with pytest.raises(ValueError, match="crossover 'average' is already registered; pass `overwrite=True`"):
+    with pytest.raises(InvalidValueError, match="crossover 'average' is already registered; pass `overwrite=True`"):
         register_crossover("average", mine)
     register_crossover("average", mine, overwrite=True)
     assert CROSSOVERS["average"] is mine
 
 
 def test_registration_checks_the_callable():
-    with pytest.raises(TypeError, match=r"must accept the keyword argument\(s\) \['num_groups'\]"):
+    with pytest.raises(InvalidTypeError, match=r"must accept the keyword argument\(s\) \['num_groups'\]"):
         register_crossover("bad", lambda stacks, parents, *, fitnesses, generator: [])
-    with pytest.raises(TypeError, match="must be callable"):
+    with pytest.raises(InvalidTypeError, match="must be callable"):
         register_parent_selection("bad", 3)
-    with pytest.raises(TypeError, match="non-empty str"):
+    with pytest.raises(InvalidTypeError, match="non-empty str"):
         register_selection("", lambda f, n, *, generator: f)
     register_parent_selection("anything", lambda *a, **kw: None)  # **kwargs accepts every keyword
 
 
 def test_unknown_name_lists_and_suggests():
     with pytest.raises(
-        ValueError,
+        InvalidValueError,
         match=r"Unknown mutation `ful_gaussian`; available: \['component_masking', 'full_gaussian', "
               r"'layer_selective_gaussian', 'neftune_style', 'svd_structured'\]\. Did you mean `full_gaussian`\?",
     ):
         get_operator("mutation", "ful_gaussian")
-    with pytest.raises(ValueError, match=r"Unknown crossover `zzz`; available: \[.*'xes'\]\.$"):
+    with pytest.raises(InvalidValueError, match=r"Unknown crossover `zzz`; available: \[.*'xes'\]\.$"):
         get_operator("crossover", "zzz")
 
 
 def test_unknown_kind():
-    with pytest.raises(ValueError, match=r"`kind` must be one of \['crossover', 'mutation', 'parent_selection', "
+    with pytest.raises(InvalidValueError, match=r"`kind` must be one of \['crossover', 'mutation', 'parent_selection', "
                                          r"'selection'\], got 'mutations'"):
         get_operator("mutations", "full_gaussian")
 
@@ -102,16 +135,16 @@ def test_option_names_come_from_the_signature():
 
 def test_check_options_unknown_keyword():
     with pytest.raises(
-        TypeError,
+        InvalidTypeError,
         match=r"parent_selection `tournament` got unexpected option\(s\) \['tournament_sise'\]; "
               r"accepted options: \['tournament_size'\]",
     ):
         check_options("parent_selection", "tournament", {"tournament_sise": 4})
-    with pytest.raises(TypeError, match=r"option\(s\) \['epsilon'\] are passed by the population itself"):
+    with pytest.raises(InvalidTypeError, match=r"option\(s\) \['epsilon'\] are passed by the population itself"):
         check_options("mutation", "full_gaussian", {"epsilon": 0.2})
-    with pytest.raises(TypeError, match="must be a dict, got list"):
+    with pytest.raises(InvalidTypeError, match="must be a dict, got list"):
         check_options("mutation", "full_gaussian", [("rho", 1)])
-    with pytest.raises(ValueError, match="Did you mean `dare`"):
+    with pytest.raises(InvalidValueError, match="Did you mean `dare`"):
         check_options("crossover", "dara", {})
 
 
@@ -135,17 +168,18 @@ def test_check_options_with_var_keywords():
 
 
 @pytest.mark.parametrize("kind,name,options,error,message", [
-    ("mutation", "component_masking", {"rho": 2}, ValueError, r"`rho` must be in \[0, 1\], got 2"),
-    ("mutation", "neftune_style", {"alpha": -1.0}, ValueError, "`alpha` must be >= 0, got -1.0"),
-    ("mutation", "layer_selective_gaussian", {"fraction": 0.0}, ValueError, r"`fraction` must be in \(0, 1\]"),
-    ("parent_selection", "tournament", {"tournament_size": "3"}, TypeError,
+    ("mutation", "component_masking", {"rho": 2}, InvalidValueError, r"`rho` must be in \[0, 1\], got 2"),
+    ("mutation", "neftune_style", {"alpha": -1.0}, InvalidValueError, "`alpha` must be >= 0, got -1.0"),
+    ("mutation", "layer_selective_gaussian", {"fraction": 0.0}, InvalidValueError, r"`fraction` must be in \(0, 1\]"),
+    ("parent_selection", "tournament", {"tournament_size": "3"}, InvalidTypeError,
      "`tournament_size` must be an int >= 1, got str '3'"),
-    ("parent_selection", "queen_bee", {"tournament_size": 0}, ValueError, "must be an int >= 1, got 0"),
-    ("parent_selection", "roulette", {"temperature": float("nan")}, ValueError, "`temperature` must be > 0"),
-    ("selection", "probabilistic", {"temperature": -1}, ValueError, "`temperature` must be > 0, got -1"),
-    ("crossover", "dare", {"drop_rate": 1.0}, ValueError, r"`drop_rate` must be in \[0, 1\), got 1.0"),
-    ("crossover", "extrapolative", {"eta_min": 2.0}, ValueError, r"`eta_max` must be >= `eta_min` \(2.0\)"),
-    ("crossover", "xes", {"eta": True}, TypeError, "`eta` must be a real number"),
+    ("parent_selection", "queen_bee", {"tournament_size": 0}, InvalidValueError, "must be an int >= 1, got 0"),
+    ("parent_selection", "roulette", {"temperature": float("nan")}, InvalidValueError, "`temperature` must be > 0"),
+    ("selection", "probabilistic", {"temperature": -1}, InvalidValueError, "`temperature` must be > 0, got -1"),
+    ("crossover", "dare", {"drop_rate": 1.0}, InvalidValueError, r"`drop_rate` must be in \[0, 1\), got 1.0"),
+    ("crossover", "extrapolative", {"eta_min": 2.0}, InvalidValueError, r"`eta_max` must be >= `eta_min` \(2.0\)"),
+    ("crossover", "xes", {"eta": True}, InvalidTypeError, "`eta` must be a real number"),
+    ("crossover", "dare", {"drop_rate": "0.5"}, InvalidTypeError, "`drop_rate` must be a real number"),
 ])
 def test_check_options_validates_values_before_running(kind, name, options, error, message):
     """A bad option value is caught by check_options, before the population changes anything."""
