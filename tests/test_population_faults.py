@@ -472,3 +472,54 @@ class TestIdsAndErrorClasses:
             assert isinstance(caught.value, PopuloraError)
         with pytest.raises(InvalidValueError, match=r"`num_groups` must be an int >= 1 dividing pop_size=8, got 3"):
             pop.evolve_(torch.arange(8.0), num_groups=3)
+
+
+class TestHallOfFameArguments:
+    def test_numpy_scalars_and_error_classes(self):
+        pop, _ = make()
+        hall = HallOfFame(dict(p=pop), capacity=np.int64(2), seed=np.int64(5))
+        assert hall.capacity == 2 and type(hall.capacity) is int
+        for g in range(3):
+            hall.add_champion("p", torch.arange(8.0), generation=np.int64(g))
+        assert [c.generation for c in hall.champions()] == [1, 2]
+        assert len(hall.sample(np.int64(2))) == 2
+        cases = [
+            (lambda: HallOfFame(dict(p=pop), capacity=0), InvalidValueError, r"`capacity` must be an int >= 1, got 0"),
+            (lambda: HallOfFame(dict(p=pop), capacity=2.5), InvalidTypeError, r"`capacity` must be an int"),
+            (lambda: HallOfFame(dict(p=pop), seed="x"), InvalidTypeError, r"`seed` must be an int, got str 'x'"),
+            (lambda: HallOfFame({}), InvalidValueError, r"`populations` must be a non-empty dict"),
+            (lambda: HallOfFame([pop]), InvalidTypeError, r"`populations` must be a non-empty dict"),
+            (lambda: hall.sample(0), InvalidValueError, r"`k` must be an int >= 1, got 0"),
+            (lambda: hall.sample(3), InvalidValueError, r"cannot sample 3 distinct champions"),
+            (lambda: hall.add_champion("p", torch.arange(8.0), generation=-1), InvalidValueError,
+             r"`generation` must be an int >= 0, got -1"),
+            (lambda: hall.run([]), InvalidTypeError, r"`champions` must be a Champion"),
+        ]
+        for call, error, message in cases:
+            with pytest.raises(error, match=message):
+                call()
+
+    def test_load_state_is_all_or_nothing(self):
+        pop, _ = make()
+        hall = HallOfFame(dict(p=pop), seed=0)
+        for g in range(2):
+            hall.add_champion("p", torch.arange(8.0), generation=g)
+        good = hall.state()
+        fresh = HallOfFame(dict(p=pop), seed=1)
+        fresh.add_champion("p", torch.arange(8.0), generation=7)
+        generator = fresh.generator.get_state()
+        edits = [
+            (lambda s: s.pop("seed"), r"lacks the key\(s\) \['seed'\]"),
+            (lambda s: s.update(generator=s["generator"][:10]), r"'generator' is not a CPU generator state"),
+            (lambda s: s["champions"]["p"][1].pop("fitness"), r"champion 1 of 'p' must hold"),
+            (lambda s: s["champions"]["p"][1]["ups"].pop(), r"champion of 'p' has factor shapes"),
+            (lambda s: s.update(capacity=0), r"'capacity' must be None or an int >= 1, got 0"),
+        ]
+        for edit, message in edits:
+            state = hall.state()
+            edit(state)
+            with pytest.raises(CheckpointError, match=message):
+                fresh.load_state(state)
+            assert [c.generation for c in fresh.champions()] == [7] and torch.equal(fresh.generator.get_state(), generator)
+        fresh.load_state(good)
+        assert [c.generation for c in fresh.champions()] == [0, 1]
