@@ -155,6 +155,12 @@ class Population(nn.Module):
                                    f"{type(dtype).__name__} {dtype!r}")
         if dtype is not None and not dtype.is_floating_point:
             raise InvalidValueError(f"`dtype` must be a floating-point dtype (adapters are real-valued), got {dtype}")
+        if device is not None:
+            try:
+                torch.device(device)
+            except (RuntimeError, TypeError, ValueError):
+                raise InvalidValueError(f"`device` must be None, a torch.device or a device string such as 'cpu' or "
+                                        f"'cuda:0', got {type(device).__name__} {device!r}") from None
         targets = find_targets(model, lora_targets)
         for name, module in targets.items():
             if dtype is None and not module.weight.dtype.is_floating_point:

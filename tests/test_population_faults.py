@@ -332,6 +332,7 @@ class TestFailedConstructor:
             ({"seed": 1.5}, InvalidTypeError, r"`seed` must be an int, got float 1.5"),
             ({"seed": 2**64}, InvalidValueError, r"`seed` must be an int in"),
             ({"requires_grad": "yes"}, InvalidTypeError, r"`requires_grad` must be a bool"),
+            ({"device": "gpu:0"}, InvalidValueError, r"`device` must be None, a torch.device or a device string"),
             ({"pop_size": 1}, InvalidValueError, r"`pop_size` must be an int >= 2, got 1"),
             ({"low_rank": 2.0}, InvalidTypeError, r"`low_rank` must be an int, got float 2.0"),
             ({"init_scale": "big"}, InvalidTypeError, r"`init_scale` must be a real number"),
