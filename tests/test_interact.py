@@ -20,8 +20,9 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from torch import nn
 
 from populora import EnvInteractor, EvolveResult, GenerationStats, Population, evolve_with_env, interact_with_env
-from populora.errors import FitnessError
+from populora.errors import FitnessError, InvalidIndexError, InvalidTypeError, InvalidValueError
 from populora.interact import EnvStepError, ObsNormalizer, episode_seed, episode_seeds
+from populora.interact.envs import DEFAULT_NUM_ENVS
 from populora.interact.schedule import WorkQueue
 
 # ----------------------------------------------------------------------------- helpers
@@ -502,33 +503,94 @@ def test_wrong_action_shapes_name_both_shapes():
 
 
 def test_bad_envs_and_arguments():
-    with pytest.raises(ValueError, match="`envs` is an empty list"):
+    with pytest.raises(InvalidValueError, match="`envs` is an empty list"):
         interact_with_env([])
-    with pytest.raises(ValueError, match="a factory needs `num_envs=`"):
-        interact_with_env(lambda: gym.make("CartPole-v1"))
-    with pytest.raises(TypeError, match=r"`envs\[1\]` is function, not an environment"):
+    with pytest.raises(InvalidValueError, match="`num_envs` must be an int >= 1, got 0"):
+        interact_with_env(lambda: gym.make("CartPole-v1"), num_envs=0)
+    with pytest.raises(InvalidTypeError, match="`num_envs` must be an int, got str"):
+        interact_with_env("CartPole-v1", num_envs="4")
+    with pytest.raises(InvalidValueError, match="`num_envs=2` only applies to a factory"):
+        interact_with_env(gym.make("CartPole-v1"), num_envs=2)
+    with pytest.raises(InvalidTypeError, match=r"`envs\[1\]` is function, not an environment"):
         interact_with_env([gym.make("CartPole-v1"), lambda: gym.make("CartPole-v1")])
-    native = interact_with_env(gym.make_vec("CartPole-v1", 2, vectorization_mode="vector_entry_point"))
-    pop = native.population(cartpole_net(), 2, 2)
-    with pytest.raises(TypeError, match="cannot reset one slot with a seed.*vectorization_mode='sync'"):
-        native.evaluate(pop, horizon=5)
     interactor = interact_with_env(gym.make("CartPole-v1"))
-    with pytest.raises(ValueError, match="`horizon` must be an int >= 1 or None, got 0"):
+    pop = interactor.population(cartpole_net(), 2, 2)
+    with pytest.raises(InvalidValueError, match="`horizon` must be an int >= 1 or None, got 0"):
         interactor.evaluate(pop, horizon=0)
-    with pytest.raises(ValueError, match="`num_episodes` must be an int >= 1, got 0"):
+    with pytest.raises(InvalidValueError, match="`num_episodes` must be an int >= 1, got 0"):
         interactor.evaluate(pop, num_episodes=0)
-    with pytest.raises(ValueError, match="`num_generations` must be an int >= 1"):
+    with pytest.raises(InvalidTypeError, match="`num_episodes` must be an int >= 1, got 1.5"):
+        interactor.evaluate(pop, num_episodes=1.5)
+    with pytest.raises(InvalidTypeError, match="`population` must be a populora Population"):
+        interactor.evaluate(cartpole_net(), horizon=5)
+    with pytest.raises(InvalidTypeError, match="`action` must be a callable"):
+        interactor.evaluate(pop, action=3, horizon=5)
+    with pytest.raises(InvalidIndexError, match="`individuals` holds id 7, out of range"):
+        interactor.episode_returns(pop, [0, 7], horizon=5)
+    with pytest.raises(InvalidTypeError, match="`policy` must be callable"):
+        interactor.play(3, horizon=5)
+    with pytest.raises(InvalidValueError, match="`num_generations` must be an int >= 1"):
         evolve_with_env(gym.make("CartPole-v1"), cartpole_net(), 2, 2, num_generations=0)
+    with pytest.raises(InvalidValueError, match="`resume=True` needs `checkpoint_dir`"):
+        evolve_with_env(gym.make("CartPole-v1"), cartpole_net(), 2, 2, resume=True)
+    with pytest.raises(InvalidTypeError, match="`target_fitness` must be a real number"):
+        evolve_with_env(gym.make("CartPole-v1"), cartpole_net(), 2, 2, target_fitness="high")
 
 
-def test_same_env_object_repeated_is_one_slot_with_a_warning():
-    env = gym.make("CartPole-v1")
-    with pytest.warns(UserWarning, match=r"same environment object several times.*ONE slot \(1 slot\(s\) from 16"):
-        interactor = interact_with_env([env for _ in range(16)])
-    assert isinstance(interactor, EnvInteractor) and interactor.num_slots == 1
+def test_a_factory_without_num_envs_makes_the_default_number_of_envs():
+    """interact_with_env: 16 envs (DEFAULT_NUM_ENVS); evolve_with_env: one per individual, at most 16."""
+    made = []
+
+    def factory():
+        made.append(SeededLengthEnv())
+        return made[-1]
+
+    interactor = interact_with_env(factory)
+    assert DEFAULT_NUM_ENVS == 16 and interactor.num_slots == 16 and len(made) == 16
+    assert interact_with_env("CartPole-v1").num_slots == 16
+    made.clear()
+    result = evolve_with_env(factory, tiny_net(), pop_size=4, low_rank=1, num_generations=1, horizon=5)
+    assert len(made) == 4 and len(result.history) == 1
+    made.clear()
+    evolve_with_env(factory, tiny_net(), pop_size=40, low_rank=1, num_generations=1, horizon=5)
+    assert len(made) == 16
+
+
+def test_same_env_object_repeated_becomes_copies_with_one_warning():
+    """[env for _ in range(4)] is 4 slots made of deep copies, with ONE warning; the fitness is unchanged."""
+    env = SeededLengthEnv()
+    with pytest.warns(UserWarning) as caught:
+        interactor = interact_with_env([env for _ in range(4)])
+    messages = [str(w.message) for w in caught if "same environment object" in str(w.message)]
+    assert len(messages) == 1 and "deep copy" in messages[0] and "(4 slot(s) from 4 entries)" in messages[0]
+    assert interactor.num_slots == 4
+    sources = interactor._slots.sources
+    assert sources[0].raw is env and len({id(s.raw) for s in sources}) == 4
+    pop = interactor.population(tiny_net(), 6, 2, seed=3)
+    fitness = interactor.evaluate(pop, horizon=50, num_episodes=2)
+    distinct = interact_with_env([SeededLengthEnv() for _ in range(4)])
+    assert torch.equal(fitness, distinct.evaluate(pop, horizon=50, num_episodes=2))  # same shapes, same rollouts
+    assert all(s.raw.steps > 0 for s in sources)  # every copy played
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert interact_with_env([gym.make("CartPole-v1") for _ in range(3)]).num_slots == 3
+
+
+class UncopyableEnv(SeededLengthEnv):
+    def __deepcopy__(self, memo):
+        raise TypeError("cannot copy a simulator handle")
+
+
+def test_same_env_object_that_cannot_be_copied_stays_one_slot():
+    env = UncopyableEnv()
+    other = SeededLengthEnv()
+    with pytest.warns(UserWarning) as caught:
+        interactor = interact_with_env([env, env, env, other, other])
+    messages = [str(w.message) for w in caught if "same environment object" in str(w.message)]
+    assert len(messages) == 1
+    assert "could not be copied" in messages[0] and "cannot copy a simulator handle" in messages[0]
+    assert "ONE slot" in messages[0] and "(3 slot(s) from 5 entries)" in messages[0]
+    assert interactor.num_slots == 3  # env once, other and its copy
 
 
 def test_failed_evolution_gives_the_model_back_unwrapped():

@@ -78,7 +78,7 @@ def _smaller(block: str) -> str:
 
 def _run_blocks(blocks: list[str], namespace: dict) -> dict:
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*same environment object several times.*")
+        warnings.filterwarnings("ignore", message=".*same environment object several times.*deep copy")
         for block in blocks:
             exec(compile(block, "<README block>", "exec"), namespace)
     return namespace
@@ -103,7 +103,7 @@ def test_environment_blocks_on_dm_control_cartpole():
     history = ns["history"]
     assert [h.generation for h in history] == [0, 1] and all(isinstance(h, GenerationStats) for h in history)
     assert all(0 < h.mean <= h.best <= 30 for h in history)  # cartpole-balance pays at most 1 per step
-    assert ns["interactor"].num_slots == 1  # [env for _ in range(16)] is one env
+    assert ns["interactor"].num_slots == 16  # [env for _ in range(16)]: the env and 15 deep copies of it
     for policy in (ns["policy"],):
         out = policy(torch.zeros(3, 5))
         assert out.shape == (3, 2)

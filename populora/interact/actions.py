@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..errors import InvalidTypeError, InvalidValueError
+
 __all__ = ["ActionFormat", "ActionFn", "check_to_range"]
 
 ActionFn = Callable[[Any], Any]
@@ -70,8 +72,8 @@ class ActionFormat:
         """Check ``actions`` for ``k`` slots and return them on the CPU, ready for the env.
 
         Raises:
-            ValueError: wrong shape (both shapes named) or Discrete values out of range.
-            TypeError: floating actions for an integer space, or not a tensor / array.
+            InvalidValueError: wrong shape (both shapes named) or Discrete values out of range.
+            InvalidTypeError: floating actions for an integer space, or not a tensor / array.
         """
         if not self.known:
             return actions
@@ -79,7 +81,7 @@ class ActionFormat:
             try:
                 actions = torch.as_tensor(np.asarray(actions))
             except (TypeError, ValueError, RuntimeError):
-                raise TypeError(
+                raise InvalidTypeError(
                     f"`action(logits)` must return a tensor or array of actions, got {type(actions).__name__}"
                 ) from None
         actions = actions.detach()
@@ -88,7 +90,7 @@ class ActionFormat:
             if self.shape == (1,) and tuple(actions.shape) == (k,):
                 actions = actions.reshape(k, 1)
             else:
-                raise ValueError(
+                raise InvalidValueError(
                     f"`action(logits)` returned actions of shape {tuple(actions.shape)} for {k} slot(s); the "
                     f"action space {self.name} needs shape {expected}"
                     + (" (did you forget `.argmax(-1)`?)" if self.discrete and actions.dim() == 2 else "")
@@ -100,7 +102,7 @@ class ActionFormat:
             actions = actions.cpu()
         if self.integer:
             if actions.is_floating_point() or actions.is_complex():
-                raise TypeError(
+                raise InvalidTypeError(
                     f"the action space {self.name} takes integer actions, but `action(logits)` returned "
                     f"{actions.dtype}" + (" (did you forget `.argmax(-1)`?)" if self.discrete else "")
                 )
@@ -108,7 +110,7 @@ class ActionFormat:
             if self.discrete and actions.numel():
                 lo_v, hi_v = (int(v) for v in torch.aminmax(actions))
                 if lo_v < self.start or hi_v >= self.start + self.n:
-                    raise ValueError(
+                    raise InvalidValueError(
                         f"`action(logits)` returned actions from {lo_v} to {hi_v}, outside the action space "
                         f"{self.name} (valid: {self.start} to {self.start + self.n - 1})"
                     )
@@ -121,23 +123,26 @@ def check_to_range(to_range: Any, fmt: ActionFormat) -> tuple[Tensor, Tensor] | 
     """Validate ``to_range=(lo, hi)`` (scalars or per-dimension) for ``fmt``'s Box.
 
     Raises:
-        ValueError: not a pair, ``lo >= hi`` somewhere, a shape that does not
+        InvalidValueError: not a pair, ``lo >= hi`` somewhere, a shape that does not
             broadcast to the action, or a space that is not continuous.
     """
     if to_range is None:
         return None
     if fmt.integer or not fmt.known:
-        raise ValueError(f"`to_range` rescales continuous (Box) actions; the action space is {fmt.name}")
+        raise InvalidValueError(f"`to_range` rescales continuous (Box) actions; the action space is {fmt.name}")
     if not isinstance(to_range, (tuple, list)) or len(to_range) != 2:
-        raise ValueError(f"`to_range` must be a pair (lo, hi), got {to_range!r}")
-    lo, hi = (torch.as_tensor(np.asarray(v, dtype=np.float64)).to(torch.float32) for v in to_range)
+        raise InvalidValueError(f"`to_range` must be a pair (lo, hi), got {to_range!r}")
+    try:
+        lo, hi = (torch.as_tensor(np.asarray(v, dtype=np.float64)).to(torch.float32) for v in to_range)
+    except (TypeError, ValueError):
+        raise InvalidTypeError(f"`to_range` must be a pair of numbers or arrays (lo, hi), got {to_range!r}") from None
     try:
         torch.broadcast_shapes(lo.shape, hi.shape, fmt.shape)
     except RuntimeError:
-        raise ValueError(
+        raise InvalidValueError(
             f"`to_range` bounds of shapes {tuple(lo.shape)} and {tuple(hi.shape)} do not broadcast to the "
             f"action shape {fmt.shape}"
         ) from None
     if not bool(torch.all(lo < hi)):
-        raise ValueError(f"`to_range=(lo, hi)` needs lo < hi everywhere, got {to_range!r}")
+        raise InvalidValueError(f"`to_range=(lo, hi)` needs lo < hi everywhere, got {to_range!r}")
     return lo, hi

@@ -24,16 +24,32 @@ slots with given seeds:
 * a gymnasium ``AsyncVectorEnv`` (or a wrapped ``SyncVectorEnv``) steps
   every slot and resets several slots in one call through
   ``options['reset_mask']`` with one seed per slot;
-* any other vector env must reset one slot with a seed (``reset_at``), found
-  by ``env_ssl_wrapper.reset_env_at``; gymnasium's native ``CartPoleVectorEnv``
-  cannot, and is refused with a hint.
+* a vector env with ``reset_at`` / ``reset_one`` (env-ssl-wrapper's
+  convention) resets one slot with a seed through
+  ``env_ssl_wrapper.reset_env_at``;
+* any other vector env (gymnasium's native ``CartPoleVectorEnv`` from
+  ``gym.make_vec('CartPole-v1', num_envs=4)``, or any ``VectorEnv`` whose
+  slots share one random generator) cannot reset one slot with a seed. It is
+  **reset as a whole** instead, with one seed, at the start of every round
+  of episodes (see :mod:`populora.interact.interactor` for the seeding
+  scheme); every autoreset mode works: with ``NEXT_STEP`` and ``SAME_STEP``
+  the env's own autoresets of slots whose episode ended are stepped through
+  but never counted, and with ``DISABLED`` such slots are reset through
+  ``options['reset_mask']`` without a seed (gymnasium 1.x's contract for
+  that mode) before the next step.
 
 Slots are assumed interchangeable (same environment and configuration): a
 seeded episode must play the same in every slot.
+
+The same env object listed several times (``[env for _ in range(16)]``) is
+deep-copied (``copy.deepcopy``, which dm_control and gymnasium envs support)
+so that every entry is its own slot, with one warning; an env that cannot
+be copied stays one slot (with a warning).
 """
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -43,9 +59,13 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ..errors import PopuloraError
+from ..checks import check_int
+from ..errors import InvalidTypeError, InvalidValueError, PopuloraError
 
-__all__ = ["EnvSlots", "EnvStepError", "build_slots"]
+__all__ = ["DEFAULT_NUM_ENVS", "EnvSlots", "EnvStepError", "build_slots", "is_factory"]
+
+DEFAULT_NUM_ENVS = 16
+"""Envs a factory makes when ``num_envs`` is not given to :func:`~populora.interact_with_env`."""
 
 
 class EnvStepError(PopuloraError, RuntimeError):
@@ -62,7 +82,8 @@ class SlotFailure(Exception):
         self.cause = cause
 
 
-def _is_factory(obj: Any) -> bool:
+def is_factory(obj: Any) -> bool:
+    """``obj`` makes envs (a gymnasium id string, an env class, a callable without ``reset`` / ``step``)."""
     if isinstance(obj, str) or isinstance(obj, type):
         return True
     return callable(obj) and not hasattr(obj, "reset") and not hasattr(obj, "step")
@@ -80,6 +101,32 @@ def _masked_reset_capable(env: Any) -> bool:
         return False
     inner = getattr(env, "unwrapped", env)
     return isinstance(inner, (SyncVectorEnv, AsyncVectorEnv))
+
+
+def _can_reset_one_slot(env: Any) -> bool:
+    """Whether ``env_ssl_wrapper.reset_env_at`` can reset one slot of ``env`` with a seed.
+
+    Mirrors its paths without calling them: a ``reset_at`` / ``reset_one``
+    method, gymnasium's masked reset of a Sync / Async vector env, or a list
+    of sub-envs, on ``env`` or any wrapper below it.
+    """
+    if _masked_reset_capable(env):
+        return True
+    seen, layer = set(), env
+    while layer is not None and id(layer) not in seen:
+        seen.add(id(layer))
+        if type(layer).__name__ == "AsyncVectorEnv":
+            return True
+        for name in ("reset_at", "reset_one"):
+            try:
+                if callable(getattr(layer, name, None)):
+                    return True
+            except Exception:  # noqa: BLE001 - a property that raises: not a per-slot reset
+                pass
+        if isinstance(vars(layer).get("envs") if hasattr(layer, "__dict__") else None, (list, tuple)):
+            return True
+        layer = vars(layer).get("env") if hasattr(layer, "__dict__") else None
+    return False
 
 
 class _VectorSource:
@@ -102,16 +149,60 @@ class _VectorSource:
         disabled = mode is not None and str(getattr(mode, "value", mode)).lower() == "disabled"
         self.autoresets = bool(env_autoresets(env)) and not disabled
         self.masked_reset = _masked_reset_capable(env)
+        # no seeded reset of one slot: reset as a whole, once per round of episodes (see EnvSlots.reset)
+        self.whole = not _can_reset_one_slot(env)
+        self._last_obs: Any = None
         self.env = compose_env(env, ("tensor", dict(device="cpu")), pad_episodes=False)
         self.action_space = get_adapter(env).action_space
         # slots that ended while nobody used them: reset before the next step unless the env autoresets
         self.stale = np.zeros(self.num, dtype=bool)
         self.started = False
 
+    def reset_all(self, seed: int) -> Any:
+        """Reset every slot of a vector env that cannot reset one, with one ``seed``: ``(num, ..)`` observations."""
+        obs, _ = self.env.reset(seed=int(seed))
+        self.stale[:] = False
+        self.started = True
+        self._last_obs = obs
+        return obs
+
+    def _reset_ended(self, local: np.ndarray) -> None:
+        """Reset ended slots ``local`` of a whole-reset env in ``DISABLED`` mode: masked, without a seed.
+
+        The observations of the other slots must come back unchanged (an env
+        that ignores the mask would restart the episodes being played).
+        """
+        mask = np.zeros(self.num, dtype=np.bool_)
+        mask[local] = True
+        try:
+            obs, _ = self.env.reset(options={"reset_mask": mask})
+        except TypeError as error:
+            raise InvalidTypeError(
+                f"the vector env {_describe_env(self.raw)} does not autoreset and cannot reset some of its slots "
+                f"(reset(options={{'reset_mask': mask}}) raised {type(error).__name__}: {error}); gymnasium 1.x's "
+                "AutoresetMode.DISABLED needs that reset, or pass a list of envs or a factory"
+            ) from error
+        if self._last_obs is not None:
+            keep = torch.from_numpy(np.flatnonzero(~mask))
+            before, after = tree_flatten(self._last_obs)[0], tree_flatten(obs)[0]
+            same = len(before) == len(after) and all(
+                not isinstance(a, Tensor) or (a.shape == b.shape and torch.equal(a.index_select(0, keep),
+                                                                                 b.index_select(0, keep)))
+                for a, b in zip(before, after))
+            if not same:
+                raise InvalidTypeError(
+                    f"the vector env {_describe_env(self.raw)} changed slots outside options['reset_mask'] when "
+                    "resetting its ended slots (it restarted episodes being played); gymnasium 1.x's "
+                    "AutoresetMode.DISABLED needs a masked reset, or pass a list of envs or a factory"
+                )
+        self.stale[local] = False
+
     def reset(self, local: np.ndarray, seeds: Sequence[int | None]) -> Any:
         """Reset local slots ``local`` with ``seeds``; their observations, batched ``(len(local), ..)``."""
         from env_ssl_wrapper import reset_env_at
 
+        if self.whole:  # pragma: no cover - EnvSlots resets such an env with reset_all
+            raise InvalidTypeError(f"the vector env {_describe_env(self.raw)} cannot reset one slot with a seed")
         self.stale[local] = False
         seeds = [None if seed is None else int(seed) for seed in seeds]
         if self.masked_reset:  # gymnasium: every chosen slot in one call, one seed each
@@ -131,7 +222,7 @@ class _VectorSource:
         for slot, seed in zip(local.tolist(), seeds):
             out = reset_env_at(self.env, slot, seed=seed)
             if out is None:
-                raise TypeError(
+                raise InvalidTypeError(
                     f"the vector env {_describe_env(self.raw)} cannot reset one slot with a seed (no "
                     "`reset_at` and no gymnasium `options['reset_mask']`), which common random numbers "
                     "need; pass a gymnasium SyncVectorEnv (gym.make_vec(..., vectorization_mode='sync')), "
@@ -144,12 +235,18 @@ class _VectorSource:
         """Step all slots with ``(num, ..)`` actions: ``(obs, reward (num,) float64, done (num,) bool)``."""
         if not self.autoresets and self.stale.any():
             local = np.flatnonzero(self.stale)
-            self.reset(local, [None] * local.size)  # observations unused: nobody acts in those slots
+            if self.whole:
+                self._reset_ended(local)
+            else:
+                self.reset(local, [None] * local.size)  # observations unused: nobody acts in those slots
         obs, reward, terminated, truncated, _ = self.env.step(actions)
+        if self.whole and not self.autoresets:
+            self._last_obs = obs
         reward = torch.as_tensor(reward).reshape(-1).numpy().astype(np.float64)
         done = (torch.as_tensor(terminated) | torch.as_tensor(truncated)).reshape(-1).numpy()
         if reward.size != self.num or done.size != self.num:
-            raise ValueError(f"env returned {reward.size} rewards and {done.size} done flags for {self.num} slots")
+            raise InvalidValueError(f"env {_describe_env(self.raw)} returned {reward.size} rewards and {done.size} "
+                                    f"done flags for {self.num} slots")
         if not self.autoresets:
             self.stale |= done
         return obs, reward, done
@@ -200,7 +297,7 @@ class _SubEnvSource:
             def batch(rows: Sequence[Any]) -> np.ndarray:
                 out = np.array(rows, dtype=dtype)
                 if out.shape[1:] != shape:
-                    raise ValueError(f"sub-envs returned observations of shape {out.shape[1:]}; the observation "
+                    raise InvalidValueError(f"sub-envs returned observations of shape {out.shape[1:]}; the observation "
                                      f"space {obs_space} has shape {shape}")
                 return out
 
@@ -240,7 +337,7 @@ class _SubEnvSource:
             raise SlotFailure([self.start + index[len(outs)]], "step", error) from error
         k = len(index)
         if len(outs) != k:
-            raise ValueError(f"{len(outs)} actions for {k} slots")
+            raise InvalidValueError(f"{len(outs)} actions for {k} slots")
         obs, reward, terminated, truncated, _ = zip(*outs)
         # the vector env's float64 rewards, through float32 like TensorWrapper's
         reward = np.array(reward, dtype=np.float32).reshape(k).astype(np.float64)
@@ -325,6 +422,13 @@ class EnvSlots:
         self._one_vector = len(sources) == 1 and sources[0].vector
         self._one_subset = len(sources) == 1 and sources[0].subset
         self._all_single = all(not (s.vector or s.subset) for s in sources)
+        # sources reset as a whole (no seeded per-slot reset): the interactor then plays rounds of episodes
+        self.whole_sources = [k for k, s in enumerate(sources) if getattr(s, "whole", False)]
+        self.round_based = bool(self.whole_sources)
+
+    def describe(self, slot: int) -> str:
+        """The env behind ``slot``, for messages (its repr, cut to 80 characters)."""
+        return _describe_env(self.sources[int(self.source_of[int(slot)])].raw)
 
     # ------------------------------------------------------------------ observations
 
@@ -355,13 +459,13 @@ class EnvSlots:
         for leaf in tree_flatten(obs)[0]:
             t = leaf if isinstance(leaf, Tensor) else torch.as_tensor(np.asarray(leaf))
             if t.dim() == 0 or t.shape[0] != rows:
-                raise ValueError(
+                raise InvalidValueError(
                     f"observation leaf of shape {tuple(t.shape)} has no leading batch dim of {rows}; pass "
                     "`flatten_obs=False` and a model that takes the raw observation"
                 )
             parts.append(t.reshape(rows, -1).to(torch.float32))
         if not parts:
-            raise TypeError(f"observation {obs!r:.80} holds no arrays to flatten")
+            raise InvalidTypeError(f"observation {obs!r:.80} holds no arrays to flatten")
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
     def _stacked(self, rows: list[Any]) -> Any:
@@ -375,11 +479,11 @@ class EnvSlots:
                 continue
             leaves = [_leaf_array(leaf).reshape(-1) for leaf in tree_flatten(obs)[0]]
             if not leaves:
-                raise TypeError(f"observation {obs!r:.80} holds no arrays to flatten")
+                raise InvalidTypeError(f"observation {obs!r:.80} holds no arrays to flatten")
             flat.append(leaves[0] if len(leaves) == 1 else np.concatenate(leaves))
         sizes = {a.size for a in flat}
         if len(sizes) > 1:
-            raise ValueError(f"slots returned observations of different sizes {sorted(sizes)}; every slot must run "
+            raise InvalidValueError(f"slots returned observations of different sizes {sorted(sizes)}; every slot must run "
                              "the same environment")
         return torch.from_numpy(np.stack(flat).astype(np.float32, copy=False))
 
@@ -394,7 +498,7 @@ class EnvSlots:
 
         def put(buf: Tensor, new: Tensor) -> Tensor:
             if buf.shape[1:] != new.shape[1:]:
-                raise ValueError(
+                raise InvalidValueError(
                     f"slot(s) {slots.tolist()} returned observations of shape {tuple(new.shape[1:])}, other "
                     f"slots {tuple(buf.shape[1:])}; every slot must run the same environment"
                 )
@@ -421,8 +525,14 @@ class EnvSlots:
 
     # ------------------------------------------------------------------ reset / step
 
-    def reset(self, slots: np.ndarray, seeds: Sequence[int | None]) -> None:
+    def reset(self, slots: np.ndarray, seeds: Sequence[int | None],
+              whole_seeds: Sequence[int] | None = None) -> None:
         """Reset ``slots`` with ``seeds`` and store their first observations.
+
+        With :attr:`round_based` sources, ``whole_seeds`` (one per entry of
+        :attr:`whole_sources`) resets each of them as a whole, every slot of
+        it, whichever of its slots are in ``slots``; the other slots get
+        their ``seeds`` as usual.
 
         Raises:
             SlotFailure: a source raised (the caller names the individuals).
@@ -431,6 +541,23 @@ class EnvSlots:
         self._flush()
         slots = np.asarray(slots, dtype=np.int64)
         seeds = list(seeds)
+        if self.round_based:
+            if whole_seeds is None or len(whole_seeds) != len(self.whole_sources):
+                raise InvalidValueError(f"{len(self.whole_sources)} vector env(s) reset as a whole need as many "
+                                        f"`whole_seeds`, got {whole_seeds!r}")
+            for k, seed in zip(self.whole_sources, whole_seeds):
+                src = self.sources[k]
+                every = np.arange(src.start, src.stop, dtype=np.int64)
+                try:
+                    obs = src.reset_all(seed)
+                except Exception as error:
+                    raise SlotFailure(every.tolist(), "reset", error) from error
+                self._write(every, self._batched(obs, src.num))
+            keep = ~np.isin(self.source_of[slots], self.whole_sources)
+            slots = slots[keep]
+            seeds = [seed for seed, kept in zip(seeds, keep.tolist()) if kept]
+            if slots.size == 0:
+                return
         if self._one_subset:  # SlotFailure names the slot that failed
             self._write(slots, self._batched(self.sources[0].reset(slots, seeds), slots.size))
             return
@@ -585,78 +712,123 @@ def build_slots(envs: Any, *, num_envs: int | None = None, flatten_obs: bool = T
         envs: one env, a list / tuple of envs, a vector env, or a factory (a
             callable returning one env, an env class, or a gymnasium id
             string, which becomes a ``SyncVectorEnv`` of ``num_envs`` envs).
-            The same object listed several times is one slot (with a warning).
-        num_envs: number of envs a factory makes (required for a factory,
-            refused otherwise).
+            The same object listed several times is deep-copied so that every
+            entry is its own slot (one warning); an object that cannot be
+            copied is one slot (with a warning).
+        num_envs: number of envs a factory makes (default
+            :data:`DEFAULT_NUM_ENVS`, 16; refused for anything but a factory).
         flatten_obs: concatenate dict / tuple observations into one vector.
 
     Raises:
-        ValueError: an empty list, a missing or needless ``num_envs``.
-        TypeError: a list entry that is a factory rather than an env.
+        InvalidValueError: an empty list, ``num_envs < 1`` or ``num_envs``
+            with something that is not a factory.
+        InvalidTypeError: a list entry that is a factory rather than an env,
+            a ``num_envs`` that is not an int.
     """
     created: list[Any] = []
     if isinstance(envs, (list, tuple)):
         if len(envs) == 0:
-            raise ValueError("`envs` is an empty list; pass at least one environment, a vector env or a factory")
+            raise InvalidValueError("`envs` is an empty list; pass at least one environment, a vector env or a factory")
         if num_envs is not None:
-            raise ValueError(f"`num_envs={num_envs}` only applies to a factory; `envs` is a list of {len(envs)} envs")
+            raise InvalidValueError(f"`num_envs={num_envs}` only applies to a factory; `envs` is a list of "
+                                    f"{len(envs)} envs")
         for i, env in enumerate(envs):
-            if env is None or _is_factory(env):
-                raise TypeError(
+            if env is None or is_factory(env):
+                raise InvalidTypeError(
                     f"`envs[{i}]` is {type(env).__name__}, not an environment; pass env objects in the list, "
                     "or the factory itself (with `num_envs=`)"
                 )
-        raw = _dedupe(list(envs), "`envs`")
-    elif _is_factory(envs):
-        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
-            raise ValueError(f"a factory needs `num_envs=` (an int >= 1: how many envs to make), got {num_envs!r}")
+        raw, created = _distinct(list(envs), "`envs`")
+    elif is_factory(envs):
+        num_envs = DEFAULT_NUM_ENVS if num_envs is None else check_int("num_envs", num_envs, low=1)
         if isinstance(envs, str):
             import gymnasium as gym
 
             raw = [gym.make_vec(envs, num_envs=num_envs, vectorization_mode="sync")]
+            created = list(raw)
         else:
-            raw = _dedupe([envs() for _ in range(num_envs)], "the factory's products")
-        created = list(raw)
+            made = [envs() for _ in range(num_envs)]
+            raw, copies = _distinct(made, "the factory's products")
+            created = [*{id(e): e for e in made}.values(), *copies]
     elif envs is None:
-        raise ValueError("`envs` is None; pass an environment, a list of them, a vector env or a factory")
+        raise InvalidValueError("`envs` is None; pass an environment, a list of them, a vector env or a factory")
     else:
         if num_envs is not None:
-            raise ValueError(f"`num_envs={num_envs}` only applies to a factory; `envs` is one env")
+            raise InvalidValueError(f"`num_envs={num_envs}` only applies to a factory; `envs` is one env")
         raw = [envs]
 
     from env_ssl_wrapper.standardize.helpers import is_vectorized
 
     sources, start = [], 0
-    for env in raw:
-        if _plain_sync_vector_env(env):
-            src: Any = _SubEnvSource(env, start)
-        elif is_vectorized(env):
-            src = _VectorSource(env, start)
-        else:
-            src = _SingleSource(env, start)
-        sources.append(src)
-        start += src.num
+    try:
+        for env in raw:
+            if _plain_sync_vector_env(env):
+                src: Any = _SubEnvSource(env, start)
+            elif is_vectorized(env):
+                src = _VectorSource(env, start)
+            else:
+                src = _SingleSource(env, start)
+            sources.append(src)
+            start += src.num
+    except BaseException:
+        _close_all(created)
+        raise
     return EnvSlots(sources, flatten_obs=flatten_obs, created=created)
 
 
-def _dedupe(envs: list[Any], what: str) -> list[Any]:
-    seen: dict[int, int] = {}
-    unique = []
+def _close_all(envs: Sequence[Any]) -> None:
     for env in envs:
-        if id(env) in seen:
-            seen[id(env)] += 1
-        else:
-            seen[id(env)] = 1
-            unique.append(env)
-    repeated = {id(e): c for e, c in ((e, seen[id(e)]) for e in unique) if c > 1}
-    if repeated:
-        counts = ", ".join(f"{_describe_env(e)} x{seen[id(e)]}" for e in unique if id(e) in repeated)
-        warnings.warn(
-            f"{what} holds the same environment object several times ({counts}); an env runs one episode at "
-            f"a time, so each distinct object is ONE slot ({len(unique)} slot(s) from {len(envs)} entries). "
-            "Pass distinct env objects, or a factory with `num_envs=`, for more slots.",
-            UserWarning,
-            stacklevel=4,
-        )
-    return unique
+        try:
+            env.close()
+        except Exception:  # noqa: BLE001 - closing is best effort
+            pass
 
+
+def _distinct(envs: list[Any], what: str) -> tuple[list[Any], list[Any]]:
+    """``envs`` with every repeat of an object replaced by a deep copy of it, and the copies made.
+
+    One warning names the repeated objects: those copied, and those that
+    could not be copied (they stay one slot, their repeats dropped).
+    """
+    count: dict[int, int] = {}
+    for env in envs:
+        count[id(env)] = count.get(id(env), 0) + 1
+    if all(c == 1 for c in count.values()):
+        return envs, []
+    seen: set[int] = set()
+    failed: dict[int, str] = {}
+    out, copies = [], []
+    for env in envs:
+        if id(env) not in seen:
+            seen.add(id(env))
+            out.append(env)
+            continue
+        if id(env) in failed:
+            continue
+        try:
+            twin = copy.deepcopy(env)
+            if twin is env:
+                raise TypeError("copy.deepcopy returned the same object")
+        except Exception as error:  # noqa: BLE001 - any failure: the object stays one slot
+            failed[id(env)] = f"{type(error).__name__}: {str(error)[:80]}"
+            continue
+        out.append(twin)
+        copies.append(twin)
+    firsts = {id(e): e for e in envs}
+    copied = [f"{_describe_env(e)} x{count[i]}" for i, e in firsts.items() if count[i] > 1 and i not in failed]
+    kept = [f"{_describe_env(e)} x{count[i]} ({failed[i]})" for i, e in firsts.items() if i in failed]
+    parts = []
+    if copied:
+        parts.append(f"each repeat of {', '.join(copied)} was replaced by a deep copy (copy.deepcopy) so that every "
+                     "entry is its own slot")
+    if kept:
+        parts.append(f"{', '.join(kept)} could not be copied: an env runs one episode at a time, so each such "
+                     "object is ONE slot")
+    warnings.warn(
+        f"{what} holds the same environment object several times; " + "; ".join(parts)
+        + f" ({len(out)} slot(s) from {len(envs)} entries). Pass distinct env objects, or a factory, to choose "
+        "the slots yourself.",
+        UserWarning,
+        stacklevel=4,
+    )
+    return out, copies

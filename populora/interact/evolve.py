@@ -9,17 +9,26 @@ is merged into the model and returned. Higher fitness is better.
 
 from __future__ import annotations
 
+import copy
+import difflib
+import inspect
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from torch import nn
+from torch import Tensor, nn
+from torch.utils._pytree import tree_map
 
 from ..checkpoint import atomic_save, load_checkpoint
-from ..distributed import checksum, is_main_rank
+from ..checks import check_float, check_int
+from ..distributed import checksum, is_main_rank, world_size
+from ..errors import CheckpointError, InvalidTypeError, InvalidValueError
+from ..population import Population
 from ..stats import GenerationStats
 from .actions import ActionFn
+from .envs import DEFAULT_NUM_ENVS, is_factory
 from .interactor import EnvInteractor, interact_with_env
 
 __all__ = ["CHECKPOINT_NAME", "EvolveResult", "evolve_with_env"]
@@ -109,7 +118,9 @@ def evolve_with_env(
         normalize_obs: running observation normalisation (frozen within a
             generation); the returned policy includes the normaliser.
         flatten_obs: flatten dict observations into one vector.
-        num_envs: envs a factory makes.
+        num_envs: envs a factory makes; default one per individual this
+            rank plays (``ceil(pop_size / world_size)``), at most
+            :data:`~populora.interact.envs.DEFAULT_NUM_ENVS` (16).
         device: device of the population (default: the model's, or the local
             GPU under torchrun).
         population_kwargs: more Population arguments (``init_scale``,
@@ -120,42 +131,52 @@ def evolve_with_env(
         ``EvolveResult(policy, history)``, or the policy if ``return_history=False``.
 
     Raises:
-        ValueError / TypeError: bad arguments, before any episode runs.
+        InvalidValueError / InvalidTypeError: bad arguments, including
+            ``evolve_kwargs`` (an unknown key, operator or value), before any
+            episode runs.
+        CheckpointError: ``resume=True`` on a damaged file, a file of another
+            kind, or one written with another model (the file is named).
+
+    On any error the model comes back unwrapped, its ``requires_grad`` flags
+    restored.
     """
-    if isinstance(num_generations, bool) or not isinstance(num_generations, int) or num_generations < 1:
-        raise ValueError(f"`num_generations` must be an int >= 1, got {num_generations!r}")
+    num_generations = check_int("num_generations", num_generations, low=1)
     if evolve_kwargs is not None and not isinstance(evolve_kwargs, dict):
-        raise TypeError(f"`evolve_kwargs` must be a dict of Population.evolve_ arguments, got {evolve_kwargs!r}")
+        raise InvalidTypeError(f"`evolve_kwargs` must be a dict of Population.evolve_ arguments, got {evolve_kwargs!r}")
     if population_kwargs is not None and not isinstance(population_kwargs, dict):
-        raise TypeError(f"`population_kwargs` must be a dict of Population arguments, got {population_kwargs!r}")
-    if target_fitness is not None and not isinstance(target_fitness, (int, float)):
-        raise TypeError(f"`target_fitness` must be a number or None, got {target_fitness!r}")
+        raise InvalidTypeError(f"`population_kwargs` must be a dict of Population arguments, got {population_kwargs!r}")
+    if target_fitness is not None:
+        target_fitness = check_float("target_fitness", target_fitness)
     if resume and checkpoint_dir is None:
-        raise ValueError("`resume=True` needs `checkpoint_dir`")
+        raise InvalidValueError("`resume=True` needs `checkpoint_dir`")
+    evolve_options = dict(evolve_kwargs or {})
+    _check_evolve_keys(evolve_options)
     path = Path(checkpoint_dir) / CHECKPOINT_NAME if checkpoint_dir is not None else None
+    if num_envs is None and is_factory(envs):
+        share = -(-check_int("pop_size", pop_size, low=1) // max(1, world_size()))
+        num_envs = min(share, DEFAULT_NUM_ENVS)
 
     interactor = interact_with_env(envs, device, num_envs=num_envs, flatten_obs=flatten_obs,
                                    normalize_obs=normalize_obs)
     try:
         population = interactor.population(model, pop_size, low_rank, lora_targets, seed=seed,
                                            **(population_kwargs or {}))
-        population.sync_from_main_rank_()  # every rank holds rank 0's base model before it is checksummed
-        base_sum = checksum([*population.model.parameters(), *population.model.buffers()]).tolist()
-        history: list[GenerationStats] = []
-        if resume and path is not None and path.is_file():
-            history = _resume(path, population, interactor, base_sum)
-        evolve_options = dict(evolve_kwargs or {})
         run = dict(action=action, horizon=horizon, num_episodes=num_episodes, fitness=fitness, to_range=to_range)
-
         bar = None
-        if progress and is_main_rank():
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=num_generations, initial=len(history), desc="generations", unit="gen")
-            if history:
-                bar.set_postfix(best=f"{history[-1].best:.4g}", mean=f"{history[-1].mean:.4g}")
         fitnesses = None
         try:
+            population.sync_from_main_rank_()  # every rank holds rank 0's base model before it is checksummed
+            base_sum = checksum([*population.model.parameters(), *population.model.buffers()]).tolist()
+            history: list[GenerationStats] = []
+            if resume and path is not None and path.is_file():
+                history = _resume(path, population, interactor, base_sum)
+            _check_evolve_values(population, evolve_options)  # before the first episode
+            if progress and is_main_rank():
+                from tqdm.auto import tqdm
+
+                bar = tqdm(total=num_generations, initial=len(history), desc="generations", unit="gen")
+                if history:
+                    bar.set_postfix(best=f"{history[-1].best:.4g}", mean=f"{history[-1].mean:.4g}")
             for gen in range(len(history), num_generations):
                 fitnesses = population.check_fitnesses(interactor.evaluate(population, **run))
                 stats = GenerationStats(population.generation, float(fitnesses.max()), float(fitnesses.mean()))
@@ -172,13 +193,14 @@ def evolve_with_env(
                     atomic_save(_checkpoint(population, interactor, history, base_sum), path, kind="evolve_with_env")
             if fitnesses is None:  # resumed a finished run: evaluate the last generation again
                 fitnesses = population.check_fitnesses(interactor.evaluate(population, **run))
+            merged = population.select_and_merge_best_(fitnesses)
         except BaseException:
             population.close()  # the user's model comes back unwrapped, its requires_grad flags restored
             raise
         finally:
             if bar is not None:
                 bar.close()
-        policy = interactor.wrap_policy(population.select_and_merge_best_(fitnesses))
+        policy = interactor.wrap_policy(merged)
     finally:
         interactor.close()
     return EvolveResult(policy, history) if return_history else policy
@@ -195,17 +217,64 @@ def _checkpoint(population: Any, interactor: EnvInteractor, history: list[Genera
     }
 
 
+def _evolve_parameters() -> list[str]:
+    sig = inspect.signature(Population.evolve_)
+    kinds = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [name for name, p in sig.parameters.items() if name not in ("self", "fitnesses") and p.kind in kinds]
+
+
+def _check_evolve_keys(options: dict[str, Any]) -> None:
+    """Every key of ``evolve_kwargs`` is an argument of ``Population.evolve_`` (a misspelling is named)."""
+    allowed = _evolve_parameters()
+    for key in options:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise InvalidTypeError(f"`evolve_kwargs` has the key {key!r}{hint}, which Population.evolve_ does not "
+                                   f"take; its arguments are {allowed}")
+
+
+def _check_evolve_values(population: Population, options: dict[str, Any]) -> None:
+    """Run one ``evolve_`` with ``options`` on the population, then restore it exactly.
+
+    Whatever ``evolve_`` would refuse (an unknown operator, ``epsilon=-1``,
+    options an operator does not take, fractions that leave no survivor)
+    raises here, before the first episode; the adapters, generator and
+    counters are restored from a copy afterwards, so the run is the same as
+    without the check.
+    """
+    saved = tree_map(lambda v: v.clone() if isinstance(v, Tensor) else copy.deepcopy(v), population.state())
+    fitnesses = torch.arange(population.pop_size, dtype=torch.float32, device=population.device)
+    try:
+        population.evolve_(fitnesses, **options)
+    finally:
+        population.load_state(saved)
+
+
 def _resume(path: Path, population: Any, interactor: EnvInteractor, base_sum: list[int]) -> list[GenerationStats]:
-    state = load_checkpoint(path, kind="evolve_with_env")
+    where = f"checkpoint {str(path)!r}"
+    state = load_checkpoint(path, kind="evolve_with_env")  # CheckpointError: damaged, foreign kind
     if not isinstance(state, dict) or state.get("format") != _FORMAT:
-        raise ValueError(f"{str(path)!r} is not an evolve_with_env checkpoint (format {_FORMAT!r})")
+        raise CheckpointError(f"{where} is not an evolve_with_env checkpoint (format {_FORMAT!r})")
+    missing = [key for key in ("population", "normalizer", "history", "base_checksum") if key not in state]
+    if missing:
+        raise CheckpointError(f"{where} lacks {missing}")
     if state["base_checksum"] != base_sum:
-        raise ValueError(
-            f"the model passed differs from the one {str(path)!r} was written with (checksum of its parameters); "
+        raise CheckpointError(
+            f"the model passed differs from the one {where} was written with (checksum of its parameters); "
             "resuming needs the same base model (seed its construction)"
         )
     if (state["normalizer"] is None) != (interactor.normalizer_state() is None):
-        raise ValueError(f"{str(path)!r} was written with normalize_obs={state['normalizer'] is not None}")
-    population.load_state(state["population"])
-    interactor.load_normalizer_state(state["normalizer"])
-    return [GenerationStats(int(g), float(b), float(m)) for g, b, m in state["history"]]
+        raise CheckpointError(f"{where} was written with normalize_obs={state['normalizer'] is not None}")
+    try:
+        history = [GenerationStats(int(g), float(b), float(m)) for g, b, m in state["history"]]
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(f"{where} has a damaged history: {error}") from None
+    try:
+        population.load_state(state["population"])
+        interactor.load_normalizer_state(state["normalizer"])
+    except CheckpointError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError) as error:
+        raise CheckpointError(f"{where} does not fit this run: {type(error).__name__}: {error}") from error
+    return history
