@@ -1,9 +1,10 @@
 """EggrollES under torch.distributed: 2 real gloo processes (spawned, FileStore in tmp_path).
 
 Each rank evaluates its slice of members and only the fitnesses are exchanged; every rank applies the
-same update, so the parameters stay bitwise identical. Ranks that start from different weights (or
-seeds) are repaired from rank 0 with a warning at the first step. The workers record what they saw;
-the assertions run here, in the parent.
+same update, so the parameters stay bitwise identical. Ranks that start from different weights are
+repaired from rank 0 with a warning at the first step; ranks whose ES configuration differs (noise rank,
+pop_size, sigma, seed, antithetic, parameter set or shapes) raise ConfigMismatchError on every rank,
+naming the field. The workers record what they saw; the assertions run here, in the parent.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ranks import init_gloo, spawn
-from populora import EggrollES
+from ranks import error_of, init_gloo, save, spawn
+from populora import EggrollES, TorchEggrollES
 from populora import distributed as pd
 
 POP, STEPS = 8, 4
@@ -53,8 +54,8 @@ def _worker(rank: int, world: int, store: str, out: str) -> None:
     res: dict = {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        # rank-dependent weights AND seeds: both repaired from rank 0 at the first step
-        es = EggrollES(model_for(rank), POP, 0.1, 0.2, 2, seed=rank)
+        # rank-dependent weights: repaired from rank 0 at the first step
+        es = EggrollES(model_for(rank), POP, 0.1, 0.2, 2, seed=0)
         before = pd.bytes_communicated
         res["means"] = train(es)
         res["bytes_per_generation"] = (pd.bytes_communicated - before) / STEPS
@@ -104,9 +105,8 @@ def test_two_ranks_stay_in_lockstep_exchanging_only_fitnesses(tmp_path):
     for name in r0["params"]:
         assert torch.equal(r0["params"][name], r1["params"][name]), name
     assert r0["means"] == r1["means"]
-    assert r1["seed"] == 0 and r1["generation"] == STEPS  # rank 0's seed won
+    assert r1["seed"] == 0 and r1["generation"] == STEPS
     assert any("ES model parameters differ across ranks" in w for w in r1["warnings"])
-    assert any("ES seeds / generations differ across ranks" in w for w in r1["warnings"])
 
     # the same run in one process, from rank 0's start, reaches the same parameters
     single = EggrollES(model_for(0), POP, 0.1, 0.2, 2, seed=0)
@@ -124,3 +124,59 @@ def test_two_ranks_stay_in_lockstep_exchanging_only_fitnesses(tmp_path):
         assert res["check_sync"] is not None and "ES parameters differ across ranks" in res["check_sync"]
     assert r1["failure"].startswith("ZeroDivisionError: loss blew up on rank 1")
     assert r0["failure"].startswith("RuntimeError") and "loss blew up on rank 1" in r0["failure"]
+
+
+# rank 1's arguments differ from rank 0's in one field: (fields named in the error, rank 1's overrides)
+MISMATCHES = [
+    (["rank"], {"rank": 1}),
+    (["pop_size"], {"pop_size": 12}),
+    (["sigma"], {"sigma": 0.2}),
+    (["seed"], {"seed": 1}),
+    (["antithetic"], {"antithetic": False}),
+    (["params", "shapes", "dtypes"], {"param_filter": lambda name: "bias" not in name}),
+    (["shapes"], {"hidden": 13}),
+    (["lr"], {"lr": 0.3}),
+]
+
+
+def _mismatch_worker(rank: int, world: int, store: str, out: str) -> None:
+    init_gloo(rank, world, store)
+    x, y, _ = data()
+    res = []
+    for _, overrides in MISMATCHES:
+        kwargs = dict(pop_size=POP, sigma=0.1, lr=0.2, rank=2, seed=0, antithetic=True, param_filter=None, hidden=12)
+        if rank == 1:
+            kwargs.update(overrides)
+        torch.manual_seed(0)
+        hidden = kwargs.pop("hidden")
+        model = nn.Sequential(nn.Linear(5, hidden), nn.Tanh(), nn.Linear(hidden, 3))
+        es = EggrollES(model, kwargs.pop("pop_size"), kwargs.pop("sigma"), kwargs.pop("lr"), kwargs.pop("rank"),
+                       **kwargs)
+        before = [p.detach().clone() for p in model.parameters()]
+        res.append((error_of(es.step, x, mse, y), es.generation,
+                    all(torch.equal(a, b) for a, b in zip(before, model.parameters()))))
+    # the torcheggroll class goes through the same check
+    tegg = TorchEggrollES(model_for(0), pop_size=POP if rank == 0 else POP + 2, rank=2)
+    res.append((error_of(tegg.step, x, mse, y), tegg.epoch, True))
+    # and after all these errors the ranks are still in step: an agreeing run trains
+    es = EggrollES(model_for(0), POP, 0.1, 0.2, 2)
+    res.append((error_of(es.step, x, mse, y), es.generation, True))
+    save(res, out, rank)
+    dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_configuration_mismatch_raises_on_every_rank_naming_the_field(tmp_path):
+    r0, r1 = spawn(_mismatch_worker, tmp_path)
+    for res in (r0, r1):
+        for (fields, _), (error, generation, unchanged) in zip(MISMATCHES, res):
+            assert error is not None, fields
+            kind, message = error
+            assert kind == "ConfigMismatchError", (fields, error)
+            assert f"differs across ranks in {fields}" in message, (fields, message)
+            assert generation == 0 and unchanged  # raised before any update
+        kind, message = res[len(MISMATCHES)][0]
+        assert kind == "ConfigMismatchError" and "TorchEggrollES" not in message and "['pop_size']" in message
+        assert res[-1] == (None, 1, True)
+    seed_message = r0[3][0][1]
+    assert "seed: rank 0: 0, rank 1: 1" in seed_message

@@ -454,8 +454,8 @@ class EggrollES:
         Raises:
             FitnessError: (a ``ValueError``) wrong length, NaN, non-numbers.
         """
+        self._sync_once()  # first: every rank reaches this collective, whatever its fitnesses
         f = self._check_fitnesses(fitnesses)
-        self._sync_once()
         grads = self.estimate_gradient(f)
         with torch.no_grad():
             for p in self._params:
