@@ -300,3 +300,39 @@ def test_resume_with_fallback_parameters_is_bitwise_exact(tmp_path):
     run(resumed, 2)
     for (n, a), b in zip(model_a.named_parameters(), model_b.parameters()):
         assert torch.equal(a, b), n
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop")  # torch: no vmap rule for CPU flash attention
+def test_transformer_with_every_parameter_perturbed_equals_materialised_weights():
+    """Embedding, Linears (routed, low rank inside each member's call), LayerNorms and a bare `pos` (fallback)."""
+    from models import TinyTransformer
+
+    torch.manual_seed(0)
+    model = TinyTransformer()
+    es = EggrollES(model, 4, 0.2, 0.1, 2, perturb_unroutable=True)
+    assert {"pos", "ln.weight", "blocks.0.ln1.bias", "embed.weight", "head.weight"} <= set(es.param_names)
+    assert len(es.param_names) == len(list(model.parameters()))
+    x = torch.randint(0, 11, (3, 8))
+    out = es.ask()(x)
+    assert out.shape == (4, 3, 8, 11)
+    for i in range(4):
+        close(out[i], reference(model, es, x, i))
+    loss = lambda o, t: o.square().mean()  # noqa: E731
+    close(es.losses(x, loss, max_rows=3), es.losses(x, loss))  # one member per forward: same losses
+
+
+def test_fallback_fitness_functions_in_every_form():
+    torch.manual_seed(0)
+    model = Mixed()
+    es = EggrollES(model, 4, 0.2, 0.1, 2, perturb_unroutable=True)
+    x = torch.randn(3, 4)
+
+    def batch(members, individuals):
+        return members(x, individuals=individuals).mean(dim=(1, 2))
+
+    def single(members, idx):
+        return members(x, individual=idx).mean()
+
+    close(es.evaluate(batch), es.evaluate(single))
+    stats = es.step(fitness=batch)
+    assert stats.generation == 0 and es.generation == 1

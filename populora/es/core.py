@@ -647,6 +647,7 @@ class EggrollES:
         mine, theirs = self._config(), state["config"]
         if not isinstance(theirs, dict):
             raise CheckpointError(f"EggrollES state has a bad 'config': expected a dict, got {type(theirs).__name__}")
+        theirs = {"perturb_unroutable": False, **theirs}  # states written before the fallback existed
         for key, value in mine.items():
             if key not in theirs:
                 raise CheckpointError(f"EggrollES state config is missing {key!r}")
