@@ -19,6 +19,9 @@ that the script reports on.
     pip install matplotlib
     python examples/coevolve_sine.py                        # ~20 s on a laptop CPU; held-out mse ~0.01
     python examples/coevolve_sine.py --generations 200 --plot /tmp/sine.png
+
+The plot goes to ``outputs/coevolve_sine.png`` in the repository (a folder
+git ignores) unless ``--plot`` names another file.
     torchrun --standalone --nproc-per-node=3 examples/coevolve_sine.py --distributed  # one probe per rank
 """
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -33,6 +37,7 @@ from torch import nn
 from populora import Coevolve, HallOfFame, Population, is_main_rank
 
 TOLERANCE = 0.05  # squared error below which an answer counts as correct
+DEFAULT_PLOT = Path(__file__).resolve().parents[1] / "outputs" / "coevolve_sine.png"  # git-ignored folder
 
 
 def mlp(d_in: int, hidden: int, *tail: nn.Module) -> nn.Sequential:
@@ -50,7 +55,8 @@ def main() -> None:
     parser.add_argument("--fool-bonus", type=float, default=0.1, help="solver bonus per wrong answer the judge accepts")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--print-every", type=int, default=1)
-    parser.add_argument("--plot", default="coevolve_sine.png", help="where to save the final plot ('' for none)")
+    parser.add_argument("--plot", default=str(DEFAULT_PLOT),
+                        help="where to save the final plot ('' for none; default: outputs/ in the repository)")
     parser.add_argument("--distributed", action="store_true", help="share the probes among torchrun ranks")
     args = parser.parse_args()
     torch.set_num_threads(1)  # tiny models: threads cost more than they save
@@ -170,6 +176,7 @@ def main() -> None:
         curve.set(xlabel="generation", ylabel="fitness (higher is better)", title="best fitness per population")
         curve.legend()
         fig.tight_layout()
+        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(args.plot, dpi=120)
         print(f"plot saved to {args.plot}")
 
