@@ -142,6 +142,29 @@ def argmax(out: torch.Tensor) -> torch.Tensor:
     return out.argmax(-1)
 
 
+class MarginArgmax:
+    """``argmax(-1)`` (times ``scale`` plus ``shift``) that records the smallest gap between the two top outputs.
+
+    Forwards of different row counts (a slot count, a hand-rolled one-row
+    rollout) may differ in the last bits (BLAS picks kernels by shape), so
+    their discrete actions agree only where no output is a near tie. With
+    every gap above ``SAFE_MARGIN`` no action can flip, and the integer-valued
+    returns derived from them compare exactly; the tests assert that first.
+    """
+
+    def __init__(self, scale: int = 1, shift: int = 0):
+        self.margin = math.inf
+        self.scale, self.shift = scale, shift
+
+    def __call__(self, out: torch.Tensor) -> torch.Tensor:
+        top = out.topk(2, dim=-1).values
+        self.margin = min(self.margin, float((top[..., 0] - top[..., 1]).min()))
+        return out.argmax(-1) * self.scale + self.shift
+
+
+SAFE_MARGIN = 1e-4  # float32 forwards of other shapes differ by ~1e-6 here: far below
+
+
 def torque(out: torch.Tensor) -> torch.Tensor:
     return 2 * torch.tanh(out)
 
@@ -153,10 +176,12 @@ def test_cartpole_fitness_equals_hand_rolled_rollout():
     """Routed, scheduled evaluation gives each individual exactly its own per-env rollout."""
     interactor = interact_with_env([gym.make("CartPole-v1") for _ in range(3)])
     pop = interactor.population(cartpole_net(), pop_size=6, low_rank=2, seed=1, init_scale=3.0)
-    fitness = interactor.evaluate(pop, action=argmax, horizon=150, num_episodes=2)
-    expected = hand_rolled(pop, lambda: gym.make("CartPole-v1"), argmax, 150, 2)
+    act = MarginArgmax()
+    fitness = interactor.evaluate(pop, action=act, horizon=150, num_episodes=2)
+    expected = hand_rolled(pop, lambda: gym.make("CartPole-v1"), act, 150, 2)
     assert fitness.shape == (6,) and fitness.dtype == torch.float32
-    assert fitness.tolist() == pytest.approx(expected, abs=0)
+    assert act.margin > SAFE_MARGIN  # no near tie: batched and one-row forwards take the same actions
+    assert fitness.tolist() == expected  # integer episode lengths
     assert len(set(expected)) > 2, "the test population should differ"
 
 
@@ -191,12 +216,14 @@ def test_list_vector_env_factory_and_slot_count_give_the_same_fitness():
         "vector + single": ([gym.make_vec("CartPole-v1", 2, vectorization_mode="sync"), gym.make("CartPole-v1")], {}),
     }
     results = {}
+    act = MarginArgmax()
     for name, (envs, kwargs) in kinds.items():
         interactor = interact_with_env(envs, **kwargs)
         pop = interactor.population(cartpole_net(), pop_size=5, low_rank=2, seed=3, init_scale=3.0)
-        results[name] = interactor.evaluate(pop, action=argmax, horizon=100, num_episodes=2)
+        results[name] = interactor.evaluate(pop, action=act, horizon=100, num_episodes=2)
+    assert act.margin > SAFE_MARGIN  # slot counts differ (batches of other shapes): no action is a near tie
     for name, fitness in results.items():
-        assert torch.equal(fitness, results["list"]), name
+        assert torch.equal(fitness, results["list"]), name  # integer episode lengths
     # the same seed gives the same fitness; the next generation meets new episodes
     assert torch.equal(interactor.evaluate(pop, action=argmax, horizon=100, num_episodes=2), results["one env"])
     assert episode_seeds(pop.eval_seed, 2) != episode_seeds(pop.eval_seed + 1, 2)
@@ -207,12 +234,15 @@ def test_dict_observations_are_flattened_by_default():
 
     interactor = interact_with_env([suite.load("cartpole", "balance", task_kwargs={"random": i}) for i in range(2)])
     pop = interactor.population(tiny_net(5, 2), pop_size=3, low_rank=2)
-    fitness = interactor.evaluate(pop, action=lambda out: out.argmax(-1) * 2 - 1, horizon=20)
+    act = MarginArgmax(scale=2, shift=-1)
+    fitness = interactor.evaluate(pop, action=act, horizon=20)
     assert fitness.shape == (3,) and bool(torch.all(fitness > 0))
     assert interactor._slots.obs.shape == (2, 5)
     again = interact_with_env(suite.load("cartpole", "balance"))
     pop = again.population(tiny_net(5, 2), pop_size=3, low_rank=2)
-    assert torch.equal(again.evaluate(pop, action=lambda out: out.argmax(-1) * 2 - 1, horizon=20), fitness)
+    replay = again.evaluate(pop, action=act, horizon=20)  # 1 slot instead of 2: other forward shapes
+    assert act.margin > SAFE_MARGIN  # so the same actions, the same rewards added in the same order
+    assert torch.equal(replay, fitness)
 
 
 def test_unflattened_dict_observations_reach_the_model_as_dicts():
@@ -561,8 +591,10 @@ def test_same_env_object_repeated_becomes_copies_with_one_warning():
     env = SeededLengthEnv()
     with pytest.warns(UserWarning) as caught:
         interactor = interact_with_env([env for _ in range(4)])
-    messages = [str(w.message) for w in caught if "same environment object" in str(w.message)]
+    mine = [w for w in caught if "same environment object" in str(w.message)]
+    messages = [str(w.message) for w in mine]
     assert len(messages) == 1 and "deep copy" in messages[0] and "(4 slot(s) from 4 entries)" in messages[0]
+    assert mine[0].filename == __file__  # the warning points at the caller's line
     assert interactor.num_slots == 4
     sources = interactor._slots.sources
     assert sources[0].raw is env and len({id(s.raw) for s in sources}) == 4

@@ -784,6 +784,16 @@ def _close_all(envs: Sequence[Any]) -> None:
             pass
 
 
+def _caller_stacklevel() -> int:
+    """``warnings.warn``'s stacklevel of the first frame outside populora (the user's call)."""
+    import sys
+
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("populora."):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def _distinct(envs: list[Any], what: str) -> tuple[list[Any], list[Any]]:
     """``envs`` with every repeat of an object replaced by a deep copy of it, and the copies made.
 
@@ -829,6 +839,6 @@ def _distinct(envs: list[Any], what: str) -> tuple[list[Any], list[Any]]:
         + f" ({len(out)} slot(s) from {len(envs)} entries). Pass distinct env objects, or a factory, to choose "
         "the slots yourself.",
         UserWarning,
-        stacklevel=4,
+        stacklevel=_caller_stacklevel(),
     )
     return out, copies
