@@ -9,6 +9,9 @@ rank 4, MSE loss (fitness = -loss), for ``N`` in {32, 128, 512, 1024, 2048}:
 - ``ours_pm``: ``EggrollES.step(xs, mse, ys, per_member=True)``, member ``i`` on its own ``(b, 256)`` rows,
 - ``ours_rows``: ``ours`` with ``max_rows=--max-rows`` (members evaluated in chunks: bounded memory),
 - ``ours_pm_rows``: ``ours_pm`` with ``max_rows=--max-rows``,
+- ``ours_fb``: ``ours`` on the same model with a bare per-feature gain ``nn.Parameter`` (1024,) after the
+  first layer, evolved too (``perturb_unroutable=True``): the ``functional_call`` + ``vmap`` fallback
+  path, whose cost is what ``EggrollES`` avoids by freezing such parameters by default,
 - ``tegg``:   ``torcheggroll.TorchEggrollES.step(x, mse, y)`` (shared batch), when importable.
 
 Every measurement runs in a fresh subprocess (so peak memory is that
@@ -38,8 +41,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-METHODS = ("plain", "plain_rows", "ours", "ours_pm", "ours_rows", "ours_pm_rows", "tegg")
-BASELINE = {"ours": "plain", "ours_pm": "plain", "ours_rows": "plain_rows", "ours_pm_rows": "plain_rows", "tegg": "plain"}
+METHODS = ("plain", "plain_rows", "ours", "ours_pm", "ours_rows", "ours_pm_rows", "ours_fb", "tegg")
+BASELINE = {"ours": "plain", "ours_pm": "plain", "ours_rows": "plain_rows", "ours_pm_rows": "plain_rows",
+            "ours_fb": "plain", "tegg": "plain"}
 
 
 # ------------------------------------------------------------------------------------------------ worker
@@ -118,7 +122,18 @@ def worker(method: str, pop: int, device_name: str, threads: int, min_time: floa
         sys.path.insert(0, str(REPO))
         from populora import EggrollES
 
-        es = EggrollES(model, pop, 0.02, 0.05, 4, device=device)
+        if method == "ours_fb":
+
+            class Gain(nn.Module):  # a bare parameter in an expression: unroutable
+                def __init__(self, size: int):
+                    super().__init__()
+                    self.gain = nn.Parameter(torch.ones(size))
+
+                def forward(self, h):
+                    return h * self.gain
+
+            model = nn.Sequential(model[0], Gain(1024), model[1], model[2]).to(device, dtype)
+        es = EggrollES(model, pop, 0.02, 0.05, 4, device=device, perturb_unroutable=method == "ours_fb")
         if method in ("ours_pm", "ours_pm_rows"):
             xs = torch.randn(pop, b, 256, generator=gen).to(device)
             ys = torch.randn(pop, b, 256, generator=gen).to(device)
