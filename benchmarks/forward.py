@@ -13,8 +13,18 @@ Points where
 the adapters are larger than the base weights (``P*r*(d+e) > d*e``) are marked
 ``*`` (reported, not judged).
 
+A second table, ``peak memory vs r``, routes ``n = P`` rows with random ids
+(many tiny groups: about 1.6 rows per id present, ids missing) and reports the
+peak memory of ``pure`` / ``all`` / ``ids`` and the largest single allocation
+of ``ids`` for growing ``r``: gathering each group's adapters would be a
+per-row copy of the weights (``r`` times the activations); the router
+processes the gathered groups in blocks bounded by ``gather_budget``, so the
+``ids`` peak stays nearly flat in ``r``. Memory is counted from allocator
+events (the torch profiler on CPU, the CUDA allocator's peak on GPU), not RSS.
+
     python benchmarks/forward.py                 # CPU, 1 thread, full grid
     python benchmarks/forward.py --quick         # a few points
+    python benchmarks/forward.py --memory        # only the peak-memory-vs-r table
     python benchmarks/forward.py --device cuda   # bf16, CUDA events, d = 4096
 """
 
@@ -125,6 +135,65 @@ def peak_mb(fn, device: torch.device) -> float:
     return (read("VmHWM") - before) / 1024
 
 
+def allocated_peak_mb(fn, device: torch.device) -> tuple[float, float]:
+    """``(peak, largest)`` MiB allocated by torch during ``fn()`` above the level at its start.
+
+    CPU: replays the allocator events of the torch profiler in time order
+    (exact bytes of every tensor, independent of RSS and of other processes);
+    the largest single allocation comes from the same events. CUDA: the
+    caching allocator's peak (largest allocation not tracked: ``nan``).
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - before) / 2**20, float("nan")
+    from torch._C._profiler import _EventType
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    stack, events = list(prof.profiler.kineto_results.experimental_event_tree()), []
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children)
+        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
+            events.append((node.start_time_ns, node.extra_fields.alloc_size))
+    held = peak = 0
+    for _, size in sorted(events):
+        held += size
+        peak = max(peak, held)
+    return peak / 2**20, max((size for _, size in events), default=0) / 2**20
+
+
+def memory_vs_rank(device: torch.device, dtype: torch.dtype, timer: Timer, min_time: float, quick: bool) -> None:
+    """Peak memory of ``individuals=`` routing over many tiny groups, for growing ``r``."""
+    d, P = (1024, 4096) if device.type == "cuda" else (64, 4096)
+    ranks = [1, 16] if quick else [1, 4, 16, 64]
+    print(f"\npeak memory vs r: Linear({d},{d}) GELU Linear({d},{d}), P={P}, n={P} rows with random ids "
+          "(many tiny groups)")
+    header = (f"{'r':>4} {'peak MB pure':>13} {'all':>8} {'ids':>8} {'largest alloc MB (ids)':>23} "
+              f"{'ids/all time':>13}")
+    print(header)
+    print("-" * len(header))
+    for r in ranks:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, d)).to(device=device, dtype=dtype).eval()
+        pop = Population(model, pop_size=P, low_rank=r, device=device, init_scale=0.1)
+        x = torch.randn(P, d, device=device, dtype=dtype)
+        ids = torch.randint(0, P, (P,), generator=torch.Generator().manual_seed(0))
+        fns = {"pure": lambda: model(x), "all": lambda: pop(x, all_individuals=True),
+               "ids": lambda: pop(x, individuals=ids)}
+        with torch.inference_mode():
+            for fn in fns.values():
+                fn()  # warm up (and cache the route plan, as a loop over the same ids does)
+            mems = {k: allocated_peak_mb(fn, device) for k, fn in fns.items()}
+            ratio = timer(fns["ids"], min_time) / timer(fns["all"], min_time)
+        print(f"{r:>4} {mems['pure'][0]:13.2f} {mems['all'][0]:8.2f} {mems['ids'][0]:8.2f} {mems['ids'][1]:23.2f} "
+              f"{ratio:13.3f}", flush=True)
+
+
 def bench_point(label, make_model, make_input, P, r, b, judged, device, dtype, timer, min_time, loop):
     torch.manual_seed(0)
     model = make_model().to(device=device, dtype=dtype).eval()
@@ -169,11 +238,16 @@ def main():
     parser.add_argument("--quick", action="store_true", help="a few points only")
     parser.add_argument("--min-time", type=float, default=0.2, help="seconds of timing per method and round")
     parser.add_argument("--no-loop", action="store_true", help="skip the naive per-individual loop")
+    parser.add_argument("--memory", action="store_true", help="only the peak-memory-vs-r table")
     args = parser.parse_args()
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     timer = Timer(device)
+    if args.memory:
+        print(f"device={device} dtype={dtype} threads={torch.get_num_threads()} torch={torch.__version__}")
+        memory_vs_rank(device, dtype, timer, args.min_time, args.quick)
+        return
 
     points = []
     dims = [4096] if device.type == "cuda" else [256, 1024]
@@ -219,6 +293,7 @@ def main():
     print(f"worst judged   all/pure {max(judged_all):.3f}   ids/pure {max(judged_ids):.3f}   (target <= 1.30; "
           f"* = adapters larger than base weights, not judged)")
     print(f"geometric mean ids/all  {geo([i / a for i, a in zip(ids_r, all_r)]):.3f}   (target <= 1.10)")
+    memory_vs_rank(device, dtype, timer, args.min_time, args.quick)
 
 
 if __name__ == "__main__":

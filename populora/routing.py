@@ -66,8 +66,11 @@ class Route(NamedTuple):
         chunk: ``c``, rows per group (after padding).
         index: adapter id of each group: ``None`` (group ``g`` uses adapter
             ``g``), a ``slice`` or a ``(k,)`` int64 tensor.
-        dest: ``(n,)`` position of each row in the padded ``(k c)`` layout,
-            or ``None`` when the rows already are ``(k c)``.
+        dest: ``(n,)`` position of each row in the padded ``(k c)`` layout
+            (increasing: rows are sorted by group), or ``None`` when the rows
+            already are ``(k c)``.
+        dest_host: ``dest`` as a NumPy array (block bounds are found on the
+            host, with no device sync).
     """
 
     n: int
@@ -75,6 +78,7 @@ class Route(NamedTuple):
     chunk: int
     index: Index = None
     dest: Tensor | None = None
+    dest_host: np.ndarray | None = None
 
 
 def _take(stack: Tensor, index: Index) -> Tensor:
@@ -190,7 +194,7 @@ class Router:
                 f"target {self.names[i]!r} (Linear with in_features={module.in_features}) got inputs with "
                 f"{x.shape[-1]} features: its input has shape {(origin.rows, *x.shape[1:])} for the "
                 f"{origin.rows} row{'' if origin.rows == 1 else 's'} of the batch passed (first input of shape "
-                f"{origin.shape}){origin.routed()}"
+                f"{origin.shape()}){origin.routed()}"
             ) from error
 
     def run(self, route: Route, adapters: Sequence[Adapter], fn: Callable[..., Any], args: tuple = (),
@@ -207,7 +211,7 @@ class Router:
             raise RuntimeError("this router was removed from its model (the population was merged or closed)")
         called: set[int] = set()
         if origin is None:
-            origin = _Origin(route.n, (route.n,), 1, "")
+            origin = _Origin(route.n, [], 1, "")
         self._state = (route, adapters, called, origin)
         try:
             out = fn(*args, **kwargs)
@@ -265,45 +269,58 @@ class Router:
             h = torch.bmm(down, x.reshape(k, -1, x.shape[-1]).transpose(1, 2)).transpose(1, 2)  # (k, c*.., r)
             out.view(k, -1, out.shape[-1]).baddbmm_(h, up)
             return out
-        if route.dest is not None:  # unequal groups: pack rows into (k c), padded
-            x = x.new_zeros((k * c, *x.shape[1:])).index_copy_(0, route.dest, x)
         index, e = route.index, out.shape[-1]
-        block = k
+        block = k  # groups per block
         if isinstance(index, Tensor):  # adapters are gathered per group: bound the copy (gather_budget)
             rank = up.shape[1]
             per_group = (rank * e + (0 if isinstance(module, nn.Embedding) else rank * down.shape[-1])
                          + (0 if adapter.bias is None else e)) * down.element_size()
             budget = gather_budget(out.device, (x.numel() + out.numel()) * out.element_size())
             block = max(1, min(k, budget // per_group))
-        in_place = route.dest is None and out.is_contiguous()
-        if block == k:
-            h, up = _factors(x, module, adapter, index, k, out.dtype)
-            if in_place:
-                out.view(k, -1, e).baddbmm_(h, up)  # (k, c*.., e) += (k, c*.., r) @ (k, r, e)
+        if not out.is_contiguous():
+            out = out.contiguous()
+        if route.dest is None:  # rows already (k c): add each block's delta in place
+            view = out.view(k, -1, e)
+            if block == k:
+                h, up = _factors(x, module, adapter, index, k, out.dtype)
+                view.baddbmm_(h, up)  # (k, c*.., e) += (k, c*.., r) @ (k, r, e)
                 return out
-            delta = torch.bmm(h, up)
-        else:
-            target = out.view(k, -1, e) if in_place else out.new_zeros((k * c, *out.shape[1:])).view(k, -1, e)
             for g0 in range(0, k, block):
                 g1 = min(k, g0 + block)
                 h, up = _factors(x[g0 * c : g1 * c], module, adapter, index[g0:g1], g1 - g0, out.dtype)
-                target[g0:g1].baddbmm_(h, up)
-            if in_place:
-                return out
-            delta = target
-        delta = delta.reshape(k * c, *out.shape[1:])
-        if route.dest is not None:
-            delta = delta.index_select(0, route.dest)
-        return out + delta
+                view[g0:g1].baddbmm_(h, up)
+            return out
+        # unequal groups: pack each block's rows into (k c), padded, and add its delta to those rows in place;
+        # rows are sorted by group, so a block of groups owns a contiguous range of rows
+        for g0 in range(0, k, block):
+            g1 = min(k, g0 + block)
+            if block == k:
+                j0, j1, pos, part = 0, route.n, route.dest, index
+            else:
+                j0, j1 = (int(j) for j in np.searchsorted(route.dest_host, (g0 * c, g1 * c)))
+                pos, part = route.dest[j0:j1] - g0 * c, index[g0:g1]
+            packed = x.new_zeros(((g1 - g0) * c, *x.shape[1:])).index_copy_(0, pos, x[j0:j1])
+            h, up = _factors(packed, module, adapter, part, g1 - g0, out.dtype)
+            del packed
+            delta = torch.bmm(h, up).reshape((g1 - g0) * c, *out.shape[1:]).index_select(0, pos)
+            if block == k:
+                out.add_(delta)
+            else:
+                out[j0:j1] += delta
+        return out
 
 
 class _Origin(NamedTuple):
     """The batch as the user passed it, for error messages: ``rows`` routed as ``rows * times``."""
 
     rows: int
-    shape: tuple
+    leaves: list  # the tensor inputs as passed (their shapes are formatted only for an error)
     times: int
     how: str
+
+    def shape(self) -> tuple:
+        """Shape of the first tensor input with a batch dimension."""
+        return next((tuple(t.shape) for t in self.leaves if t.dim() > 0), (self.rows,))
 
     def routed(self) -> str:
         if self.times == 1:
@@ -350,9 +367,10 @@ def _batch_size(leaves: list[Tensor]) -> int:
     return sizes.pop()
 
 
-def _host_ids(ids: Any, num: int) -> np.ndarray:
-    """Ids as a ``(m,)`` int64 numpy array, each in ``[0, num)`` (the route plan is data-dependent: it is
-    made on the host). Lists / tuples of ints or NumPy integers, NumPy arrays and integer tensors pass."""
+def _host_ids(ids: Any) -> np.ndarray:
+    """Ids as a ``(m,)`` integer numpy array (the route plan is data-dependent: it is made on the host).
+    Lists / tuples of ints or NumPy integers, NumPy arrays and integer tensors pass; the range is checked
+    by :func:`_check_range` when the plan is made."""
     if isinstance(ids, Tensor):
         if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
             raise InvalidTypeError(f"`individuals` must hold integer ids, got a tensor of dtype {ids.dtype}")
@@ -365,12 +383,16 @@ def _host_ids(ids: Any, num: int) -> np.ndarray:
         raise InvalidTypeError(f"`individuals` must hold integer ids, got {ids.dtype} values ({ids!r:.80})")
     if ids.ndim != 1:
         raise RouteError(f"`individuals` must be a 1-D list or integer tensor of ids, got shape {ids.shape}")
+    return ids
+
+
+def _check_range(ids: np.ndarray, num: int) -> np.ndarray:
+    """``ids`` as int64 if every id is in ``[0, num)``, else :class:`InvalidIndexError` naming the first bad one."""
     if ids.size:
-        low, high = ids.min(), ids.max()
-        if low < 0 or high >= num:
-            bad = int(low) if low < 0 else int(high)
-            raise InvalidIndexError(f"`individuals` must hold ids in [0, {num}), got {bad} (at position "
-                                    f"{int(np.flatnonzero(ids == bad)[0])})")
+        bad = np.flatnonzero((ids < 0) | (ids >= num))
+        if bad.size:
+            raise InvalidIndexError(f"`individuals` must hold ids in [0, {num}), got {int(ids[bad[0]])} (at position "
+                                    f"{int(bad[0])})")
     return ids.astype(np.int64, copy=False)
 
 
@@ -401,7 +423,7 @@ def _plan(row_ids: np.ndarray, num: int, device: torch.device) -> tuple[Route, T
     offset = np.arange(n) - starts[group]
     dest = (first_chunk[group] + offset // c) * c + offset % c
     return Route(n=n, groups=int(chunks.sum()), chunk=c, index=to_device(np.repeat(uniq, chunks)),
-                 dest=to_device(dest)), perm
+                 dest=to_device(dest), dest_host=dest), perm
 
 
 def routed_call(
@@ -457,7 +479,7 @@ def routed_call(
         if isinstance(individual, Tensor) and individual.dim() and individual.numel() == 1:
             individual = individual.reshape(())
         individual = check_index("individual", individual, num)
-    ids = None if individuals is None else _host_ids(individuals, num)
+    ids = None if individuals is None else _host_ids(individuals)
     leaves = _leaves((args, kwargs))
     if device is not None and any(t.device != device for t in leaves):
         non_blocking = device.type == "cuda"  # host -> device only: a device -> host copy must be synchronous
@@ -495,23 +517,23 @@ def routed_call(
                 f"batch of {n_in} rows does not fit {m} individual ids: pass one id per row, a single "
                 f"row, a batch divisible by {m} (split (p b)), or `broadcast=True`"
             )
-        row_ids = np.repeat(ids, n_in if expand else n_in // m if m else 0)
-        key = (row_ids.tobytes(), num, dev)
+        repeats = n_in if expand else n_in // m if m else 0
+        key = (ids.dtype, ids.tobytes(), repeats, num, dev)
         if router.last_plan is not None and router.last_plan[0] == key:  # same rows as last call (env loops)
             route, perm = router.last_plan[1]
         else:
-            route, perm = _plan(row_ids, num, dev)
+            route, perm = _plan(np.repeat(_check_range(ids, num), repeats), num, dev)
             router.last_plan = (key, (route, perm))
         if perm is not None:  # group rows by id once for the whole forward; unsorted once at the end
             args, kwargs = map_tensors((args, kwargs), lambda t: t.index_select(0, perm) if t.dim() else t)
 
-    origin = _Origin(n_in, tuple(next(t.shape for t in leaves if t.dim() > 0)), times, how)
+    origin = _Origin(n_in, leaves, times, how)
     try:
         out = router.run(route, adapters, model, args, kwargs, origin)
     except Exception as error:
         if times > 1 and hasattr(error, "add_note") and not isinstance(error, RouteError):
             error.add_note(f"populora: this routed forward ran the model on {route.n} rows, {origin.how}: the "
-                           f"batch passed has {n_in} rows (first input of shape {origin.shape}), so row counts "
+                           f"batch passed has {n_in} rows (first input of shape {origin.shape()}), so row counts "
                            "above count the repeated rows")
         raise
     if perm is None:
