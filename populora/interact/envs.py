@@ -159,8 +159,17 @@ class _VectorSource:
         self.started = False
 
     def reset_all(self, seed: int) -> Any:
-        """Reset every slot of a vector env that cannot reset one, with one ``seed``: ``(num, ..)`` observations."""
-        obs, _ = self.env.reset(seed=int(seed))
+        """Reset every slot of a vector env that cannot reset one, with one ``seed``: ``(num, ..)`` observations.
+
+        ``reset(seed=seed)``; an env whose ``reset`` takes no seed is seeded
+        the way ``env_ssl_wrapper.reset_env`` can (``seed()``, or not at all).
+        """
+        try:
+            obs, _ = self.env.reset(seed=int(seed))
+        except TypeError:
+            from env_ssl_wrapper import reset_env
+
+            obs, _ = reset_env(self.env, int(seed))
         self.stale[:] = False
         self.started = True
         self._last_obs = obs

@@ -243,6 +243,8 @@ def _check_evolve_values(population: Population, options: dict[str, Any]) -> Non
     counters are restored from a copy afterwards, so the run is the same as
     without the check.
     """
+    if not options:  # the defaults are valid by construction
+        return
     saved = tree_map(lambda v: v.clone() if isinstance(v, Tensor) else copy.deepcopy(v), population.state())
     fitnesses = torch.arange(population.pop_size, dtype=torch.float32, device=population.device)
     try:
