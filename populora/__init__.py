@@ -13,6 +13,7 @@ from .es import (
 from .errors import (
     CheckpointError,
     ConfigMismatchError,
+    ESStateError,
     FitnessError,
     InvalidIndexError,
     InvalidTypeError,
@@ -41,6 +42,7 @@ __all__ = [
     "CheckpointError",
     "Coevolve",
     "ConfigMismatchError",
+    "ESStateError",
     "ESStats",
     "EggrollES",
     "EnvInteractor",

@@ -44,5 +44,10 @@ class ConfigMismatchError(PopuloraError, RuntimeError):
     """Distributed ranks disagree on a configuration that must be identical."""
 
 
+class ESStateError(PopuloraError, RuntimeError):
+    """An ES object used out of order: a members handle of a generation already told, or the
+    torcheggroll API's ``get_stacked_params`` / ``apply_fitness_scores`` before ``prepare_population``."""
+
+
 class SpentPopulationError(PopuloraError, RuntimeError):
     """The population was merged into its model and can no longer be used."""

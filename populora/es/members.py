@@ -17,18 +17,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from ..errors import FitnessError, InvalidTypeError, PopuloraError, RouteError
+from ..errors import ESStateError, FitnessError, InvalidTypeError, RouteError
 from ..routing import Adapter, Route, Router, map_tensors, routed_call
 
 if TYPE_CHECKING:
     from .core import EggrollES
 
 __all__ = ["ESRouter", "ESStateError", "Members", "map_tensors", "member_losses"]
-
-
-class ESStateError(PopuloraError, RuntimeError):
-    """An ES object used out of order: a members handle of a generation already told, or the
-    torcheggroll API's ``get_stacked_params`` / ``apply_fitness_scores`` before ``prepare_population``."""
 
 
 MEMBER_ROUTE = Route(n=-1, groups=1, chunk=-1)
