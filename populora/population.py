@@ -111,16 +111,18 @@ class Population(nn.Module):
         TargetNotFoundError: see :func:`populora.targets.find_targets`.
 
     Initialisation: each target gets a reference weight RMS
-    ``w = max(rms(W), 1 / sqrt(3 d))`` (``d`` its fan-in; the floor is the RMS
-    of ``nn.Linear``'s default initialisation, so a layer whose weight is zero,
-    like a zero-initialised policy head, still gets distinct individuals);
-    :attr:`weight_scales` holds them. With ``a = sqrt(w / sqrt(r))``,
-    ``down ~ N(0, a^2)`` and ``up ~ N(0, (init_scale * a)^2)``, so
-    ``rms(dW) = init_scale * w``: for inputs with unit-variance isotropic
-    entries the layer's output changes by ``init_scale`` relative to
-    ``max(rms(W x), 1 / sqrt(3))`` (``rms(W x) = rms(W) sqrt(d)``); for an
-    ``nn.Embedding``, a token's embedding changes by ``init_scale`` relative
-    to ``max(rms(W), 1 / sqrt(3 V))``. The additive mutations use the same
+    ``w = max(rms(W), 1 / sqrt(d))`` (``d`` its fan-in; the floor is the scale
+    ``1/sqrt(d)`` of ``nn.Linear``'s default initialisation bound, so a layer
+    whose weight is zero, like a zero-initialised policy head, still gets
+    distinct individuals); :attr:`weight_scales` holds them. With
+    ``a = sqrt(w / sqrt(r))``, ``down ~ N(0, a^2)`` and
+    ``up ~ N(0, (init_scale * a)^2)``, so ``rms(dW) = init_scale * w``: for
+    inputs ``x`` with unit-variance isotropic entries the layer's output
+    changes by ``init_scale`` relative to ``max(rms(W x), rms(x))``
+    (``rms(W x) = rms(W) sqrt(d)``, ``rms(x) = 1``: a layer counts as at
+    least as large as its input); for an ``nn.Embedding``, a token's
+    embedding changes by ``init_scale`` relative to ``max(rms(W), 1/sqrt(V))``.
+    The additive mutations use the same
     reference, so ``epsilon`` is the expected relative change of each
     mutated layer's output per mutation, from a zero adapter as from a
     trained one (see :mod:`populora.operators.mutation`).
@@ -187,13 +189,13 @@ class Population(nn.Module):
         self._downs, self._ups = nn.ParameterList(), nn.ParameterList()
         self._embedding = [isinstance(m, nn.Embedding) for m in targets.values()]
         self.ranks: list[int] = []  # effective rank per target
-        # reference weight RMS per target: rms(W), floored at nn.Linear's default init RMS 1/sqrt(3 d)
+        # reference weight RMS per target: rms(W), floored at the fan-in scale 1/sqrt(d) (rms(W x) >= rms(x))
         self.weight_scales: list[float] = []
         for module, embedding in zip(targets.values(), self._embedding):
             d, e = layer_dims(module)
             rank = min(low_rank, d, e)
             weight = module.weight.detach()
-            weight_scale = max(weight.double().square().mean().sqrt().item(), 1 / math.sqrt(3 * d))
+            weight_scale = max(weight.double().square().mean().sqrt().item(), 1 / math.sqrt(d))
             like = {"device": self.device, "dtype": dtype or weight.dtype}
             down = torch.zeros(pop_size, d, low_rank, **like) if embedding else torch.zeros(pop_size, low_rank, d, **like)
             up = torch.zeros(pop_size, low_rank, e, **like)
@@ -355,9 +357,9 @@ class Population(nn.Module):
 
         A list, tuple or numpy array is converted. The precision is kept:
         float64 input (and Python floats, integers) gives float64, float32
-        gives float32, float16 / bfloat16 give float32 (float32 throughout on
-        MPS, which has no float64); selection, parent selection and the merge's
-        argmax all run in it. NaN (and -inf) raise unless
+        gives float32, float16 / bfloat16 give float32, booleans are refused
+        (float32 throughout on MPS, which has no float64); selection, parent
+        selection and the merge's argmax all run in it. NaN (and -inf) raise unless
         ``nan_policy='worst'``, which maps them below the lowest finite
         fitness; +inf always raises.
 
@@ -370,7 +372,10 @@ class Population(nn.Module):
         if fitnesses is None:
             raise FitnessError(f"fitnesses are required: a ({self.pop_size},) tensor, higher is better")
         f = as_fitnesses(fitnesses, "fitnesses")
-        dtype = torch.float32 if f.dtype != torch.float64 or self.device.type == "mps" else torch.float64
+        if f.dtype == torch.bool:
+            raise FitnessError(f"fitnesses must be real numbers, got dtype {f.dtype}")
+        wide = f.dtype == torch.float64 or not f.is_floating_point()  # integers: float64 holds them exactly
+        dtype = torch.float64 if wide and self.device.type != "mps" else torch.float32
         f = f.to(device=self.device, dtype=dtype)
         if f.shape != (self.pop_size,):
             raise FitnessError(f"fitnesses must have shape ({self.pop_size},), got {tuple(f.shape)}")
@@ -616,8 +621,8 @@ class Population(nn.Module):
 
         For the additive types (``full_gaussian``, ``layer_selective_gaussian``,
         ``neftune_style``) ``epsilon`` is the expected relative change of each
-        mutated layer's output (relative to ``max(rms(W x), 1/sqrt(3))`` for
-        unit-variance inputs), whatever the adapter's size; the SVD types
+        mutated layer's output (relative to ``max(rms(W x), rms(x))`` for
+        unit-variance inputs ``x``), whatever the adapter's size; the SVD types
         cannot move a zero adapter (see :mod:`populora.operators.mutation`).
         NumPy scalars are accepted.
 

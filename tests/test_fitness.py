@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import time
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -12,7 +13,7 @@ import torch.multiprocessing as mp
 
 from ranks import error_of, init_gloo, save
 from populora.errors import FitnessError
-from populora.fitness import evaluate, fitness_kind
+from populora.fitness import as_fitnesses, evaluate, fitness_kind
 
 WORLD = 2
 NUM = 5
@@ -272,3 +273,139 @@ def test_raising_rank_ends_the_run_with_its_error(tmp_path):
     with pytest.raises(mp.ProcessRaisedException, match="boom in rank 1"):
         mp.spawn(_raising_worker, args=(str(tmp_path / "store"),), nprocs=WORLD, join=True)
     assert time.monotonic() - start < 30
+
+
+# ---------------------------------------------------------------------------- precision and types (issue 10, 9 and 12)
+
+
+class TestAsFitnesses:
+    """The dtype rules of populora.fitness.as_fitnesses, which Population.check_fitnesses applies."""
+
+    @pytest.mark.parametrize("values, dtype", [
+        ([1e8 + 1, 1e8], torch.float64),  # Python floats are doubles: kept exactly
+        ([1, 2, 3], torch.float64),
+        ((0.5, np.float32(1.5), torch.tensor(2.5)), torch.float64),
+        (np.arange(3.0), torch.float64),
+        (np.arange(3.0, dtype=np.float32), torch.float32),
+        (torch.arange(3.0, dtype=torch.float64), torch.float64),
+        (torch.arange(3.0), torch.float32),
+        (torch.arange(3), torch.int64),  # integer tensors keep their dtype; the population widens them
+    ])
+    def test_precision_is_kept(self, values, dtype):
+        out = as_fitnesses(values)
+        assert out.dtype == dtype and out.shape == (len(values),)
+        assert out.tolist() == [float(v) for v in values]
+
+    @pytest.mark.parametrize("values, named", [
+        ("abc", "str"), (b"abc", "bytes"), ({"a": 1.0}, "dict"), ({1.0, 2.0}, "set"), (None, "NoneType"),
+        (object(), "object"), (["a", "b"], "list holding str"), ([{"a": 1}], "list holding dict"),
+        ([1.0, object()], r"list of non-numbers"),
+    ])
+    def test_non_numbers_raise_naming_the_type(self, values, named):
+        with pytest.raises(FitnessError, match=rf"fitnesses must be real numbers \(a tensor, array or list\), got {named}"):
+            as_fitnesses(values)
+
+    def test_complex_is_refused(self):
+        with pytest.raises(FitnessError, match="must be real numbers, got dtype torch.complex64"):
+            as_fitnesses(torch.zeros(3, dtype=torch.complex64))
+
+
+P = 8
+# float64 fitnesses whose order float32 cannot see (float32 spacing at 1e8 is 8): odd ids are the best
+CLOSE = 1e8 + torch.tensor([0.0, 4, 1, 5, 2, 6, 3, 7], dtype=torch.float64)
+
+
+def population(**kwargs):
+    from populora import Population
+
+    torch.manual_seed(0)
+    return Population(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)), pop_size=P, low_rank=2,
+                      seed=0, **kwargs)
+
+
+class TestPopulationPrecision:
+    def test_check_fitnesses_keeps_float64(self):
+        pop = population()
+        assert pop.check_fitnesses(CLOSE).dtype == torch.float64
+        assert pop.check_fitnesses(CLOSE.tolist()).dtype == torch.float64
+        assert pop.check_fitnesses(CLOSE.float()).dtype == torch.float32
+        assert pop.check_fitnesses(torch.arange(P, dtype=torch.bfloat16)).dtype == torch.float32
+        assert pop.check_fitnesses(torch.arange(P, dtype=torch.float16)).dtype == torch.float32
+        assert pop.check_fitnesses(torch.arange(P)).dtype == torch.float64
+        assert torch.equal(pop.check_fitnesses(CLOSE), CLOSE)
+
+    @pytest.mark.parametrize("fitnesses", [CLOSE, CLOSE.tolist(), CLOSE.numpy()])
+    def test_deterministic_survivors_in_float64(self, fitnesses):
+        result = population().select("deterministic", fitnesses, survive_frac=0.5, elite_frac=0.25)
+        assert sorted(result.selected_in_indices.tolist()) == [1, 3, 5, 7]
+        assert result.elite_indices.tolist() == [7, 5]
+        assert result.selected_out_indices.tolist() == [0, 2, 4, 6]
+
+    def test_probabilistic_selection_sees_float64_differences(self):
+        """At a low temperature the softmax of the z-score is the top: only visible in float64."""
+        result = population().select("probabilistic", CLOSE, survive_frac=0.5, elite_frac=0.0, temperature=1e-3)
+        assert sorted(result.selected_in_indices.tolist()) == [1, 3, 5, 7]
+
+    @pytest.mark.parametrize("kind", ["tournament", "queen_bee"])
+    def test_parents_in_float64(self, kind):
+        """Every survivor competes: the fittest parent first is id 7, as only float64 can tell."""
+        pop = population()
+        parents = pop.select_parents(kind, CLOSE, 6, [0, 2, 4, 6], tournament_size=4)
+        assert parents[:, 0].tolist() == [7] * 6
+        assert (parents[:, 1] == 5).all()
+
+    def test_fuss_weights_in_float64(self):
+        from populora.operators import fuss_weights
+
+        w = fuss_weights(CLOSE)
+        assert w.dtype == torch.float64 and not torch.allclose(w, torch.full((P,), 1 / P, dtype=torch.float64))
+
+    def test_select_and_merge_best_picks_the_float64_argmax(self):
+        fitnesses = 1 + torch.arange(P, dtype=torch.float64) * 1e-9  # all 1.0 in float32
+        pop = population()
+        x = torch.randn(3, 4)
+        with torch.no_grad():
+            expected = pop(x, individual=P - 1)
+        model = pop.select_and_merge_best_(fitnesses)
+        torch.testing.assert_close(model(x), expected)
+        model2 = population().select_and_merge_best_(fitnesses.tolist())
+        torch.testing.assert_close(model2(x), expected)
+
+    def test_evolve_keeps_the_float64_elites(self):
+        pop = population()
+        before = [f.down.clone() for f in pop.factors()]
+        result = pop.evolve_(CLOSE, elite_frac=0.25)
+        assert result.elite_indices.tolist() == [7, 5]
+        assert all(torch.equal(b[[1, 3, 5, 7]], f.down[[1, 3, 5, 7]]) for b, f in zip(before, pop.factors()))
+
+    def test_nan_worst_in_float64(self):
+        pop = population(nan_policy="worst")
+        f = CLOSE.clone()
+        f[7] = float("nan")
+        checked = pop.check_fitnesses(f)
+        assert checked.dtype == torch.float64 and int(checked.argmin()) == 7 and int(checked.argmax()) == 5
+
+
+class TestPopulationNonNumericFitnesses:
+    @pytest.mark.parametrize("fitnesses, named", [
+        ("abcdefgh", "str"), ({i: float(i) for i in range(P)}, "dict"), (object(), "object"),
+        (["a"] * P, "list holding str"),
+    ])
+    @pytest.mark.parametrize("call", ["evolve_", "select", "select_parents", "select_and_merge_best_",
+                                      "check_fitnesses"])
+    def test_fitness_error_names_the_type(self, fitnesses, named, call):
+        pop = population()
+        before = [f.down.clone() for f in pop.factors()]
+        method = getattr(pop, call)
+        args = {"select": ("deterministic", fitnesses), "select_parents": ("tournament", fitnesses, 2, [0, 1])}
+        with pytest.raises(FitnessError, match=rf"fitnesses must be real numbers .*got {named}"):
+            method(*args.get(call, (fitnesses,)))
+        assert all(torch.equal(b, f.down) for b, f in zip(before, pop.factors())) and pop.generation == 0
+
+
+def test_evaluate_in_float64_keeps_python_floats():
+    close = lambda population, idx: 1e8 + idx  # noqa: E731
+    assert evaluate(close, None, 3, dtype=torch.float64).tolist() == [1e8, 1e8 + 1, 1e8 + 2]
+    assert evaluate(close, None, 3).dtype == torch.float32
+    with pytest.raises(ValueError, match=r"`dtype` must be torch.float32 or torch.float64"):
+        evaluate(close, None, 3, dtype=torch.int64)

@@ -6,10 +6,11 @@ identical shapes and dtypes (inputs are never modified):
 - ``factors[t]``: ``Factors(down (m, d_t, r_t), up (m, e_t, r_t))``; the
   adapter adds ``dW = up @ down.T`` (``(e, d)``) to the weight ``W``.
 - ``weight_scales[t]``: target ``t``'s reference weight RMS ``w_t``. The
-  population passes ``w_t = max(rms(W_t), 1 / sqrt(3 d_t))``: the weight's
-  own RMS, floored at the RMS of ``nn.Linear``'s default initialisation for
-  fan-in ``d_t`` (``U(-1/sqrt(d), 1/sqrt(d))``), so a layer whose weight is
-  zero (a zero-initialised policy head) still has a scale to evolve at.
+  population passes ``w_t = max(rms(W_t), 1 / sqrt(d_t))``: the weight's
+  own RMS, floored at the fan-in scale ``1/sqrt(d_t)`` (the bound of
+  ``nn.Linear``'s default initialisation ``U(-1/sqrt(d), 1/sqrt(d))``), so a
+  layer whose weight is zero (a zero-initialised policy head) still has a
+  scale to evolve at.
 - ``epsilon``: the strength, ``>= 0``.
 
 **Additive mutations** (:func:`full_gaussian`, :func:`layer_selective_gaussian`,
@@ -18,11 +19,13 @@ target layer's output per mutation. The noise is scaled per individual and
 target so that ``E[rms(dW' - dW)] = epsilon * w_t`` (root of the expected
 mean square over the ``e x d`` entries). For inputs ``x`` with unit-variance
 isotropic entries, ``rms(W x) = rms(W) * sqrt(d)``, so the output moves by
-``rms(dW' x - dW x) = epsilon * max(rms(W x), 1 / sqrt(3))`` in expectation:
-``epsilon = 0.1`` moves each mutated layer's output by about 10% of its own
-size (of the default-init size for a zero or tiny weight). For an
-``nn.Embedding`` (one-hot inputs) it is the change of a token's embedding
-relative to ``rms(W)``. This holds whatever the adapter's current size, zero
+``rms(dW' x - dW x) = epsilon * max(rms(W x), rms(x))`` in expectation
+(``rms(x) = 1``): ``epsilon = 0.1`` moves each mutated layer's output by about
+10% of its own size, or of its input's size for a layer smaller than its
+input (a zero weight; also ``nn.Linear``'s default initialisation, whose
+``rms(W x)`` is ``rms(x) / sqrt(3)``). For an ``nn.Embedding`` (one-hot
+inputs) it is the change of a token's embedding relative to
+``max(rms(W), 1/sqrt(V))``. This holds whatever the adapter's current size, zero
 included (``init_scale=0``), and matches ``init_scale``, which is the same
 relative output change at initialisation. It is exact in expectation: with
 noise of RMS ``s`` on both factors, ``E[rms(dW' - dW)^2] = k (s^2 (a^2 + u^2)
