@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from .checks import check_bool, check_index
-from .errors import InvalidIndexError, InvalidTypeError, RouteError
+from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError, RouteError
 
 __all__ = ["Adapter", "Route", "Router", "gather_budget", "map_tensors", "routed_call"]
 
@@ -373,16 +373,17 @@ def _host_ids(ids: Any) -> np.ndarray:
     by :func:`_check_range` when the plan is made."""
     if isinstance(ids, Tensor):
         if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-            raise InvalidTypeError(f"`individuals` must hold integer ids, got a tensor of dtype {ids.dtype}")
+            raise InvalidTypeError(f"`individuals` must hold integer ids, got dtype {ids.dtype}")
         ids = ids.detach().cpu().numpy()
     try:
         ids = np.asarray(ids)
     except (ValueError, TypeError) as error:
-        raise RouteError(f"`individuals` must be a 1-D list or integer tensor of ids, got {ids!r:.80}") from error
+        raise InvalidTypeError(f"`individuals` must be a 1-D list or integer tensor of ids, got "
+                               f"{type(ids).__name__} {ids!r:.80}") from error
     if ids.dtype.kind not in "iu" and ids.size:  # (an empty list is float64 to NumPy)
-        raise InvalidTypeError(f"`individuals` must hold integer ids, got {ids.dtype} values ({ids!r:.80})")
+        raise InvalidTypeError(f"`individuals` must hold integer ids, got dtype {ids.dtype} ({ids!r:.80})")
     if ids.ndim != 1:
-        raise RouteError(f"`individuals` must be a 1-D list or integer tensor of ids, got shape {ids.shape}")
+        raise InvalidValueError(f"`individuals` must be a 1-D list or integer tensor of ids, got shape {ids.shape}")
     return ids
 
 
@@ -391,8 +392,8 @@ def _check_range(ids: np.ndarray, num: int) -> np.ndarray:
     if ids.size:
         bad = np.flatnonzero((ids < 0) | (ids >= num))
         if bad.size:
-            raise InvalidIndexError(f"`individuals` must hold ids in [0, {num}), got {int(ids[bad[0]])} (at position "
-                                    f"{int(bad[0])})")
+            raise InvalidIndexError(f"`individuals` holds id {int(ids[bad[0]])}, out of range [0, {num}) (at "
+                                    f"position {int(bad[0])})")
     return ids.astype(np.int64, copy=False)
 
 
@@ -460,7 +461,9 @@ def routed_call(
     Raises:
         InvalidIndexError: an id out of ``[0, num)`` (no negative wrap-around).
         InvalidTypeError: an id that is not an integer (floats, bools, strings),
-            or a non-bool ``all_individuals`` / ``broadcast``.
+            ids that are not a list / array / tensor, or a non-bool
+            ``all_individuals`` / ``broadcast``.
+        InvalidValueError: ``individuals`` that is not 1-D.
         RouteError: conflicting arguments, a batch size that does not fit the
             layout (both sizes are named), or inputs whose feature size does
             not fit a target Linear (the message counts the rows passed, not
