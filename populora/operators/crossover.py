@@ -21,6 +21,8 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from ..checks import check_int
+from ..errors import FitnessError, InvalidTypeError, InvalidValueError
 from .base import Factors, check_number, randint, register_crossover, uniform
 from .linalg import _svd_compute, compute_dtype, effective_rank, rebuild_balanced
 from .shaping import check_fitnesses, clamp_infinities
@@ -37,30 +39,31 @@ def _check(
         finite extremes (or None).
     """
     if len(stacks) == 0:
-        raise ValueError(f"`stacks` of {name} must hold at least one target, got none")
+        raise InvalidValueError(f"`stacks` of {name} must hold at least one target, got none")
     pop = stacks[0].down.shape[0]
     for t, (down, up) in enumerate(stacks):
         if down.dim() != 3 or up.dim() != 3 or down.shape[0] != pop or up.shape[0] != pop \
                 or down.shape[2] != up.shape[2]:
-            raise ValueError(
+            raise InvalidValueError(
                 f"stacks[{t}] must be down (P, d, r) and up (P, e, r) with P={pop}, "
                 f"got {tuple(down.shape)} and {tuple(up.shape)}"
             )
     if not isinstance(parents, Tensor) or parents.dim() != 2 or parents.dtype.is_floating_point \
             or parents.shape[1] < 1:
         shape = tuple(parents.shape) if isinstance(parents, Tensor) else type(parents).__name__
-        raise ValueError(f"`parents` must be an integer tensor (c, k) with k >= 1, got {shape}")
+        raise (InvalidValueError if isinstance(parents, Tensor) else InvalidTypeError)(
+            f"`parents` must be an integer tensor (c, k) with k >= 1, got {shape}")
     if k is not None and parents.shape[1] != k:
-        raise ValueError(f"{name} needs exactly {k} parents per child, got parents of shape "
+        raise InvalidValueError(f"{name} needs exactly {k} parents per child, got parents of shape "
                          f"{tuple(parents.shape)}")
     if parents.numel() and (int(parents.min()) < 0 or int(parents.max()) >= pop):
-        raise ValueError(f"`parents` must be population ids in [0, {pop}), got values in "
+        raise InvalidValueError(f"`parents` must be population ids in [0, {pop}), got values in "
                          f"[{int(parents.min())}, {int(parents.max())}]")
     device = stacks[0].down.device
     if fitnesses is not None:
         fitnesses = check_fitnesses(fitnesses)
         if tuple(fitnesses.shape) != (pop,):
-            raise ValueError(f"`fitnesses` must have shape ({pop},), got {tuple(fitnesses.shape)}")
+            raise FitnessError(f"`fitnesses` must have shape ({pop},), got {tuple(fitnesses.shape)}")
         fitnesses = clamp_infinities(fitnesses, 0).to(device)
     return pop, parents.to(device, torch.long), fitnesses
 
@@ -71,18 +74,18 @@ def _gather(stack: Factors, ids: Tensor) -> tuple[Tensor, Tensor]:
     return stack.down[ids].to(dtype), stack.up[ids].to(dtype)
 
 
-def _dare_options(drop_rate: float = 0.7) -> None:
-    check_number("drop_rate", drop_rate, lambda v: 0 <= v < 1, "in [0, 1)")
+def _dare_options(drop_rate: float = 0.7) -> float:
+    return check_number("drop_rate", drop_rate, lambda v: 0 <= v < 1, "in [0, 1)")
 
 
-def _extrapolative_options(eta_min: float = 1.0, eta_max: float = 1.5) -> None:
-    check_number("eta_min", eta_min, lambda v: True, "(finite)")
-    check_number("eta_max", eta_max, lambda v: v >= eta_min, f">= `eta_min` ({eta_min})")
+def _extrapolative_options(eta_min: float = 1.0, eta_max: float = 1.5) -> tuple[float, float]:
+    eta_min = check_number("eta_min", eta_min, lambda v: True, "(finite)")
+    return eta_min, check_number("eta_max", eta_max, lambda v: v >= eta_min, f">= `eta_min` ({eta_min})")
 
 
-def _xes_options(eta: float = 1.0, tournament_size: int = 3) -> None:
-    check_number("eta", eta, lambda v: True, "(finite)")
-    check_number("tournament_size", tournament_size, lambda v: v >= 1, ">= 1", integer=True)
+def _xes_options(eta: float = 1.0, tournament_size: int = 3) -> tuple[float, int]:
+    eta = check_number("eta", eta, lambda v: True, "(finite)")
+    return eta, check_number("tournament_size", tournament_size, lambda v: v >= 1, ">= 1", integer=True)
 
 
 def average(
@@ -174,7 +177,7 @@ def dare(
         Per target ``Factors(down (c, d, r), up (c, e, r))``, the input dtype and device.
     """
     _, parents, _ = _check(stacks, parents, fitnesses, "dare")
-    _dare_options(drop_rate)
+    drop_rate = _dare_options(drop_rate)
     keep = 1.0 - drop_rate
     out = []
     for stack in stacks:
@@ -236,7 +239,7 @@ def svd_subspace(
         Per target ``Factors(down (c, d, r), up (c, e, r))``, the input dtype and device.
 
     Raises:
-        ValueError: ``parents`` is not ``(c, 2)``.
+        InvalidValueError: ``parents`` is not ``(c, 2)``.
     """
     _, parents, _ = _check(stacks, parents, fitnesses, "svd_subspace", k=2)
     c = parents.shape[0]
@@ -282,10 +285,10 @@ def extrapolative(
         Per target ``Factors(down (c, d, r), up (c, e, r))``, the input dtype and device.
 
     Raises:
-        ValueError: ``parents`` is not ``(c, 2)``, or ``eta_min > eta_max``.
+        InvalidValueError: ``parents`` is not ``(c, 2)``, or ``eta_min > eta_max``.
     """
     _, parents, fitnesses = _check(stacks, parents, fitnesses, "extrapolative", k=2)
-    _extrapolative_options(eta_min, eta_max)
+    eta_min, eta_max = _extrapolative_options(eta_min, eta_max)
     better, worse = parents[:, 0], parents[:, 1]
     if fitnesses is not None:
         swap = fitnesses[worse] > fitnesses[better]
@@ -333,15 +336,16 @@ def xes(
         Per target ``Factors(down (c, d, r), up (c, e, r))``, the input dtype and device.
 
     Raises:
-        ValueError: ``fitnesses`` is None, or ``P`` is not divisible by ``num_groups``.
+        FitnessError: ``fitnesses`` is None (a ``ValueError``).
+        InvalidValueError: ``P`` is not divisible by ``num_groups``.
     """
     if fitnesses is None:
-        raise ValueError("crossover `xes` needs `fitnesses` ((P,), higher is better), got None")
+        raise FitnessError("crossover `xes` needs `fitnesses` ((P,), higher is better), got None")
     pop, parents, fitnesses = _check(stacks, parents, fitnesses, "xes")
-    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1 \
-            or pop % num_groups:
-        raise ValueError(f"`num_groups` must be an int >= 1 dividing P={pop}, got {num_groups!r}")
-    _xes_options(eta, tournament_size)
+    num_groups = check_int("num_groups", num_groups, low=1)
+    if pop % num_groups:
+        raise InvalidValueError(f"`num_groups` must be an int >= 1 dividing P={pop}, got {num_groups!r}")
+    eta, tournament_size = _xes_options(eta, tournament_size)
     c, k = parents.shape
     dev = parents.device
     fit = fitnesses

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from ..errors import InvalidValueError
 from .base import Factors
 
 
@@ -42,7 +43,7 @@ def effective_rank(down: Tensor, up: Tensor) -> int:
 def _svd_compute(down: Tensor, up: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`svd_factors` left in the compute dtype (callers cast once at the end)."""
     if down.shape[-1] != up.shape[-1] or down.shape[:-2] != up.shape[:-2]:
-        raise ValueError(
+        raise InvalidValueError(
             f"`down` (..., d, r) and `up` (..., e, r) must share batch dims and r, "
             f"got {tuple(down.shape)} and {tuple(up.shape)}"
         )

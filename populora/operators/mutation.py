@@ -133,12 +133,12 @@ def _gaussian(down: Tensor, up: Tensor, rank: int, epsilon: float, scale: float,
     return Factors((df + s * noise_down).to(down.dtype), (uf + s * noise_up).to(up.dtype))
 
 
-def _layer_selective_options(fraction: float = 1 / 3) -> None:
-    check_number("fraction", fraction, lambda v: 0 < v <= 1, "in (0, 1]")
+def _layer_selective_options(fraction: float = 1 / 3) -> float:
+    return check_number("fraction", fraction, lambda v: 0 < v <= 1, "in (0, 1]")
 
 
-def _masking_options(rho: float = 0.3) -> None:
-    check_number("rho", rho, lambda v: 0 <= v <= 1, "in [0, 1]")
+def _masking_options(rho: float = 0.3) -> float:
+    return check_number("rho", rho, lambda v: 0 <= v <= 1, "in [0, 1]")
 
 
 def _neftune_options(alpha: float | None = None) -> None:

@@ -10,18 +10,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..checks import check_int
+from ..errors import InvalidValueError
 from .base import check_number, register_parent_selection, uniform
 from .shaping import check_fitnesses, fuss_weights, zscore
 
 
-def _check(fitnesses: Tensor, num_children: int, num_parents: int) -> Tensor:
+def _check(fitnesses: Tensor, num_children: int, num_parents: int) -> tuple[Tensor, int, int]:
     f = check_fitnesses(fitnesses)
     if f.dim() != 2 or f.shape[1] < 1:
-        raise ValueError(f"`fitnesses` must be (groups, s) with s >= 1, got shape {tuple(f.shape)}")
-    for name, value, low in (("num_children", num_children, 0), ("num_parents", num_parents, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"`{name}` must be an int >= {low}, got {value!r}")
-    return f
+        raise InvalidValueError(f"`fitnesses` must be (groups, s) with s >= 1, got shape {tuple(f.shape)}")
+    return f, check_int("num_children", num_children, low=0), check_int("num_parents", num_parents, low=1)
 
 
 def _tournament_options(tournament_size: int = 3) -> None:
@@ -72,8 +71,8 @@ def tournament(
     Returns:
         ``(g, num_children, num_parents)`` int64 local indices into ``s``.
     """
-    f = _check(fitnesses, num_children, num_parents)
-    _tournament_options(tournament_size)
+    f, num_children, num_parents = _check(fitnesses, num_children, num_parents)
+    tournament_size = check_number("tournament_size", tournament_size, lambda v: v >= 1, ">= 1", integer=True)
     return _tournament(f, num_children, num_parents, tournament_size, generator)
 
 
@@ -107,8 +106,8 @@ def roulette(
     Returns:
         ``(g, num_children, num_parents)`` int64 local indices into ``s``.
     """
-    f = _check(fitnesses, num_children, num_parents)
-    _roulette_options(temperature)
+    f, num_children, num_parents = _check(fitnesses, num_children, num_parents)
+    temperature = check_number("temperature", temperature, lambda v: v > 0, "> 0")
     probs = torch.softmax(zscore(f) / temperature, dim=-1)
     idx = _categorical(probs, num_children * num_parents, generator)
     return idx.view(f.shape[0], num_children, num_parents)
@@ -129,7 +128,7 @@ def fuss(fitnesses: Tensor, num_children: int, num_parents: int, *, generator: t
     Returns:
         ``(g, num_children, num_parents)`` int64 local indices into ``s``.
     """
-    f = _check(fitnesses, num_children, num_parents)
+    f, num_children, num_parents = _check(fitnesses, num_children, num_parents)
     idx = _categorical(fuss_weights(f), num_children * num_parents, generator)
     return idx.view(f.shape[0], num_children, num_parents)
 
@@ -158,8 +157,8 @@ def queen_bee(
     Returns:
         ``(g, num_children, num_parents)`` int64 local indices into ``s``.
     """
-    f = _check(fitnesses, num_children, num_parents)
-    _tournament_options(tournament_size)
+    f, num_children, num_parents = _check(fitnesses, num_children, num_parents)
+    tournament_size = check_number("tournament_size", tournament_size, lambda v: v >= 1, ">= 1", integer=True)
     g, s = f.shape
     queen = torch.argsort(f, dim=-1, descending=True, stable=True)[:, :1]  # (g, 1)
     queens = queen.unsqueeze(1).expand(g, num_children, 1)

@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..checks import check_int
+from ..errors import InvalidValueError
 from .base import check_number, register_selection, uniform
 from .shaping import check_fitnesses, fuss_weights, zscore
 
@@ -23,10 +25,8 @@ from .shaping import check_fitnesses, fuss_weights, zscore
 def _check(fitnesses: Tensor, num: int) -> Tensor:
     f = check_fitnesses(fitnesses)
     if f.dim() != 2:
-        raise ValueError(f"`fitnesses` must be (groups, m), got shape {tuple(f.shape)}")
-    if isinstance(num, bool) or not isinstance(num, int) or not 0 <= num <= f.shape[1]:
-        raise ValueError(f"`num` must be an int in [0, {f.shape[1]}], got {num!r}")
-    return f
+        raise InvalidValueError(f"`fitnesses` must be (groups, m), got shape {tuple(f.shape)}")
+    return f, check_int("num", num, low=0, high=f.shape[1])
 
 
 def gumbel_top_k(logits: Tensor, num: int, *, generator: torch.Generator) -> Tensor:
@@ -64,7 +64,7 @@ def deterministic(fitnesses: Tensor, num: int, *, generator: torch.Generator) ->
         >>> deterministic(torch.tensor([[0.1, 0.9, 0.5]]), 2, generator=g)
         tensor([[1, 2]])
     """
-    f = _check(fitnesses, num)
+    f, num = _check(fitnesses, num)
     order = torch.argsort(f, dim=-1, descending=True, stable=True)
     return order[:, :num]
 
@@ -90,8 +90,8 @@ def probabilistic(
     Returns:
         ``(g, num)`` distinct int64 local indices.
     """
-    f = _check(fitnesses, num)
-    _probabilistic_options(temperature)
+    f, num = _check(fitnesses, num)
+    temperature = check_number("temperature", temperature, lambda v: v > 0, "> 0")
     return gumbel_top_k(zscore(f) / temperature, num, generator=generator)
 
 
@@ -111,7 +111,7 @@ def fuss(fitnesses: Tensor, num: int, *, generator: torch.Generator) -> Tensor:
     Returns:
         ``(g, num)`` distinct int64 local indices.
     """
-    f = _check(fitnesses, num)
+    f, num = _check(fitnesses, num)
     return gumbel_top_k(fuss_weights(f).log(), num, generator=generator)
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..errors import FitnessError
+
 
 def check_fitnesses(fitnesses: Tensor, name: str = "fitnesses") -> Tensor:
     """Validate a fitness tensor: floating (or integer) and free of NaN.
@@ -18,17 +20,18 @@ def check_fitnesses(fitnesses: Tensor, name: str = "fitnesses") -> Tensor:
         ``fitnesses`` as float32 (float64 if it was float64).
 
     Raises:
-        TypeError: not a tensor, or not real-valued.
-        ValueError: it contains NaN.
+        FitnessError: (a ``ValueError``) not a tensor (its type is named),
+            not real-valued, or it contains NaN.
     """
     if not isinstance(fitnesses, Tensor):
-        raise TypeError(f"`{name}` must be a torch.Tensor, got {type(fitnesses).__name__}")
+        raise FitnessError(f"`{name}` must be a torch.Tensor of real numbers, got {type(fitnesses).__name__}: "
+                           f"{fitnesses!r:.80}")
     if fitnesses.is_complex() or fitnesses.dtype == torch.bool:
-        raise TypeError(f"`{name}` must be a real tensor, got dtype {fitnesses.dtype}")
+        raise FitnessError(f"`{name}` must be a real tensor, got dtype {fitnesses.dtype}")
     dtype = torch.float64 if fitnesses.dtype == torch.float64 else torch.float32
     f = fitnesses.to(dtype)
     if bool(torch.isnan(f).any()):
-        raise ValueError(f"`{name}` contains NaN; higher is better, so give a finite value")
+        raise FitnessError(f"`{name}` contains NaN; higher is better, so give a finite value")
     return f
 
 

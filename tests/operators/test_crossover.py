@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+
+from populora.errors import FitnessError, InvalidValueError
 
 from populora.operators import CROSSOVERS, Factors, svd_factors
 
@@ -75,7 +78,7 @@ class TestContract:
         stacks = helpers.random_stacks(P)
         bad = parents_for(crossover_name).clone()
         bad[0, 0] = P
-        with pytest.raises(ValueError, match=rf"population ids in \[0, {P}\)"):
+        with pytest.raises(InvalidValueError, match=rf"population ids in \[0, {P}\)"):
             call(crossover_name, stacks, bad)
 
 
@@ -126,7 +129,7 @@ def test_dare_without_drops_is_average(helpers):
     stacks, parents = helpers.random_stacks(P, dtype=torch.float64), parents_for("dare")
     for x, y in zip(call("dare", stacks, parents, drop_rate=0.0), call("average", stacks, parents)):
         assert torch.allclose(x.down, y.down) and torch.allclose(x.up, y.up)
-    with pytest.raises(ValueError, match=r"`drop_rate` must be in \[0, 1\), got 1.0"):
+    with pytest.raises(InvalidValueError, match=r"`drop_rate` must be in \[0, 1\), got 1.0"):
         call("dare", stacks, parents, drop_rate=1.0)
 
 
@@ -163,7 +166,7 @@ def test_svd_subspace_rank_one_clones_parent_0(helpers):
 
 @pytest.mark.parametrize("name", ["svd_subspace", "extrapolative"])
 def test_two_parent_crossovers_reject_other_k(name, helpers):
-    with pytest.raises(ValueError, match=rf"{name} needs exactly 2 parents per child, got parents of shape \(4, 3\)"):
+    with pytest.raises(InvalidValueError, match=rf"{name} needs exactly 2 parents per child, got parents of shape \(4, 3\)"):
         call(name, helpers.random_stacks(P), torch.zeros(4, 3, dtype=torch.long))
 
 
@@ -198,7 +201,7 @@ def one_hot_stacks():
 
 
 def test_xes_needs_fitnesses(helpers):
-    with pytest.raises(ValueError, match="crossover `xes` needs `fitnesses`"):
+    with pytest.raises(FitnessError, match="crossover `xes` needs `fitnesses`"):
         call("xes", helpers.random_stacks(P), parents_for("xes"), fitnesses=None)
 
 
@@ -226,7 +229,7 @@ def test_xes_bad_ones_come_from_the_childs_island():
     assert (coef[0, 2:4] != 0).all() and coef[0, 2:4].max() < coef[0, :2].min()
     # weights follow fitness, not role: child 1's "bad" id 0 is fitter than its parents
     assert (coef[1, :4].diff() < 0).all()
-    with pytest.raises(ValueError, match="`num_groups` must be an int >= 1 dividing P=8, got 3"):
+    with pytest.raises(InvalidValueError, match="`num_groups` must be an int >= 1 dividing P=8, got 3"):
         call("xes", one_hot_stacks(), parents, fitnesses=fit, num_groups=3)
 
 
@@ -242,11 +245,25 @@ def test_xes_island_of_parents_only_averages_them():
 @pytest.mark.parametrize("name", ["xes", "extrapolative"])
 def test_fitness_aware_crossovers_check_fitnesses(name, helpers):
     stacks, parents = helpers.random_stacks(P), parents_for(name)
-    with pytest.raises(ValueError, match="`fitnesses` contains NaN"):
+    with pytest.raises(FitnessError, match="`fitnesses` contains NaN"):
         call(name, stacks, parents, fitnesses=torch.full((P,), float("nan")))
-    with pytest.raises(ValueError, match=rf"`fitnesses` must have shape \({P},\), got \(3,\)"):
+    with pytest.raises(FitnessError, match=rf"`fitnesses` must have shape \({P},\), got \(3,\)"):
         call(name, stacks, parents, fitnesses=torch.zeros(3))
     worst = torch.linspace(0.0, 1.0, P)
     worst[0] = -float("inf")  # nan_policy='worst' upstream
     for child in call(name, stacks, parents, fitnesses=worst):
         assert torch.isfinite(child.down).all() and torch.isfinite(child.up).all()
+
+
+def test_numpy_options_and_num_groups(helpers):
+    stacks = helpers.random_stacks(8)
+    parents = torch.tensor([[0, 1], [2, 3], [4, 5]])
+    f = torch.randn(8, generator=helpers.gen(0))
+    for name, options, plain in (("dare", {"drop_rate": np.float32(0.5)}, {"drop_rate": 0.5}),
+                                 ("extrapolative", {"eta_min": np.float64(1.0), "eta_max": np.float32(1.25)},
+                                  {"eta_min": 1.0, "eta_max": 1.25}),
+                                 ("xes", {"eta": np.float64(0.5), "tournament_size": np.int64(2), "num_groups": np.int64(2)},
+                                  {"eta": 0.5, "tournament_size": 2, "num_groups": 2})):
+        a = CROSSOVERS[name](stacks, parents, fitnesses=f, generator=helpers.gen(1), **options)
+        b = CROSSOVERS[name](stacks, parents, fitnesses=f, generator=helpers.gen(1), **plain)
+        helpers.assert_same(a, b)

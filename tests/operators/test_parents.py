@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+
+from populora.errors import FitnessError, InvalidTypeError, InvalidValueError
 
 from populora.operators import PARENT_SELECTIONS, fuss_weights, zscore
 from populora.operators.parents import fuss, queen_bee, roulette, tournament
@@ -46,15 +49,22 @@ class TestContract:
         assert not torch.equal(a, fn(f, 10, 2, generator=gen(6)))
 
     def test_nan_raises(self, parent_selection_name):
-        with pytest.raises(ValueError, match="NaN"):
+        with pytest.raises(FitnessError, match="NaN"):
             PARENT_SELECTIONS[parent_selection_name](torch.tensor([[float("nan"), 1.0]]), 1, 2, generator=gen(0))
 
     def test_bad_counts(self, parent_selection_name):
         fn = PARENT_SELECTIONS[parent_selection_name]
-        with pytest.raises(ValueError, match="`num_parents` must be an int >= 1, got 0"):
+        with pytest.raises(InvalidValueError, match="`num_parents` must be an int >= 1, got 0"):
             fn(torch.zeros(1, 3), 2, 0, generator=gen(0))
-        with pytest.raises(ValueError, match=r"\(groups, s\) with s >= 1"):
+        with pytest.raises(InvalidTypeError, match="`num_children` must be an int, got float 2.0"):
+            fn(torch.zeros(1, 3), 2.0, 2, generator=gen(0))
+        with pytest.raises(InvalidValueError, match=r"\(groups, s\) with s >= 1"):
             fn(torch.zeros(1, 0), 2, 2, generator=gen(0))
+
+    def test_numpy_counts(self, parent_selection_name):
+        fn = PARENT_SELECTIONS[parent_selection_name]
+        f = torch.randn(2, 6, generator=gen(0))
+        assert torch.equal(fn(f, np.int64(4), np.int32(2), generator=gen(1)), fn(f, 4, 2, generator=gen(1)))
 
 
 def test_tournament_covering_everyone_returns_the_best_first():

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+
+from populora.errors import FitnessError, InvalidTypeError, InvalidValueError
 
 from populora.operators import SELECTIONS, fuss_weights, zscore
 from populora.operators.selection import deterministic, fuss, probabilistic
@@ -47,7 +50,7 @@ class TestContract:
 
     def test_nan_raises(self, selection_name):
         f = torch.tensor([[0.0, float("nan"), 1.0]])
-        with pytest.raises(ValueError, match="NaN"):
+        with pytest.raises(FitnessError, match="NaN"):
             SELECTIONS[selection_name](f, 1, generator=gen(0))
 
     def test_minus_inf_counts_as_worst(self, selection_name):
@@ -61,14 +64,27 @@ class TestContract:
         if selection_name == "deterministic":
             assert picked[1] == 0
 
-    @pytest.mark.parametrize("num", [-1, 5, 1.5])
-    def test_bad_num(self, selection_name, num):
-        with pytest.raises(ValueError, match="`num`"):
+    @pytest.mark.parametrize("num, error", [(-1, InvalidValueError), (5, InvalidValueError),
+                                            (1.5, InvalidTypeError), ("2", InvalidTypeError)])
+    def test_bad_num(self, selection_name, num, error):
+        with pytest.raises(error, match=r"`num` must be an int"):
             SELECTIONS[selection_name](torch.zeros(1, 4), num, generator=gen(0))
 
+    def test_numpy_num_and_options(self, selection_name):
+        f = torch.randn(2, 6, generator=gen(0))
+        fn = SELECTIONS[selection_name]
+        options = {"temperature": np.float32(0.5)} if selection_name == "probabilistic" else {}
+        plain = {"temperature": 0.5} if selection_name == "probabilistic" else {}
+        assert torch.equal(fn(f, np.int64(3), generator=gen(1), **options), fn(f, 3, generator=gen(1), **plain))
+
     def test_bad_shape(self, selection_name):
-        with pytest.raises(ValueError, match=r"\(groups, m\).*\(4,\)"):
+        with pytest.raises(InvalidValueError, match=r"\(groups, m\).*\(4,\)"):
             SELECTIONS[selection_name](torch.zeros(4), 1, generator=gen(0))
+
+    @pytest.mark.parametrize("fitnesses, named", [([[1.0, 2.0]], "list"), ("ab", "str")])
+    def test_non_tensor_fitnesses(self, selection_name, fitnesses, named):
+        with pytest.raises(FitnessError, match=rf"`fitnesses` must be a torch.Tensor of real numbers, got {named}"):
+            SELECTIONS[selection_name](fitnesses, 1, generator=gen(0))
 
 
 def test_deterministic_keeps_exactly_the_top():

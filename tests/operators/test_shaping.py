@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from populora.errors import FitnessError
+
 from populora.operators import centered_rank, fuss_weights, zscore
 
 
@@ -53,5 +55,22 @@ def test_infinities_count_as_the_extremes():
 
 @pytest.mark.parametrize("fn", [zscore, centered_rank, fuss_weights])
 def test_nan_raises(fn):
-    with pytest.raises(ValueError, match="contains NaN"):
+    with pytest.raises(FitnessError, match="contains NaN"):
         fn(torch.tensor([1.0, float("nan")]))
+
+
+@pytest.mark.parametrize("fn", [zscore, centered_rank, fuss_weights])
+@pytest.mark.parametrize("bad, named", [("abc", "str"), ({"a": 1.0}, "dict"), ([1.0, 2.0], "list"),
+                                        (torch.zeros(2, dtype=torch.complex64), "dtype torch.complex64")])
+def test_non_numeric_raises_naming_the_type(fn, bad, named):
+    with pytest.raises(FitnessError, match=rf"`f` must be a (torch.Tensor of real numbers|real tensor), got {named}"):
+        fn(bad)
+
+
+@pytest.mark.parametrize("fn", [zscore, centered_rank, fuss_weights])
+def test_float64_is_kept(fn):
+    f = 1e8 + torch.tensor([0.0, 3.0, 1.0, 2.0], dtype=torch.float64)
+    out = fn(f)
+    assert out.dtype == torch.float64 and len(set(out.tolist())) > 1  # float32 would see four equal values
+    if fn is not fuss_weights:
+        assert out.argmax().item() == 1
