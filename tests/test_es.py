@@ -47,7 +47,7 @@ def make(kind: str = "mlp", pop: int = 6, seed: int = 0, **kwargs):
 def explicit(model, es, x, member):
     """Forward of an independent model whose weights are W + sigma * E_member, written out."""
     with torch.no_grad():
-        return torch.func.functional_call(model, es.member_params(member), (x,))
+        return torch.func.functional_call(model, es.individual_params(member), (x,))
 
 
 # --------------------------------------------------------------------------------------- routed forward
@@ -74,14 +74,14 @@ def test_materialised_weights_are_low_rank_and_scaled():
     assert torch.equal(delta[:200], -delta[200:])
 
 
-def test_member_subsets_single_member_and_per_member_inputs():
+def test_member_subsets_single_member_and_per_individual_inputs():
     es, model, x = make("transformer", pop=4)
     members = es.ask()
     ids = [3, 1]
     close(members(x, individuals=ids), torch.stack([explicit(model, es, x, i) for i in ids]))
     close(members(x, individual=2), explicit(model, es, x, 2))
     xs = torch.randint(0, 11, (4, 2, 8))  # member i gets its own 2 rows
-    out = members(xs, per_member=True)
+    out = members(xs, per_individual=True)
     for i in range(4):
         close(out[i], explicit(model, es, xs[i], i))
 
@@ -106,7 +106,7 @@ def test_base_model_untouched_outside_members():
 def test_antithetic_members_are_exact_negatives():
     es, model, x = make("mlp", pop=8)
     members = es.ask()
-    for down, up, bias in members._adapters:
+    for down, up, bias in members._target.adapters:
         assert torch.equal(down[:4], -down[4:]) and torch.equal(up[:4], up[4:])
         assert bias is None or torch.equal(bias[:4], -bias[4:])
     for d in es.perturbations().values():
@@ -187,7 +187,7 @@ def test_tell_writes_negative_gradient_and_sgd_step():
         close(p.detach(), before[n] + 0.5 * g[n])
     assert stats.generation == 0 and es.generation == 1
     assert stats.best == pytest.approx(f.max().item()) and stats.mean == pytest.approx(f.mean().item())
-    assert es.best_fitness == pytest.approx(f.max().item()) and es.best_member == (0, int(f.argmax()))
+    assert es.best_fitness == pytest.approx(f.max().item()) and es.best_individual == (0, int(f.argmax()))
 
 
 def test_group_shaping_compares_within_groups():
@@ -207,7 +207,7 @@ def test_callable_fitness_shaping():
 # --------------------------------------------------------------------------------------- training
 
 
-def teacher_student(optimizer=None, lr=None, steps=60, per_member=False):
+def teacher_student(optimizer=None, lr=None, steps=60, per_individual=False):
     torch.manual_seed(0)
     teacher = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
     student = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
@@ -222,9 +222,9 @@ def teacher_student(optimizer=None, lr=None, steps=60, per_member=False):
     with torch.no_grad():
         start = mse(student(x_test), teacher(x_test)).item()
         for _ in range(steps):
-            if per_member:
+            if per_individual:
                 x = torch.randn(pop, 16, 8, generator=gen)
-                es.step(x, mse, teacher(x), per_member=True)
+                es.step(x, mse, teacher(x), per_individual=True)
             else:
                 x = torch.randn(64, 8, generator=gen)
                 es.step(x, mse, teacher(x))
@@ -238,9 +238,9 @@ def test_teacher_student_sgd():
     assert es.best_fitness > -end * 2
 
 
-def test_teacher_student_adam_and_per_member_inputs():
+def test_teacher_student_adam_and_per_individual_inputs():
     start, end, _ = teacher_student(optimizer=lambda params: torch.optim.Adam(params, lr=0.01), steps=60,
-                                    per_member=True)
+                                    per_individual=True)
     assert end < start / 10, (start, end)
 
 
@@ -332,7 +332,7 @@ def test_checkpoint_resume_is_bitwise_exact(tmp_path):
     torch.save(first.state_dict(), tmp_path / "es.pt")
     resumed, model_b = fresh()
     resumed.load_state_dict(torch.load(tmp_path / "es.pt"))  # weights_only=True by default
-    assert resumed.generation == 3 and resumed.best_member == first.best_member
+    assert resumed.generation == 3 and resumed.best_individual == first.best_individual
     run(resumed, 3, x, y)
     for a, b in zip(model_a.parameters(), model_b.parameters()):
         assert torch.equal(a, b)
@@ -386,10 +386,10 @@ def test_numpy_scalars_are_accepted_like_python_numbers():
                    antithetic=np.bool_(True), noise_reuse=np.int64(1))
     assert (es.pop_size, es.sigma, es.rank, es.seed, es.lr) == (8, 0.25, 2, 3, pytest.approx(0.1))
     assert type(es.pop_size) is int and type(es.sigma) is float
-    members = es.member_params(np.int64(7))
+    members = es.individual_params(np.int64(7))
     assert members["0.weight"].shape == (16, 6)
-    with pytest.raises(InvalidIndexError, match=r"`member` must be an id in \[0, 8\), got 8"):
-        es.member_params(8)
+    with pytest.raises(InvalidIndexError, match=r"`individual` must be an id in \[0, 8\), got 8"):
+        es.individual_params(8)
     with pytest.raises(InvalidIndexError):
         es.perturbations([0, 99])
 
@@ -426,7 +426,7 @@ def test_multihead_attention_needs_perturb_unroutable():
     x = torch.randn(3, 2, 4)
     out = es.ask()(x, x, x)
     for i in range(4):
-        close(out[0][i], torch.func.functional_call(model, es.member_params(i), (x, x, x))[0])
+        close(out[0][i], torch.func.functional_call(model, es.individual_params(i), (x, x, x))[0])
 
 
 def test_bad_fitnesses_raise_before_any_change():
@@ -434,11 +434,11 @@ def test_bad_fitnesses_raise_before_any_change():
     before = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(FitnessError, match="Expected 6 fitness scores, got 5"):
         es.tell(torch.zeros(5))
-    with pytest.raises(ValueError, match="contains NaN"):
+    with pytest.raises(ValueError, match="free of NaN"):
         es.tell(torch.tensor([0.0, 1, float("nan"), 2, 3, 4]))
     with pytest.raises(FitnessError, match="must be finite with fitness_shaping='raw'"):
         make("mlp", fitness_shaping="raw")[0].tell(torch.tensor([0.0, 1, float("inf"), 2, 3, 4]))
-    assert es.generation == 0 and es.best_member is None
+    assert es.generation == 0 and es.best_individual is None
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert all(p.grad is None for p in model.parameters())
 
@@ -446,7 +446,7 @@ def test_bad_fitnesses_raise_before_any_change():
 def test_bad_inputs_and_loss_functions():
     es, _, x = make("mlp", pop=4)
     with pytest.raises(ValueError, match=r"shape \(4, b, ...\).*got \(5, 6\)"):
-        es.losses(x, lambda o, t: o.mean(), per_member=True)
+        es.losses(x, lambda o, t: o.mean(), per_individual=True)
     with pytest.raises(ValueError, match="one number per member"):
         es.losses(x, lambda o, t: o.mean(0))
     with pytest.raises(ValueError, match="either `inputs` and `loss_fn`"):
@@ -471,7 +471,7 @@ def test_max_rows_evaluates_in_chunks_with_the_same_losses():
     whole = es.losses(x, loss)
     close(es.losses(x, loss, max_rows=7), whole)  # 7 // 3 rows per member = 2 members per forward
     xs = torch.randint(0, 11, (6, 2, 8))
-    close(es.losses(xs, loss, per_member=True, max_rows=1), es.losses(xs, loss, per_member=True))
+    close(es.losses(xs, loss, per_individual=True, max_rows=1), es.losses(xs, loss, per_individual=True))
     with pytest.raises(ValueError, match="`max_rows` must be an int >= 1, got 0"):
         es.losses(x, loss, max_rows=0)
 

@@ -89,7 +89,7 @@ class Shared(nn.Module):
 def reference(model: nn.Module, es: EggrollES, x: torch.Tensor, member: int) -> torch.Tensor:
     """Member ``member``'s forward with W + sigma * E written into every evolved parameter (materialised)."""
     with torch.no_grad():
-        return torch.func.functional_call(model, es.member_params(member), (x,))
+        return torch.func.functional_call(model, es.individual_params(member), (x,))
 
 
 # --------------------------------------------------------------------------------------- convergence
@@ -151,7 +151,7 @@ def test_mixed_model_members_equal_materialised_weights(dtype, tol):
     sub = members(x, individuals=[5, 1])
     close(sub, torch.stack([reference(model, es, x, 5), reference(model, es, x, 1)]), tol)
     xs = torch.randn(6, 2, 4, dtype=dtype)
-    per = members(xs, per_member=True)
+    per = members(xs, per_individual=True)
     for i in range(6):
         close(per[i], reference(model, es, xs[i], i), tol)
     assert es._fallback_modes == {False: "vmap", True: "vmap"}
@@ -182,8 +182,8 @@ def test_tied_parameter_gets_one_perturbation():
     x = torch.randn(3, 5)
     out = es.es.ask()(x)
     for i in range(4):
-        w = es.es.member_params(i)["a.w"]
-        expected = torch.nn.functional.linear(torch.tanh(x @ w.T) @ w, w, es.es.member_params(i)["lin.bias"])
+        w = es.es.individual_params(i)["a.w"]
+        expected = torch.nn.functional.linear(torch.tanh(x @ w.T) @ w, w, es.es.individual_params(i)["lin.bias"])
         close(out[i], expected)
     before = model.a.w.detach().clone()
     es.step(x, lambda o, t: o.square().mean(), None)

@@ -42,7 +42,7 @@ def train(es: EggrollES) -> list[float]:
     means = []
     for step in range(STEPS):
         if step % 2:
-            stats = es.step(xs, mse, torch.zeros(POP, 2, 3), per_member=True)
+            stats = es.step(xs, mse, torch.zeros(POP, 2, 3), per_individual=True)
         else:
             stats = es.step(x, mse, y)
         means.append(stats.mean)

@@ -270,7 +270,7 @@ def test_fitness_shaping_keeps_float64_precision():
             assert bool((z[1:] > z[:-1]).all()), (shaping, z)
     es = EggrollES(mlp(), 8, 0.1, 0.0, 2)
     stats = es.tell([1 + k * 1e-9 for k in (3, 1, 7, 0, 2, 5, 6, 4)])
-    assert es.best_member == (0, 2) and stats.best == 1 + 7e-9
+    assert es.best_individual == (0, 2) and stats.best == 1 + 7e-9
     rewards = 1e8 + torch.arange(4, dtype=torch.float64)
     noise = {"w": torch.eye(4)}  # member i's noise is e_i, so g = z / sqrt(4)
     g = compute_es_gradient(noise, rewards)["w"]

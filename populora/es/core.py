@@ -19,34 +19,29 @@ from the factors with one matmul per matrix and written as
 
 from __future__ import annotations
 
-import copy
 import math
-import numbers
 import os
 import warnings
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
 from .. import distributed as pd
-from ..checkpoint import atomic_save, load_checkpoint
 from ..checks import check_bool, check_float, check_index, check_int, check_seed
-from ..errors import CheckpointError, ConfigMismatchError, InvalidTypeError, InvalidValueError, PopuloraError
+from ..errors import InvalidTypeError, InvalidValueError
 from ..fitness import evaluate as evaluate_fitness
-from ..routing import Adapter
+from ..routing import Adapter, RoutingTarget, split_rows
+from ..stats import GenerationStats
 from .factors import MemberFactors, compute_dtype
-from .members import ESRouter, Members, _leading, map_tensors, member_losses, split_members
+from .members import ESRouter, Fallback, Individuals, _leading, deprecated_keyword, individual_losses, map_tensors
 from .noise import PairNoise
 from .params import ESParam, select_params
 from .shaping import FITNESS_SHAPINGS, check_es_fitnesses, group_table, shape_fitness
+from .state import ESState
 
 __all__ = ["ESStats", "EggrollES"]
-
-_FORMAT = "populora.es/1"
 
 
 class ESStats(NamedTuple):
@@ -67,7 +62,7 @@ class ESStats(NamedTuple):
     grad_norm: float
 
 
-class EggrollES:
+class EggrollES(ESState):
     """Evolution strategies with low-rank (EggRoll) perturbations, evaluated in one routed forward.
 
     The model is trained in place. Higher fitness is better; a loss is
@@ -138,8 +133,6 @@ class EggrollES:
         (0, 1, torch.Size([8, 4, 1]))
     """
 
-    _KIND = "EggrollES"  # the checkpoint kind of save() / load()
-
     def __init__(
         self,
         model: nn.Module,
@@ -204,7 +197,7 @@ class EggrollES:
                 UserWarning, stacklevel=2)
         self._params: list[ESParam] = params
         self._fallback: list[ESParam] = [p for p in params if not p.routed]
-        self._fallback_modes: dict[bool, str] = {}
+        self._fallback_modes: dict[bool, str] = {}  # Fallback.modes: vmap or loop, kept across generations
 
         self.pop_size, self.sigma, self.rank, self.seed = pop_size, sigma, rank, seed
         self.antithetic, self.fitness_shaping, self.group_size = antithetic, fitness_shaping, group_size
@@ -215,11 +208,12 @@ class EggrollES:
         self.model = model.to(self.device)
         self.generation = 0
         self.best_fitness: float = -math.inf
-        self.best_member: tuple[int, int] | None = None
+        self.best_individual: tuple[int, int] | None = None
+        self.history: list[GenerationStats] = []
         self.debug_sync = os.environ.get("POPULORA_ES_DEBUG_SYNC", "").strip().lower() in ("1", "true", "yes")
         self._synced = False
         self._loss_modes: dict = {}
-        self._members: tuple[int, float, list[Adapter]] | None = None
+        self._asked: tuple[int, float, list[Adapter]] | None = None
 
         targets: dict[str, nn.Module] = {}
         for p in self._params:
@@ -264,9 +258,33 @@ class EggrollES:
         return self.optimizer.param_groups[0]["lr"]
 
     @property
-    def epoch(self) -> int:
-        """Noise epoch of the current generation: ``generation // noise_reuse``."""
+    def noise_epoch(self) -> int:
+        """Noise epoch of the current generation: ``generation // noise_reuse`` (the noise's seed index).
+
+        ``epoch`` alone means the generation counter (steps taken), as
+        :attr:`TorchEggrollES.epoch <populora.TorchEggrollES.epoch>` and
+        torcheggroll's ``epoch`` say; here that is :attr:`generation`.
+        """
         return self.generation // self.noise_reuse
+
+    @property
+    def epoch(self) -> int:
+        """Deprecated: the noise epoch :attr:`noise_epoch` (``epoch`` elsewhere is the step count, :attr:`generation`)."""
+        warnings.warn("EggrollES.epoch is deprecated: it is the noise epoch `generation // noise_reuse`, now "
+                      "`noise_epoch`; the step count (TorchEggrollES.epoch) is `generation`", DeprecationWarning,
+                      stacklevel=2)
+        return self.noise_epoch
+
+    @property
+    def best_member(self) -> tuple[int, int] | None:
+        """Deprecated name of :attr:`best_individual`."""
+        warnings.warn("EggrollES.best_member is deprecated: use best_individual", DeprecationWarning, stacklevel=2)
+        return self.best_individual
+
+    @property
+    def router(self) -> ESRouter:
+        """The routing layer on :attr:`model` (its target layers' forwards are wrapped until :meth:`close`)."""
+        return self._router
 
     def groups(self) -> Tensor:
         """``(N/G, G)`` member ids of each fitness-shaping group (``(1, N)`` without ``group_size``).
@@ -279,20 +297,20 @@ class EggrollES:
     # ------------------------------------------------------------------ noise
 
     def _noises(self) -> dict[str, PairNoise]:
-        return self._factors.noises(self.seed, self.epoch)
+        return self._factors.noises(self.seed, self.noise_epoch)
 
     def _sigma_now(self) -> float:
         """The sigma the current generation's members were built with."""
-        if self._members is not None and self._members[0] == self.generation:
-            return self._members[1]
+        if self._asked is not None and self._asked[0] == self.generation:
+            return self._asked[1]
         return self.sigma
 
     # ------------------------------------------------------------------ ask / evaluate / tell
 
-    def ask(self) -> Members:
-        """The members of the current generation: a callable that routes rows to them.
+    def ask(self) -> Individuals:
+        """The individuals of the current generation: a routed model over them.
 
-        See :class:`~populora.es.members.Members` (and the class docstring for
+        See :class:`~populora.es.members.Individuals` (and the class docstring for
         how a model with unroutable parameters is evaluated). Under
         torch.distributed the first call checks the configuration across ranks
         (:class:`~populora.errors.ConfigMismatchError` on every rank, naming
@@ -300,10 +318,12 @@ class EggrollES:
         they differ, rank 0's are broadcast with a warning).
         """
         self._sync_once()
-        if self._members is None or self._members[0] != self.generation:
+        if self._asked is None or self._asked[0] != self.generation:
             sigma = self.sigma
-            self._members = (self.generation, sigma, self._factors.adapters(self._noises(), sigma))
-        return Members(self, self.generation, self._members[2])
+            self._asked = (self.generation, sigma, self._factors.adapters(self._noises(), sigma))
+        target = RoutingTarget(self.model, self._router, self._asked[2], self.pop_size, self.device)
+        fallback = Fallback(self._fallback_values, self._fallback_modes) if self._fallback else None
+        return Individuals(target, self.generation, lambda: self.generation, fallback)
 
     def losses(
         self,
@@ -311,8 +331,9 @@ class EggrollES:
         loss_fn: Callable[[Any, Any], Any],
         targets: Any = None,
         *,
-        per_member: bool = False,
+        per_individual: bool = False,
         max_rows: int | None = None,
+        per_member: bool | None = None,
     ) -> Tensor:
         """``(N,)`` loss of every member (lower is better), the same on every rank.
 
@@ -324,14 +345,15 @@ class EggrollES:
 
         Args:
             inputs: the model's single input (tensor or nest of tensors),
-                ``(b, ...)`` shared by every member; with ``per_member=True``
+                ``(b, ...)`` shared by every member; with ``per_individual=True``
                 ``(N, b, ...)``, block ``i`` for member ``i``.
             loss_fn: ``(outputs (b, ...), targets) -> scalar``.
-            targets: passed to ``loss_fn``; with ``per_member=True`` its
+            targets: passed to ``loss_fn``; with ``per_individual=True`` its
                 tensors are ``(N, ...)`` and member ``i`` gets ``targets[i]``.
-            per_member: see ``inputs``.
+            per_individual: see ``inputs``.
             max_rows: at most this many rows per routed forward (at least one
                 member's ``b``): bounds activation memory whatever ``N``.
+            per_member: deprecated name of ``per_individual``.
 
         Returns:
             ``(N,)`` losses, float64 when ``loss_fn`` returns float64 (or Python
@@ -342,14 +364,15 @@ class EggrollES:
             InvalidValueError: ``max_rows < 1``.
             FitnessError: ``loss_fn`` not returning one number per member.
         """
+        per_individual = deprecated_keyword("per_member", per_member, "per_individual", per_individual)
         if not callable(loss_fn):
             raise InvalidTypeError(f"`loss_fn` must be callable, got {type(loss_fn).__name__}")
         if max_rows is not None:
             max_rows = check_int("max_rows", max_rows, low=1)
         n = self.pop_size
-        if per_member:
-            split_members(inputs, n, "inputs")
-            split_members(targets, n, "targets")
+        if per_individual:
+            split_rows(inputs, n, "inputs")
+            split_rows(targets, n, "targets")
         members = self.ask()
         spread = pd.is_distributed()
         ids = pd.partition(n) if spread else range(n)
@@ -357,17 +380,17 @@ class EggrollES:
         try:
             if len(ids):
                 shapes = _leading(inputs)
-                b = (shapes[0][1] if per_member else shapes[0][0]) if shapes and shapes[0] else 1
+                b = (shapes[0][1] if per_individual else shapes[0][0]) if shapes and shapes[0] else 1
                 chunk = len(ids) if max_rows is None else max(1, max_rows // max(b, 1))
                 targets = map_tensors(targets, lambda v: v.to(self.device))
                 parts = []
                 for start in range(ids.start, ids.stop, chunk):
                     part = range(start, min(start + chunk, ids.stop))
                     x, t = inputs, targets
-                    if per_member and len(part) < n:
+                    if per_individual and len(part) < n:
                         x, t = (map_tensors(v, lambda v: v[part.start:part.stop]) for v in (x, t))
-                    out = members(x, individuals=None if len(part) == n else part, per_member=per_member)
-                    parts.append(member_losses(loss_fn, out, t, len(part), per_member_targets=per_member,
+                    out = members(x, individuals=None if len(part) == n else part, per_individual=per_individual)
+                    parts.append(individual_losses(loss_fn, out, t, len(part), per_individual_targets=per_individual,
                                                cache=self._loss_modes))
                 local = torch.cat(parts)
         except Exception as error:
@@ -381,7 +404,7 @@ class EggrollES:
     def evaluate(self, fitness_fn: Callable[..., Any]) -> Tensor:
         """``(N,)`` fitness of every member (higher is better), the same on every rank.
 
-        ``fitness_fn`` receives the :class:`Members` handle in one of the
+        ``fitness_fn`` receives the :class:`~populora.es.members.Individuals` handle in one of the
         three forms of :mod:`populora.fitness`: ``fn(members, individuals=ids)``,
         ``fn(members, idx)`` or ``fn(members)``; under torch.distributed each
         rank evaluates its share of ids and only the fitnesses are exchanged.
@@ -396,20 +419,23 @@ class EggrollES:
         targets: Any = None,
         *,
         fitness: Callable[..., Any] | None = None,
-        per_member: bool = False,
+        per_individual: bool = False,
         max_rows: int | None = None,
+        per_member: bool | None = None,
     ) -> ESStats:
         """One generation: evaluate every member, then :meth:`tell`.
 
-        Either ``inputs`` and ``loss_fn`` (fitness ``= -loss``; ``per_member``
+        Either ``inputs`` and ``loss_fn`` (fitness ``= -loss``; ``per_individual``
         and ``max_rows`` as in :meth:`losses`), or ``fitness=fn`` (see :meth:`evaluate`).
+        ``per_member`` is the deprecated name of ``per_individual``.
         """
+        per_individual = deprecated_keyword("per_member", per_member, "per_individual", per_individual)
         if (fitness is None) == (loss_fn is None):
             raise InvalidValueError("pass either `inputs` and `loss_fn` (fitness = -loss) or `fitness=fn`, "
                                     "not both/neither")
         if fitness is not None:
             return self.tell(self.evaluate(fitness))
-        return self.tell(-self.losses(inputs, loss_fn, targets, per_member=per_member, max_rows=max_rows))
+        return self.tell(-self.losses(inputs, loss_fn, targets, per_individual=per_individual, max_rows=max_rows))
 
     def _check_fitnesses(self, fitnesses: Any) -> Tensor:
         return check_es_fitnesses(fitnesses, self.pop_size, self.fitness_shaping)
@@ -449,7 +475,9 @@ class EggrollES:
             fitnesses: ``(N,)`` raw fitnesses (tensor, list or array) in member order.
 
         Returns:
-            :class:`ESStats` of the generation.
+            :class:`ESStats` of the generation; its best, mean and (population)
+            standard deviation are also appended to :attr:`history` as a
+            :class:`~populora.GenerationStats`.
 
         Raises:
             FitnessError: (a ``ValueError``) wrong length, NaN, non-numbers.
@@ -466,41 +494,50 @@ class EggrollES:
                         max(self.best_fitness, float(f[best])),
                         math.sqrt(sum(float(g.float().square().sum()) for g in grads.values())))
         if float(f[best]) > self.best_fitness:
-            self.best_fitness, self.best_member = float(f[best]), (self.generation, best)
+            self.best_fitness, self.best_individual = float(f[best]), (self.generation, best)
+        self.history.append(GenerationStats(generation=self.generation, best=stats.best, mean=stats.mean,
+                                            std=float(f.std(correction=0))))
         self.generation += 1
-        self._members = None
+        self._asked = None
         if self.debug_sync:
             self.check_sync()
         return stats
 
-    # ------------------------------------------------------------------ materialised members (on request only)
+    # ------------------------------------------------------------------ materialised individuals (on request only)
 
-    def member_params(self, member: int) -> dict[str, Tensor]:
-        """``{name: W + sigma * E_member}`` of one member of the current generation (materialised).
+    def individual_params(self, individual: int) -> dict[str, Tensor]:
+        """``{name: W + sigma * E_i}`` of one individual ``i`` of the current generation (materialised).
 
         Raises:
-            InvalidIndexError: (an ``IndexError``) ``member`` outside ``[0, pop_size)``.
+            InvalidIndexError: (an ``IndexError``) ``individual`` outside ``[0, pop_size)``.
         """
-        member = check_index("member", member, self.pop_size)
-        return {name: stack[0] for name, stack in self.population_params([member]).items()}
+        individual = check_index("individual", individual, self.pop_size)
+        return {name: stack[0] for name, stack in self.population_params([individual]).items()}
+
+    def member_params(self, member: int) -> dict[str, Tensor]:
+        """Deprecated name of :meth:`individual_params`."""
+        warnings.warn("EggrollES.member_params is deprecated: use individual_params", DeprecationWarning, stacklevel=2)
+        return self.individual_params(member)
 
     @torch.no_grad()
-    def perturbations(self, members: Sequence[int] | None = None) -> dict[str, Tensor]:
-        """``{name: (m, *shape)}``: ``sigma * E_i`` of the given members (default all ``N``), materialised.
+    def perturbations(self, individuals: Sequence[int] | None = None, *,
+                      members: Sequence[int] | None = None) -> dict[str, Tensor]:
+        """``{name: (m, *shape)}``: ``sigma * E_i`` of the given individuals (default all ``N``), materialised.
 
-        For inspection and tests; the routed forward never forms these. Member
-        ``i + N/2`` is exactly ``-1`` times member ``i`` when antithetic.
+        For inspection and tests; the routed forward never forms these.
+        Individual ``i + N/2`` is exactly ``-1`` times individual ``i`` when
+        antithetic. ``members=`` is the deprecated name of ``individuals=``.
         """
-        ids = self._ids(members)
+        ids = self._ids(deprecated_keyword("members", members, "individuals", individuals, None))
         noises, sigma = self._noises(), self._sigma_now()
         return {p.name: self._factors.perturbation(p, noises[p.name], sigma, ids) for p in self._params}
 
-    def _ids(self, members: Sequence[int] | None) -> Tensor:
-        if members is None:
+    def _ids(self, individuals: Sequence[int] | None) -> Tensor:
+        if individuals is None:
             return torch.arange(self.pop_size)
-        if isinstance(members, Tensor):
-            members = members.tolist()
-        return torch.tensor([check_index("member", i, self.pop_size) for i in members], dtype=torch.long)
+        if isinstance(individuals, Tensor):
+            individuals = individuals.tolist()
+        return torch.tensor([check_index("individual", i, self.pop_size) for i in individuals], dtype=torch.long)
 
     @torch.no_grad()
     def _fallback_values(self, ids: Tensor) -> dict[str, Tensor]:
@@ -513,8 +550,9 @@ class EggrollES:
         return out
 
     @torch.no_grad()
-    def population_params(self, members: Sequence[int] | None = None) -> dict[str, Tensor]:
-        """``{name: (m, *shape)}`` perturbed parameters ``W + sigma * E_i`` (default all ``N`` members).
+    def population_params(self, individuals: Sequence[int] | None = None, *,
+                          members: Sequence[int] | None = None) -> dict[str, Tensor]:
+        """``{name: (m, *shape)}`` perturbed parameters ``W + sigma * E_i`` (default all ``N`` individuals).
 
         Materialises ``m`` copies of every evolved parameter: for inspection,
         tests and the torcheggroll API, never used by the routed forward.
@@ -523,238 +561,11 @@ class EggrollES:
         """
         params = {p.name: p.param for p in self._params}
         return {name: (params[name].detach().to(delta.dtype) + delta).to(params[name].dtype)
-                for name, delta in self.perturbations(members).items()}
-
-    # ------------------------------------------------------------------ distributed
-
-    def _fingerprint(self) -> dict[str, Any]:
-        """What every rank must agree on: compared across ranks at the first step."""
-        return {
-            **self._config(),
-            "sigma": self.sigma, "seed": self.seed, "generation": self.generation,
-            "dtypes": [str(p.param.dtype) for p in self._params],
-            "optimizer": type(self.optimizer).__name__,
-            "lr": [group.get("lr") for group in self.optimizer.param_groups],
-        }
-
-    def _sync_once(self) -> None:
-        """First step under torch.distributed: check the configuration, then repair differing weights.
-
-        Every rank all-gathers a small fingerprint (:meth:`_fingerprint`); if
-        any field differs, every rank raises :class:`ConfigMismatchError`
-        naming the fields and each rank's value, before any other collective
-        (so nothing hangs or diverges). The model's weights are then compared
-        by checksum and rank 0's are broadcast, with a warning, where they differ.
-        """
-        if self._synced or not pd.is_distributed():
-            return
-        mine = self._fingerprint()
-        table: list[Any] = [None] * pd.world_size()
-        dist.all_gather_object(table, mine)
-        differ = [key for key in mine if len({repr(row.get(key)) for row in table}) > 1]
-        if differ:
-            def show(value: Any) -> str:
-                text = repr(value)
-                return text if len(text) <= 120 else text[:117] + "..."
-
-            details = "; ".join(f"{key}: " + ", ".join(f"rank {r}: {show(row.get(key))}" for r, row in enumerate(table))
-                                for key in differ)
-            raise ConfigMismatchError(
-                f"{type(self).__name__} configuration differs across ranks in {differ} ({details}); build the ES "
-                "with the same arguments (and model) on every rank")
-        with torch.no_grad():
-            pd.sync_if_different_([*self.model.parameters(), *self.model.buffers()], "ES model parameters")
-        self._synced = True
-        self._factors.clear()
-        self._members = None
-
-    def check_sync(self) -> bool:
-        """Compare a checksum of the evolved parameters across ranks (a collective; debugging).
-
-        Runs after every :meth:`tell` when :attr:`debug_sync` is set (or
-        ``POPULORA_ES_DEBUG_SYNC=1``). Returns True without a process group.
-
-        Raises:
-            ConfigMismatchError: (a ``RuntimeError``) on every rank, if the ranks' parameters differ.
-        """
-        if not pd.is_distributed():
-            return True
-        mine = pd.checksum([p.param for p in self._params])
-        if dist.get_backend() == "nccl":  # NCCL collectives take CUDA tensors only
-            mine = mine.to(torch.device("cuda", torch.cuda.current_device()))
-        table = [torch.empty_like(mine) for _ in range(pd.world_size())]
-        dist.all_gather(table, mine)
-        rows = [tuple(t.cpu().tolist()) for t in table]
-        if len(set(rows)) > 1:
-            raise ConfigMismatchError(f"ES parameters differ across ranks after generation {self.generation - 1}: "
-                               f"checksums per rank {rows}")
-        return True
-
-    # ------------------------------------------------------------------ checkpoint
-
-    def _config(self) -> dict[str, Any]:
-        return {
-            "pop_size": self.pop_size, "rank": self.rank, "antithetic": self.antithetic,
-            "noise_reuse": self.noise_reuse, "group_size": self.group_size,
-            "perturb_vectors": self.perturb_vectors, "perturb_unroutable": self.perturb_unroutable,
-            "fitness_shaping": self.fitness_shaping if isinstance(self.fitness_shaping, str) else None,
-            "params": self.param_names, "shapes": [list(p.param.shape) for p in self._params],
-        }
-
-    def state_dict(self) -> dict[str, Any]:
-        """A snapshot for an exact resume: params, optimizer state, generation, seed, sigma, config.
-
-        Every tensor is a copy (nothing shares storage with the live
-        parameters or optimizer state), so stepping on afterwards does not
-        change a saved state. Tensors and plain Python values only, so
-        ``torch.load`` with its default ``weights_only=True`` reads it;
-        callables (``param_filter``, a shaping function, an LR scheduler) are
-        not stored. The noise is a pure function of ``(seed, name, epoch)``:
-        no generator state is needed.
-        """
-        return {
-            "format": _FORMAT,
-            "config": self._config(),
-            "seed": self.seed,
-            "sigma": self.sigma,
-            "generation": self.generation,
-            "best_fitness": self.best_fitness,
-            "best_member": None if self.best_member is None else list(self.best_member),
-            "params": {p.name: p.param.detach().to("cpu", copy=True) for p in self._params},
-            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
-        }
-
-    def _checked_state(self, state: Any) -> dict[str, Any]:
-        """Every field of a :meth:`state_dict`, validated against this ES; nothing is written.
-
-        Raises:
-            CheckpointError: naming the first missing or bad key.
-        """
-        if not isinstance(state, dict) or state.get("format") != _FORMAT:
-            raise CheckpointError(f"not an EggrollES state dict (expected format {_FORMAT!r}, got "
-                                  f"{state.get('format') if isinstance(state, dict) else type(state).__name__!r})")
-        required = ("config", "seed", "sigma", "generation", "best_fitness", "best_member", "params", "optimizer")
-        missing = [key for key in required if key not in state]
-        if missing:
-            raise CheckpointError(f"EggrollES state is missing {missing}; nothing was loaded")
-
-        def field(key: str, check: Callable[[], Any]) -> Any:
-            try:
-                return check()
-            except PopuloraError as error:
-                raise CheckpointError(f"EggrollES state has a bad {key!r}: {error}") from None
-
-        mine, theirs = self._config(), state["config"]
-        if not isinstance(theirs, dict):
-            raise CheckpointError(f"EggrollES state has a bad 'config': expected a dict, got {type(theirs).__name__}")
-        theirs = {"perturb_unroutable": False, **theirs}  # states written before the fallback existed
-        for key, value in mine.items():
-            if key not in theirs:
-                raise CheckpointError(f"EggrollES state config is missing {key!r}")
-            if key == "fitness_shaping" and (value is None or theirs[key] is None):
-                continue
-            if theirs[key] != value:
-                raise CheckpointError(f"checkpoint has {key}={theirs[key]!r}, this ES has {value!r}")
-        checked = {
-            "seed": field("seed", lambda: check_seed("seed", state["seed"])),
-            "sigma": field("sigma", lambda: check_float("sigma", state["sigma"], low=0.0, low_open=True)),
-            "generation": field("generation", lambda: check_int("generation", state["generation"], low=0)),
-        }
-        best = state["best_fitness"]
-        if isinstance(best, bool) or not isinstance(best, numbers.Real) or math.isnan(best):
-            raise CheckpointError(f"EggrollES state has a bad 'best_fitness': expected a number, got {best!r}")
-        checked["best_fitness"] = float(best)
-        member = state["best_member"]
-        if member is not None:
-            if not isinstance(member, (list, tuple)) or len(member) != 2:
-                raise CheckpointError(f"EggrollES state has a bad 'best_member': expected None or "
-                                      f"[generation, member], got {member!r}")
-            member = (field("best_member", lambda: check_int("best_member[0]", member[0], low=0)),
-                      field("best_member", lambda: check_index("best_member[1]", member[1], self.pop_size)))
-        checked["best_member"] = member
-        params = state["params"]
-        if not isinstance(params, dict):
-            raise CheckpointError(f"EggrollES state has a bad 'params': expected a dict, got {type(params).__name__}")
-        for p in self._params:
-            value = params.get(p.name)
-            if not isinstance(value, Tensor):
-                raise CheckpointError(f"EggrollES state 'params' is missing parameter {p.name!r}")
-            if tuple(value.shape) != tuple(p.param.shape):
-                raise CheckpointError(f"checkpoint parameter {p.name!r} has shape {tuple(value.shape)}, "
-                                      f"expected {tuple(p.param.shape)}")
-            if not (value.is_floating_point() or value.is_complex()) or not bool(torch.isfinite(value).all()):
-                raise CheckpointError(f"checkpoint parameter {p.name!r} must hold finite floats, got dtype "
-                                      f"{value.dtype} (with non-finite values: {not bool(torch.isfinite(value).all())})")
-        extra = sorted(set(params) - set(self.param_names))
-        if extra:
-            raise CheckpointError(f"EggrollES state 'params' holds parameters this ES does not evolve: {extra}")
-        checked["params"] = params
-        opt = state["optimizer"]
-        groups = opt.get("param_groups") if isinstance(opt, dict) else None
-        if not isinstance(groups, list) or not isinstance(opt.get("state"), dict):
-            raise CheckpointError("EggrollES state has a bad 'optimizer': expected a torch.optim state_dict "
-                                  "(a dict with 'state' and 'param_groups')")
-        ours = self.optimizer.param_groups
-        if len(groups) != len(ours) or any(not isinstance(g, dict) or len(g.get("params", ())) != len(o["params"])
-                                           for g, o in zip(groups, ours)):
-            raise CheckpointError(f"EggrollES state 'optimizer' has parameter groups of sizes "
-                                  f"{[len(g.get('params', ())) if isinstance(g, dict) else None for g in groups]}, "
-                                  f"this ES's optimizer {[len(o['params']) for o in ours]}")
-        checked["optimizer"] = opt
-        return checked
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`: all or nothing.
-
-        The whole state is validated first (every key present and well
-        formed, the configuration and parameter shapes equal to this ES's);
-        only then is anything written. The state is copied in, so it stays
-        usable (loading it twice restores the same point twice).
-
-        Raises:
-            CheckpointError: (a ``ValueError``) not an EggrollES state, a
-                missing or bad key, or a configuration or parameter shape that
-                differs from this ES's (the key is named). Nothing has changed.
-        """
-        checked = self._checked_state(state)
-        before = copy.deepcopy(self.optimizer.state_dict())
-        try:
-            self.optimizer.load_state_dict(copy.deepcopy(checked["optimizer"]))
-        except Exception as error:
-            self.optimizer.load_state_dict(before)
-            raise CheckpointError(f"EggrollES state has a bad 'optimizer': {type(error).__name__}: {error}") from None
-        with torch.no_grad():
-            for p in self._params:
-                p.param.copy_(checked["params"][p.name])
-        self.seed, self.sigma, self.generation = checked["seed"], checked["sigma"], checked["generation"]
-        self.best_fitness, self.best_member = checked["best_fitness"], checked["best_member"]
-        self._factors.clear()
-        self._members = None
-
-    def save(self, path: str | Path) -> Path:
-        """Write :meth:`state_dict` to ``path`` atomically (a verified checkpoint); returns the ``Path``.
-
-        See :func:`populora.checkpoint.atomic_save`; :meth:`load` reads it back.
-        """
-        return atomic_save(self.state_dict(), path, kind=self._KIND)
-
-    def load(self, path: str | Path) -> None:
-        """Resume from a file written by :meth:`save` (all or nothing, as :meth:`load_state_dict`).
-
-        Raises:
-            FileNotFoundError: nothing at ``path``.
-            CheckpointError: the file is empty, truncated, corrupted, of another
-                kind, or holds a state that does not fit this ES (the file and
-                the key are named). Nothing has changed.
-        """
-        state = load_checkpoint(path, kind=self._KIND)
-        try:
-            self.load_state_dict(state)
-        except CheckpointError as error:
-            raise CheckpointError(f"checkpoint {str(path)!r}: {error}") from None
+                for name, delta in self.perturbations(
+                    deprecated_keyword("members", members, "individuals", individuals, None)).items()}
 
     def close(self) -> None:
-        """Remove the routing hooks from the model (it keeps its trained weights)."""
+        """Give the target layers back their own forward (undo the router); the model keeps its trained weights."""
         self._router.remove()
 
     def __repr__(self) -> str:

@@ -1,29 +1,28 @@
-"""The members of one ES generation, run through the routed forward, and per-member losses.
+"""The individuals of one ES generation, run through the routed forward, and per-individual losses.
 
-:class:`Members` is what :meth:`~populora.EggrollES.ask` returns: calling it
-runs the model ONCE with every row routed to its member's perturbation.
-:func:`member_losses` calls a user's ``loss_fn(outputs, targets)`` once per
-member, vectorised with ``torch.func.vmap`` and falling back to a Python loop
-when the function is not vmap-safe.
+:class:`Individuals` is what :meth:`~populora.EggrollES.ask` returns: calling
+it runs the model ONCE with every row routed to its individual's perturbation,
+through the routed-model front end every routed model shares
+(:mod:`populora.routing`). :func:`individual_losses` calls a user's
+``loss_fn(outputs, targets)`` once per individual, vectorised with
+``torch.func.vmap`` and falling back to a Python loop when the function is
+not vmap-safe.
 """
 
 from __future__ import annotations
 
-import numbers
 import warnings
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from ..errors import ESStateError, FitnessError, InvalidTypeError, RouteError
-from ..routing import Adapter, Route, Router, map_tensors, routed_call
+from ..errors import ESStateError, FitnessError, InvalidValueError, RouteError
+from ..routing import (Adapter, Route, RoutedModel, Router, RouteRequest, RoutingTarget, _check_range, map_tensors,
+                       run_route, split_rows)
 
-if TYPE_CHECKING:
-    from .core import EggrollES
-
-__all__ = ["ESRouter", "ESStateError", "Members", "map_tensors", "member_losses"]
+__all__ = ["ESRouter", "ESStateError", "Fallback", "Individuals", "individual_losses", "map_tensors"]
 
 
 MEMBER_ROUTE = Route(n=-1, groups=1, chunk=-1)
@@ -60,52 +59,74 @@ def _leading(obj: Any) -> list[tuple[int, ...]]:
     return shapes
 
 
-def split_members(obj: Any, num: int, what: str) -> Any:
-    """``(m, b, ...) -> (m*b, ...)`` for every tensor leaf; each must lead with ``m``."""
-    for shape in _leading(obj):
-        if len(shape) < 2 or shape[0] != num:
-            raise RouteError(f"with `per_member=True` every tensor in `{what}` must have shape ({num}, b, ...) "
-                             f"(one block of rows per member), got {shape}")
-    return map_tensors(obj, lambda t: t.reshape(t.shape[0] * t.shape[1], *t.shape[2:]))
+class Fallback(NamedTuple):
+    """How the individuals' unroutable parameters are evaluated (see :class:`Individuals`).
+
+    Attributes:
+        values: ``ids (m,) -> {name: (m, *shape)}`` the individuals' values of the unroutable parameters.
+        modes: ``{per_individual: "vmap" | "loop"}``, remembered across generations (one warning).
+    """
+
+    values: Callable[[Tensor], dict[str, Tensor]]
+    modes: dict
 
 
-class Members:
-    """The ``N`` perturbed members of one generation (higher fitness is better).
+class Individuals(RoutedModel):
+    """The ``N`` perturbed individuals of one ES generation (higher fitness is better).
 
-    Member ``i`` computes with ``W + sigma * s_i * A_k B_k^T / sqrt(r)`` on
+    Individual ``i`` computes with ``W + sigma * s_i * A_k B_k^T / sqrt(r)`` on
     every selected matrix (``k`` its pair, ``s_i = +1`` for the first half and
     ``-1`` for the second when antithetic) and ``b + sigma * s_i * eps_k`` on
     every selected bias, without any of it being materialised.
 
+    Calling it is a routed forward: the routing arguments and layouts are
+    those of every routed model (:mod:`populora.routing`), with the ES's
+    defaults: no routing argument means every individual, each seeing the
+    whole batch (``broadcast``: shape alone never decides), and outputs come
+    back split, ``(m, b, ...)`` (``split=True``, torcheggroll's layout).
+
     Parameters the routed path cannot reach (a bare ``nn.Parameter`` used in
     any expression, a norm gain, a convolution kernel), when the ES perturbs
-    them, are evaluated through the fallback: each member's values are
+    them, are evaluated through the fallback: each individual's values are
     materialised (``(m, *shape)``, for those parameters only) and the model is
-    called per member with ``torch.func.functional_call``, vectorised over the
-    members with ``torch.func.vmap`` (``randomness="different"``), or in a
-    Python loop when the model is not vmap-safe (one warning). Inside each
-    member's call the ``nn.Linear`` / ``nn.Embedding`` perturbations stay low
-    rank. A member's output is then whatever the model returns (``(m, ...)``
+    called per individual with ``torch.func.functional_call``, vectorised over
+    the individuals with ``torch.func.vmap`` (``randomness="different"``), or
+    in a Python loop when the model is not vmap-safe (one warning). Inside each
+    call the ``nn.Linear`` / ``nn.Embedding`` perturbations stay low rank. An
+    individual's output is then whatever the model returns (``(m, ...)``
     stacked), not necessarily ``(m, b, ...)``.
 
     Valid until the generation is told (:meth:`~populora.EggrollES.tell`);
     calling a stale handle raises :class:`ESStateError`.
 
+    Args:
+        target: the ES's model, router and this generation's adapters (``num = N``).
+        generation: the generation these individuals belong to.
+        current: returns the ES's current generation (a stale handle refuses to run).
+        fallback: how unroutable parameters are evaluated, or ``None`` when every
+            evolved parameter is routed.
+
     Attributes:
         pop_size: ``N``.
-        generation: the generation these members belong to.
+        generation: the generation these individuals belong to.
     """
 
-    def __init__(self, es: EggrollES, generation: int, adapters: list):
-        self._es = es
+    def __init__(self, target: RoutingTarget, generation: int, current: Callable[[], int],
+                 fallback: Fallback | None = None):
+        self._target = target
         self.generation = generation
-        self.pop_size = es.pop_size
-        self._adapters = adapters
+        self.pop_size = target.num
+        self._current = current
+        self._fallback = fallback
+
+    def _routing_target(self) -> RoutingTarget:
+        return self._target
 
     def _check_current(self) -> None:
-        if self._es.generation != self.generation:
-            raise ESStateError(f"these members belong to generation {self.generation}, but the ES is at "
-                               f"generation {self._es.generation}; call ask() again")
+        now = self._current()
+        if now != self.generation:
+            raise ESStateError(f"these individuals belong to generation {self.generation}, but the ES is at "
+                               f"generation {now}; call ask() again")
 
     def __len__(self) -> int:
         return self.pop_size
@@ -115,85 +136,79 @@ class Members:
         *args: Any,
         individuals: Sequence[int] | Tensor | range | None = None,
         individual: int | None = None,
-        per_member: bool = False,
+        per_individual: bool = False,
+        split: bool = True,
+        per_member: bool | None = None,
         **kwargs: Any,
     ) -> Any:
-        """Run the model once over the members' rows.
+        """Run the model once over the individuals' rows.
 
         Inputs are tensors or nested tuples / lists / dicts of tensors, moved
-        to the ES device. Every tensor output whose leading dim is the routed
-        row count comes back as ``(m, b, ...)``.
+        to the ES device.
 
         Args:
             *args, **kwargs: the model's inputs.
-            individuals: the members to run (``m`` of them, any order); default all ``N``.
-            individual: run a single member instead: inputs and outputs keep
+            individuals: the individuals to run (``m`` of them, any order); default all ``N``.
+            individual: run a single individual instead: inputs and outputs keep
                 their ``(b, ...)`` shape.
-            per_member: inputs are ``(m, b, ...)``, block ``j`` going to the
-                ``j``-th member; otherwise every member sees the whole batch
+            per_individual: inputs are ``(m, b, ...)``, block ``j`` going to the
+                ``j``-th individual; otherwise every individual sees the whole batch
                 ``(b, ...)``, whatever its size.
+            split: outputs ``(m, b, ...)`` (default); ``False`` gives ``(m*b, ...)``
+                rows laid out ``(p b)``, as :class:`~populora.Population` returns them.
+            per_member: deprecated name of ``per_individual``.
 
         Raises:
             ESStateError: (a ``RuntimeError``) if the generation has been told since :meth:`ask`.
-            RouteError: (a ``ValueError``) per-member inputs that do not lead with ``m``, or bad ids.
+            RouteError: (a ``ValueError``) per-individual inputs that do not lead with ``m``,
+                conflicting arguments, or no ids.
+            InvalidIndexError: (an ``IndexError``) an id outside ``[0, N)``.
         """
+        per_individual = deprecated_keyword("per_member", per_member, "per_individual", per_individual)
         self._check_current()
-        es = self._es
-        if individual is not None and (individuals is not None or per_member):
-            raise RouteError("`individual=` cannot be combined with `individuals=` or `per_member=True`")
-        if es._fallback:
-            return _fallback_call(es, self._adapters, args, kwargs, individual, individuals, per_member)
-        if individual is not None:
-            with torch.no_grad():
-                return routed_call(es.model, es._router, self._adapters, self.pop_size, args, kwargs,
-                                   individual=individual, device=es.device)
         if isinstance(individuals, range):
             individuals = list(individuals)
-        m = self.pop_size if individuals is None else len(individuals)
-        if m == 0:
+        if individuals is not None and len(individuals) == 0:
             raise RouteError("`individuals` is empty")
-        if per_member:
-            args, kwargs = split_members((args, kwargs), m, "inputs")
-        route = dict(all_individuals=True) if individuals is None else dict(individuals=individuals)
+        one = individual is not None
         with torch.no_grad():
-            out = routed_call(es.model, es._router, self._adapters, self.pop_size, args, kwargs,
-                              broadcast=not per_member, device=es.device, **route)
-        rows = _leading(out)
-        n = next((s[0] for s in rows if s), None)
-        if n is None or n % m:
-            return out
-        return map_tensors(out, lambda t: t.reshape(m, n // m, *t.shape[1:]) if t.dim() and t.shape[0] == n else t)
+            return self._route(args, kwargs, individual=individual, individuals=individuals,
+                               all_individuals=not one and individuals is None,
+                               broadcast=not (one or per_individual), split=split, per_individual=per_individual)
+
+    def _run_route(self, target: RoutingTarget, request: RouteRequest, args: tuple, kwargs: dict) -> Any:
+        if self._fallback is None:
+            return run_route(target, request, args, kwargs)
+        return _fallback_call(target, self._fallback, request, args, kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Members":
+        warnings.warn("populora.es.Members is deprecated: it is now populora.es.Individuals (the native API "
+                      "says individuals)", DeprecationWarning, stacklevel=2)
+        return Individuals
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def deprecated_keyword(old: str, old_value: Any, new: str, new_value: Any, default: Any = False) -> Any:
+    """``new_value``, or ``old_value`` (with a :class:`DeprecationWarning`) when the old keyword was passed."""
+    if old_value is None:
+        return new_value
+    warnings.warn(f"`{old}=` is deprecated: use `{new}=`", DeprecationWarning, stacklevel=3)
+    if new_value is not default:
+        raise InvalidValueError(f"pass `{new}=` only (`{old}=` is its deprecated name), not both")
+    return old_value
 
 
 # ----------------------------------------------------------------------------- the fallback forward
 
 
-def _member_ids(individuals: Any, n: int) -> Tensor:
-    """``(m,)`` int64 member ids (all ``n`` for ``None``), checked."""
-    if individuals is None:
-        return torch.arange(n)
-    if isinstance(individuals, range):
-        individuals = list(individuals)
-    try:
-        ids = torch.as_tensor(individuals)
-    except (TypeError, ValueError, RuntimeError):
-        raise RouteError(f"`individuals` must be a list or tensor of int ids, got {individuals!r}") from None
-    if ids.dim() != 1 or ids.numel() == 0 or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-        raise RouteError(f"`individuals` must be a non-empty 1-D list or integer tensor of ids, got shape "
-                         f"{tuple(ids.shape)} and dtype {ids.dtype}")
-    ids = ids.to("cpu", torch.int64)
-    bad = (ids < 0) | (ids >= n)
-    if bool(bad.any()):
-        raise RouteError(f"individual id {int(ids[bad][0])} is out of range [0, {n})")
-    return ids
-
-
-def _select(adapters: list[Adapter], ids: Tensor) -> list[Adapter]:
+def _select(adapters: Sequence[Adapter], ids: Tensor) -> list[Adapter]:
     return [Adapter(*(None if t is None else t[ids.to(t.device)] for t in a)) for a in adapters]
 
 
 def _stack(outs: list[Any]) -> Any:
-    """Stack per-member outputs leaf by leaf: tensors along a new dim 0; other leaves as a list."""
+    """Stack per-individual outputs leaf by leaf: tensors along a new dim 0; other leaves as a list."""
     first = outs[0]
     if isinstance(first, Tensor):
         return torch.stack(outs)
@@ -206,60 +221,51 @@ def _stack(outs: list[Any]) -> Any:
     return outs
 
 
-def _fallback_call(
-    es: EggrollES,
-    adapters: list[Adapter],
-    args: tuple,
-    kwargs: dict,
-    individual: Any,
-    individuals: Any,
-    per_member: bool,
-) -> Any:
-    """Members' forwards with the unroutable parameters swapped in by ``functional_call`` (see :class:`Members`)."""
-    inputs = map_tensors((args, kwargs), lambda t: t.to(es.device))
+def _fallback_call(target: RoutingTarget, fallback: Fallback, request: RouteRequest, args: tuple,
+                   kwargs: dict) -> Any:
+    """Individuals' forwards with the unroutable parameters swapped in by ``functional_call``
+    (see :class:`Individuals`); ``request`` is already checked."""
+    model, router, adapters, num, device = target
+    inputs = map_tensors((args, kwargs), lambda t: t.to(device))
 
-    def forward(values: dict[str, Tensor], member_adapters: list[Adapter], inputs: tuple) -> Any:
+    def forward(values: dict[str, Tensor], one_adapters: list[Adapter], inputs: tuple) -> Any:
         a, k = inputs
-        return es._router.run(MEMBER_ROUTE, member_adapters, lambda: torch.func.functional_call(es.model, values, a, k))
+        return router.run(MEMBER_ROUTE, one_adapters, lambda: torch.func.functional_call(model, values, a, k))
 
-    with torch.no_grad():
-        if individual is not None:
-            i = individual
-            if isinstance(i, Tensor) and i.numel() == 1 and not (i.is_floating_point() or i.dtype == torch.bool):
-                i = int(i)
-            if isinstance(i, bool) or type(i).__name__ == "bool_" or not isinstance(i, numbers.Integral):
-                raise RouteError(f"`individual` must be an int id, got {individual!r}")
-            ids = _member_ids([int(i)], es.pop_size)
-            values = {name: v[0] for name, v in es._fallback_values(ids).items()}
-            return forward(values, [Adapter(*(None if t is None else t[0] for t in a)) for a in _select(adapters, ids)],
-                           inputs)
-        ids = _member_ids(individuals, es.pop_size)
-        m = ids.numel()
-        if per_member:
-            split_members(inputs, m, "inputs")  # checks that every tensor leads with m
-        values, member_adapters = es._fallback_values(ids), _select(adapters, ids)
-        mode = es._fallback_modes.get(per_member)
-        if mode != "loop":
-            dims = (0, [Adapter(0, 0, None if a.bias is None else 0) for a in member_adapters],
-                    _dims_of(inputs) if per_member else None)
-            try:
-                out = torch.func.vmap(forward, in_dims=dims, randomness="different")(values, member_adapters, inputs)
-                es._fallback_modes[per_member] = "vmap"
-                return out
-            except Exception as error:  # noqa: BLE001 - not vmap-safe: the loop below raises real errors itself
-                vmap_error = error
+    if request.individual is not None:
+        ids = torch.tensor([request.individual])
+        values = {name: v[0] for name, v in fallback.values(ids).items()}
+        return forward(values, [Adapter(*(None if t is None else t[0] for t in a)) for a in _select(adapters, ids)],
+                       inputs)
+    ids = torch.arange(num) if request.all_individuals else torch.from_numpy(_check_range(request.ids, num))
+    m, per = ids.numel(), request.per_individual
+    if per:
+        split_rows(inputs, m, "inputs")  # checks that every tensor leads with m
+    values, chosen = fallback.values(ids), _select(adapters, ids)
+    out = None
+    mode = fallback.modes.get(per)
+    if mode != "loop":
+        dims = (0, [Adapter(0, 0, None if a.bias is None else 0) for a in chosen], _dims_of(inputs) if per else None)
+        try:
+            out = torch.func.vmap(forward, in_dims=dims, randomness="different")(values, chosen, inputs)
+            fallback.modes[per] = "vmap"
+        except Exception as error:  # not vmap-safe: the loop below raises real errors itself
+            vmap_error = error
+    if out is None:
         outs = []
         for j in range(m):
-            member_inputs = map_tensors(inputs, lambda t: t[j]) if per_member else inputs  # noqa: B023
+            one_inputs = map_tensors(inputs, lambda t: t[j]) if per else inputs
             outs.append(forward({name: v[j] for name, v in values.items()},
-                                [Adapter(*(None if t is None else t[j] for t in a)) for a in member_adapters],
-                                member_inputs))
+                                [Adapter(*(None if t is None else t[j] for t in a)) for a in chosen], one_inputs))
         if mode != "loop":
-            es._fallback_modes[per_member] = "loop"
+            fallback.modes[per] = "loop"
             warnings.warn(f"the model could not be vectorised over members with torch.func.vmap "
                           f"({type(vmap_error).__name__}: {str(vmap_error)[:200]}); its unroutable parameters are "
-                          "evaluated one member at a time", UserWarning, stacklevel=4)
-        return _stack(outs)
+                          "evaluated one member at a time", UserWarning, stacklevel=5)
+        out = _stack(outs)
+    if request.split:
+        return out
+    return map_tensors(out, lambda t: t.reshape(m * t.shape[1], *t.shape[2:]) if t.dim() > 1 and t.shape[0] == m else t)
 
 
 def _dims_of(obj: Any) -> Any:
@@ -289,13 +295,13 @@ def _as_losses(values: Any, m: int, what: str) -> Tensor:
     return t.reshape(m).to(torch.float64 if t.dtype == torch.float64 else torch.float32)
 
 
-def member_losses(
+def individual_losses(
     loss_fn: Callable[[Any, Any], Any],
     outputs: Any,
     targets: Any,
     m: int,
     *,
-    per_member_targets: bool,
+    per_individual_targets: bool,
     cache: dict | None = None,
 ) -> Tensor:
     """``(m,)`` losses: ``loss_fn(outputs[i], targets)`` (or ``targets[i]``) for each member ``i``.
@@ -309,9 +315,9 @@ def member_losses(
     Args:
         loss_fn: ``(outputs (b, ...), targets) -> scalar``; lower is better.
         outputs: ``(m, b, ...)`` tensor or nest of them.
-        targets: shared (any object) or, with ``per_member_targets``, ``(m, ...)`` tensors.
+        targets: shared (any object) or, with ``per_individual_targets``, ``(m, ...)`` tensors.
         m: number of members.
-        per_member_targets: slice ``targets`` per member too.
+        per_individual_targets: slice ``targets`` per member too.
         cache: ``{code of loss_fn: "vmap" | "loop"}``; keyed by the function's code, so a loss
             defined inside the training loop (a new closure each step) neither grows the cache nor
             is retried under vmap every step.
@@ -325,21 +331,21 @@ def member_losses(
         mode, cache = None, None
     if mode != "loop":
         try:
-            t_dim = 0 if per_member_targets and targets is not None else None
+            t_dim = 0 if per_individual_targets and targets is not None else None
             values = torch.func.vmap(loss_fn, in_dims=(0, t_dim))(outputs, targets)
             losses = _as_losses(values, m, "a vmapped result").cpu()
             if cache is not None:
                 cache[key] = "vmap"
             return losses
-        except Exception:  # noqa: BLE001 - not vmap-safe: the loop below raises real errors itself
+        except Exception:  # not vmap-safe: the loop below raises real errors itself
             if mode == "vmap":
                 raise
     if cache is not None:
         cache[key] = "loop"
     values = []
-    for i in range(m):  # noqa: B007 - i is read by the lambdas
+    for i in range(m):
         out_i = map_tensors(outputs, lambda t: t[i])
-        tgt_i = map_tensors(targets, lambda t: t[i]) if per_member_targets else targets
+        tgt_i = map_tensors(targets, lambda t: t[i]) if per_individual_targets else targets
         value = loss_fn(out_i, tgt_i)
         if not isinstance(value, Tensor):
             try:

@@ -8,14 +8,18 @@ members that share a prompt.
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from ..errors import FitnessError
-from ..operators.shaping import centered_rank, check_fitnesses, zscore
+from ..fitness import validate_fitnesses
+from ..operators.shaping import centered_rank, zscore
 
 __all__ = ["FITNESS_SHAPINGS", "check_es_fitnesses", "group_table", "shape_fitness"]
 
@@ -42,35 +46,41 @@ def group_table(pop_size: int, group_size: int | None, antithetic: bool) -> Tens
 
 
 def check_es_fitnesses(fitnesses: Any, pop_size: int, shaping: str | Callable) -> Tensor:
-    """Validate raw fitnesses: ``(N,)`` real numbers without NaN; returns a CPU tensor.
+    """Raw fitnesses through :func:`populora.fitness.validate_fitnesses`: ``(N,)`` real numbers, no NaN; on the CPU.
 
     The result is float64 for float64 tensors and for Python / NumPy sequences
     (Python floats are doubles), float32 for other tensors: shaping then runs
     in that precision, so fitnesses such as ``1e8 + i`` keep their order.
+    ``inf`` passes only with the rank-based and z-score shapings.
 
     Raises:
-        FitnessError: (a ``ValueError``) not numbers, wrong length (both sizes
-            named), NaN, or inf with the ``'raw'`` / ``'center'`` shapings.
+        FitnessError: (a ``ValueError``) not numbers, wrong length (torcheggroll's
+            "Expected N fitness scores, got M"), NaN, or inf with the ``'raw'`` /
+            ``'center'`` shapings.
     """
-    if not isinstance(fitnesses, Tensor):
-        try:
-            fitnesses = torch.as_tensor(fitnesses, dtype=torch.float64)
-        except (TypeError, ValueError, RuntimeError):
-            raise FitnessError(f"fitnesses must be a tensor or a sequence of {pop_size} numbers, got "
-                               f"{type(fitnesses).__name__}") from None
-    f = fitnesses.detach()
-    if f.dim() != 1 or f.shape[0] != pop_size:
-        raise FitnessError(f"Expected {pop_size} fitness scores, got {f.numel()} (shape {tuple(f.shape)}); "
+    shape = _shape_of(fitnesses)
+    if shape is not None and shape != (pop_size,):
+        count = math.prod(shape)
+        raise FitnessError(f"Expected {pop_size} fitness scores, got {count} (shape {shape}); "
                            f"pass one fitness per member, shape ({pop_size},)")
-    try:
-        f = check_fitnesses(f.cpu(), "fitnesses")
-    except (TypeError, ValueError) as error:
-        raise FitnessError(str(error)) from None
+    f = validate_fitnesses(fitnesses, pop_size, allow_inf=True, device="cpu")
     bad = ~torch.isfinite(f)
     if shaping in ("raw", "center") and bool(bad.any()):
         raise FitnessError(f"fitnesses must be finite with fitness_shaping={shaping!r}, got "
                            f"{f[bad].tolist()} at ids {bad.nonzero().flatten().tolist()}")
     return f
+
+
+def _shape_of(values: Any) -> tuple[int, ...] | None:
+    """The shape of a tensor, array or (nested) sequence, or ``None`` when it has none (left to the validation)."""
+    if isinstance(values, Tensor):
+        return tuple(values.shape)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a ragged sequence: NumPy's warning
+            return tuple(np.shape(values))
+    except (TypeError, ValueError, RuntimeError):
+        return None
 
 
 def shape_fitness(f: Tensor, table: Tensor, shaping: str | Callable[[Tensor], Tensor]) -> Tensor:

@@ -1,0 +1,296 @@
+"""The state of an :class:`~populora.EggrollES`: snapshots, all-or-nothing loads, files, and rank agreement.
+
+:class:`ESState` is the part of :class:`~populora.EggrollES` that reads and
+writes its state as a whole: :meth:`~ESState.state_dict` (a snapshot of
+copies), :meth:`~ESState.load_state_dict` (validated whole before anything is
+written), :meth:`~ESState.save` / :meth:`~ESState.load` (verified files), and,
+under torch.distributed, the configuration fingerprint every rank compares at
+the first step and the parameter checksum of :meth:`~ESState.check_sync`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import numbers
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .. import distributed as pd
+from ..checkpoint import atomic_save, load_checkpoint
+from ..checks import check_float, check_index, check_int, check_seed
+from ..errors import CheckpointError, ConfigMismatchError, PopuloraError
+from ..stats import GenerationStats
+
+__all__ = ["FORMAT", "ESState"]
+
+FORMAT = "populora.es/1"
+
+
+class ESState:
+    """State, checkpoints and rank agreement of :class:`~populora.EggrollES` (its base class)."""
+
+    _KIND = "EggrollES"  # the checkpoint kind of save() / load()
+
+    # ------------------------------------------------------------------ distributed
+
+    def _fingerprint(self) -> dict[str, Any]:
+        """What every rank must agree on: compared across ranks at the first step."""
+        return {
+            **self._config(),
+            "sigma": self.sigma, "seed": self.seed, "generation": self.generation,
+            "dtypes": [str(p.param.dtype) for p in self._params],
+            "optimizer": type(self.optimizer).__name__,
+            "lr": [group.get("lr") for group in self.optimizer.param_groups],
+        }
+
+    def _sync_once(self) -> None:
+        """First step under torch.distributed: check the configuration, then repair differing weights.
+
+        Every rank all-gathers a small fingerprint (:meth:`_fingerprint`); if
+        any field differs, every rank raises :class:`ConfigMismatchError`
+        naming the fields and each rank's value, before any other collective
+        (so nothing hangs or diverges). The model's weights are then compared
+        by checksum and rank 0's are broadcast, with a warning, where they differ.
+        """
+        if self._synced or not pd.is_distributed():
+            return
+        mine = self._fingerprint()
+        table: list[Any] = [None] * pd.world_size()
+        dist.all_gather_object(table, mine)
+        differ = [key for key in mine if len({repr(row.get(key)) for row in table}) > 1]
+        if differ:
+            def show(value: Any) -> str:
+                text = repr(value)
+                return text if len(text) <= 120 else text[:117] + "..."
+
+            details = "; ".join(f"{key}: " + ", ".join(f"rank {r}: {show(row.get(key))}" for r, row in enumerate(table))
+                                for key in differ)
+            raise ConfigMismatchError(
+                f"{type(self).__name__} configuration differs across ranks in {differ} ({details}); build the ES "
+                "with the same arguments (and model) on every rank")
+        with torch.no_grad():
+            pd.sync_if_different_([*self.model.parameters(), *self.model.buffers()], "ES model parameters")
+        self._synced = True
+        self._factors.clear()
+        self._asked = None
+
+    def check_sync(self) -> bool:
+        """Compare a checksum of the evolved parameters across ranks (a collective; debugging).
+
+        Runs after every :meth:`tell` when :attr:`debug_sync` is set (or
+        ``POPULORA_ES_DEBUG_SYNC=1``). Returns True without a process group.
+
+        Raises:
+            ConfigMismatchError: (a ``RuntimeError``) on every rank, if the ranks' parameters differ.
+        """
+        if not pd.is_distributed():
+            return True
+        mine = pd.checksum([p.param for p in self._params])
+        if dist.get_backend() == "nccl":  # NCCL collectives take CUDA tensors only
+            mine = mine.to(torch.device("cuda", torch.cuda.current_device()))
+        table = [torch.empty_like(mine) for _ in range(pd.world_size())]
+        dist.all_gather(table, mine)
+        rows = [tuple(t.cpu().tolist()) for t in table]
+        if len(set(rows)) > 1:
+            raise ConfigMismatchError(f"ES parameters differ across ranks after generation {self.generation - 1}: "
+                               f"checksums per rank {rows}")
+        return True
+
+    # ------------------------------------------------------------------ checkpoint
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "pop_size": self.pop_size, "rank": self.rank, "antithetic": self.antithetic,
+            "noise_reuse": self.noise_reuse, "group_size": self.group_size,
+            "perturb_vectors": self.perturb_vectors, "perturb_unroutable": self.perturb_unroutable,
+            "fitness_shaping": self.fitness_shaping if isinstance(self.fitness_shaping, str) else None,
+            "params": self.param_names, "shapes": [list(p.param.shape) for p in self._params],
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """A snapshot for an exact resume: params, optimizer state, generation, seed, sigma, config.
+
+        Every tensor is a copy (nothing shares storage with the live
+        parameters or optimizer state), so stepping on afterwards does not
+        change a saved state. Tensors and plain Python values only, so
+        ``torch.load`` with its default ``weights_only=True`` reads it;
+        callables (``param_filter``, a shaping function, an LR scheduler) are
+        not stored. The noise is a pure function of ``(seed, name, noise epoch)``:
+        no generator state is needed. ``'best_member'`` holds
+        :attr:`best_individual` (the key files already hold); ``'history'``
+        holds :attr:`history` as ``[generation, best, mean, std]`` rows.
+        """
+        return {
+            "format": FORMAT,
+            "config": self._config(),
+            "seed": self.seed,
+            "sigma": self.sigma,
+            "generation": self.generation,
+            "best_fitness": self.best_fitness,
+            "best_member": None if self.best_individual is None else list(self.best_individual),
+            "history": [[h.generation, h.best, h.mean, h.std] for h in self.history],
+            "params": {p.name: p.param.detach().to("cpu", copy=True) for p in self._params},
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+        }
+
+    def _checked_state(self, state: Any) -> dict[str, Any]:
+        """Every field of a :meth:`state_dict`, validated against this ES; nothing is written.
+
+        Raises:
+            CheckpointError: naming the first missing or bad key.
+        """
+        if not isinstance(state, dict) or state.get("format") != FORMAT:
+            raise CheckpointError(f"not an EggrollES state dict (expected format {FORMAT!r}, got "
+                                  f"{state.get('format') if isinstance(state, dict) else type(state).__name__!r})")
+        required = ("config", "seed", "sigma", "generation", "best_fitness", "best_member", "params", "optimizer")
+        missing = [key for key in required if key not in state]
+        if missing:
+            raise CheckpointError(f"EggrollES state is missing {missing}; nothing was loaded")
+
+        def field(key: str, check: Callable[[], Any]) -> Any:
+            try:
+                return check()
+            except PopuloraError as error:
+                raise CheckpointError(f"EggrollES state has a bad {key!r}: {error}") from None
+
+        mine, theirs = self._config(), state["config"]
+        if not isinstance(theirs, dict):
+            raise CheckpointError(f"EggrollES state has a bad 'config': expected a dict, got {type(theirs).__name__}")
+        theirs = {"perturb_unroutable": False, **theirs}  # states written before the fallback existed
+        for key, value in mine.items():
+            if key not in theirs:
+                raise CheckpointError(f"EggrollES state config is missing {key!r}")
+            if key == "fitness_shaping" and (value is None or theirs[key] is None):
+                continue
+            if theirs[key] != value:
+                raise CheckpointError(f"checkpoint has {key}={theirs[key]!r}, this ES has {value!r}")
+        checked = {
+            "seed": field("seed", lambda: check_seed("seed", state["seed"])),
+            "sigma": field("sigma", lambda: check_float("sigma", state["sigma"], low=0.0, low_open=True)),
+            "generation": field("generation", lambda: check_int("generation", state["generation"], low=0)),
+        }
+        best = state["best_fitness"]
+        if isinstance(best, bool) or not isinstance(best, numbers.Real) or math.isnan(best):
+            raise CheckpointError(f"EggrollES state has a bad 'best_fitness': expected a number, got {best!r}")
+        checked["best_fitness"] = float(best)
+        member = state["best_member"]
+        if member is not None:
+            if not isinstance(member, (list, tuple)) or len(member) != 2:
+                raise CheckpointError(f"EggrollES state has a bad 'best_member': expected None or "
+                                      f"[generation, member], got {member!r}")
+            member = (field("best_member", lambda: check_int("best_member[0]", member[0], low=0)),
+                      field("best_member", lambda: check_index("best_member[1]", member[1], self.pop_size)))
+        checked["best_member"] = member
+        checked["history"] = _checked_history(state.get("history", []))  # states written before history: empty
+        params = state["params"]
+        if not isinstance(params, dict):
+            raise CheckpointError(f"EggrollES state has a bad 'params': expected a dict, got {type(params).__name__}")
+        for p in self._params:
+            value = params.get(p.name)
+            if not isinstance(value, Tensor):
+                raise CheckpointError(f"EggrollES state 'params' is missing parameter {p.name!r}")
+            if tuple(value.shape) != tuple(p.param.shape):
+                raise CheckpointError(f"checkpoint parameter {p.name!r} has shape {tuple(value.shape)}, "
+                                      f"expected {tuple(p.param.shape)}")
+            if not (value.is_floating_point() or value.is_complex()) or not bool(torch.isfinite(value).all()):
+                raise CheckpointError(f"checkpoint parameter {p.name!r} must hold finite floats, got dtype "
+                                      f"{value.dtype} (with non-finite values: {not bool(torch.isfinite(value).all())})")
+        extra = sorted(set(params) - set(self.param_names))
+        if extra:
+            raise CheckpointError(f"EggrollES state 'params' holds parameters this ES does not evolve: {extra}")
+        checked["params"] = params
+        opt = state["optimizer"]
+        groups = opt.get("param_groups") if isinstance(opt, dict) else None
+        if not isinstance(groups, list) or not isinstance(opt.get("state"), dict):
+            raise CheckpointError("EggrollES state has a bad 'optimizer': expected a torch.optim state_dict "
+                                  "(a dict with 'state' and 'param_groups')")
+        ours = self.optimizer.param_groups
+        if len(groups) != len(ours) or any(not isinstance(g, dict) or len(g.get("params", ())) != len(o["params"])
+                                           for g, o in zip(groups, ours)):
+            raise CheckpointError(f"EggrollES state 'optimizer' has parameter groups of sizes "
+                                  f"{[len(g.get('params', ())) if isinstance(g, dict) else None for g in groups]}, "
+                                  f"this ES's optimizer {[len(o['params']) for o in ours]}")
+        checked["optimizer"] = opt
+        return checked
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`: all or nothing.
+
+        The whole state is validated first (every key present and well
+        formed, the configuration and parameter shapes equal to this ES's);
+        only then is anything written. The state is copied in, so it stays
+        usable (loading it twice restores the same point twice).
+
+        Raises:
+            CheckpointError: (a ``ValueError``) not an EggrollES state, a
+                missing or bad key, or a configuration or parameter shape that
+                differs from this ES's (the key is named). Nothing has changed.
+        """
+        checked = self._checked_state(state)
+        before = copy.deepcopy(self.optimizer.state_dict())
+        try:
+            self.optimizer.load_state_dict(copy.deepcopy(checked["optimizer"]))
+        except Exception as error:
+            self.optimizer.load_state_dict(before)
+            raise CheckpointError(f"EggrollES state has a bad 'optimizer': {type(error).__name__}: {error}") from None
+        with torch.no_grad():
+            for p in self._params:
+                p.param.copy_(checked["params"][p.name])
+        self.seed, self.sigma, self.generation = checked["seed"], checked["sigma"], checked["generation"]
+        self.best_fitness, self.best_individual = checked["best_fitness"], checked["best_member"]
+        self.history = checked["history"]
+        self._factors.clear()
+        self._asked = None
+
+    def save(self, path: str | Path) -> Path:
+        """Write :meth:`state_dict` to ``path`` atomically (a verified checkpoint); returns the ``Path``.
+
+        See :func:`populora.checkpoint.atomic_save`; :meth:`load` reads it back.
+        """
+        return atomic_save(self.state_dict(), path, kind=self._KIND)
+
+    def load(self, path: str | Path) -> None:
+        """Resume from a file written by :meth:`save` (all or nothing, as :meth:`load_state_dict`).
+
+        Raises:
+            FileNotFoundError: nothing at ``path``.
+            CheckpointError: the file is empty, truncated, corrupted, of another
+                kind, or holds a state that does not fit this ES (the file and
+                the key are named). Nothing has changed.
+        """
+        state = load_checkpoint(path, kind=self._KIND)
+        try:
+            self.load_state_dict(state)
+        except CheckpointError as error:
+            raise CheckpointError(f"checkpoint {str(path)!r}: {error}") from None
+
+
+
+def _checked_history(rows: Any) -> list[GenerationStats]:
+    """``[[generation, best, mean, std], ...]`` of a state, as :class:`GenerationStats`; nothing is written.
+
+    Raises:
+        CheckpointError: naming the first bad row.
+    """
+    if not isinstance(rows, (list, tuple)):
+        raise CheckpointError(f"EggrollES state has a bad 'history': expected a list of [generation, best, mean, "
+                              f"std] rows, got {type(rows).__name__}")
+    history = []
+    for i, row in enumerate(rows):
+        ok = isinstance(row, (list, tuple)) and len(row) == 4 and all(
+            isinstance(v, numbers.Real) and not isinstance(v, bool) for v in row)
+        if ok:
+            generation, best, mean, std = row
+            ok = float(generation).is_integer() and generation >= 0 and not math.isnan(std) and std >= 0
+        if not ok:
+            raise CheckpointError(f"EggrollES state has a bad 'history': row {i} is {row!r}, expected "
+                                  "[generation >= 0, best, mean, std >= 0] numbers")
+        history.append(GenerationStats(generation=int(generation), best=float(best), mean=float(mean),
+                                       std=float(std)))
+    return history

@@ -1,0 +1,331 @@
+"""The routing layer inside the target modules: routes, and the batched low-rank delta of each layout.
+
+A routed forward runs the user's model ONCE. The target layers' forwards
+(wrapped by a :class:`Router`) read the active :class:`Route` and add, in
+place into the layer's output, the low-rank delta of the individual owning
+each row:
+
+    out[rows of i] += (x[rows of i] @ down[i]) @ up[i].T
+
+Inside a layer the rows are laid out as ``(k c)``: ``k`` groups of ``c`` rows,
+group ``g`` using adapter ``index[g]``, so the delta is two batched matmuls
+over ``(k, c*..., d)`` with no gather of weights per row. Rows of unequal
+groups (``individuals=`` routing) arrive sorted by id, packed into chunks of
+equal size (padding at most one chunk per group; the plan is made by
+:mod:`populora.routing`). When the groups are so small that gathering their
+adapters would cost more memory than the activations (about one row per id,
+as with ``P`` ids over ``P`` rows), the gathered groups are processed in
+blocks of bounded size (see :func:`gather_budget`), so a routed forward never
+holds a per-row copy of the weights.
+
+Who each row belongs to (the routing arguments, their checks and layouts) is
+decided by the front end, :mod:`populora.routing`; this module only applies a
+:class:`Route` it is given.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from functools import partial
+from types import MethodType
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from .errors import RouteError
+
+__all__ = ["Adapter", "Route", "Router", "gather_budget"]
+
+
+class Adapter(NamedTuple):
+    """Stacked low-rank factors of one target layer, in the layout the hot path reads.
+
+    Attributes:
+        down: ``(p, r, d)`` for ``nn.Linear`` (``down`` transposed, so each
+            individual's rows are contiguous for the batched matmul);
+            ``(p, V, r)`` for ``nn.Embedding`` (a table gathered by token).
+        up: ``(p, r, e)`` (``up`` transposed).
+        bias: optional ``(p, e)``, added to every row of its individual (ES
+            perturbs biases this way).
+    """
+
+    down: Tensor
+    up: Tensor
+    bias: Tensor | None = None
+
+
+Index = Tensor | slice | None
+
+
+class Route(NamedTuple):
+    """Where the rows of one forward go.
+
+    Attributes:
+        n: rows of the batch as every target layer sees it (leading dim).
+        groups: ``k``, number of row groups.
+        chunk: ``c``, rows per group (after padding).
+        index: adapter id of each group: ``None`` (group ``g`` uses adapter
+            ``g``), a ``slice`` or a ``(k,)`` int64 tensor.
+        dest: ``(n,)`` position of each row in the padded ``(k c)`` layout
+            (increasing: rows are sorted by group), or ``None`` when the rows
+            already are ``(k c)``.
+        dest_host: ``dest`` as a NumPy array (block bounds are found on the
+            host, with no device sync).
+    """
+
+    n: int
+    groups: int
+    chunk: int
+    index: Index = None
+    dest: Tensor | None = None
+    dest_host: np.ndarray | None = None
+
+
+def _take(stack: Tensor, index: Index) -> Tensor:
+    if index is None:
+        return stack
+    return stack[index] if isinstance(index, slice) else stack.index_select(0, index)
+
+
+def _offsets(index: Index, groups: int, device: torch.device) -> Tensor:
+    """``(k,)`` adapter id of each group, as a tensor."""
+    if index is None:
+        return torch.arange(groups, device=device)
+    if isinstance(index, slice):
+        return torch.arange(index.start, index.stop, device=device)
+    return index
+
+
+def _rows_down(x: Tensor, module: nn.Module, adapter: Adapter, index: Index, k: int) -> Tensor:
+    """``(k, c*.., r)``: the rows projected by each group's ``down``; ``x`` is ``(k*c, ..)``."""
+    if isinstance(module, nn.Embedding):  # row `token` of each group's table, no copy of tables
+        p, vocab, r = adapter.down.shape
+        flat = x.reshape(k, -1) + _offsets(index, k, x.device)[:, None] * vocab
+        return adapter.down.reshape(p * vocab, r)[flat]
+    down = _take(adapter.down, index)  # (k, r, d)
+    if down.dtype != x.dtype:
+        down = down.to(x.dtype)
+    # (k, r, d) @ (k, d, c*..) -> (k, r, c*..): with r on the rows, BLAS runs these skinny products 2-5x
+    # faster than (k, c*.., d) @ (k, d, r); the transposed view feeds baddbmm as is.
+    return torch.bmm(down, x.reshape(k, -1, x.shape[-1]).transpose(1, 2)).transpose(1, 2)
+
+
+def _factors(x: Tensor, module: nn.Module, adapter: Adapter, index: Index, k: int, dtype: torch.dtype,
+             ) -> tuple[Tensor, Tensor]:
+    """``h (k, c*.., r)`` and ``up (k, r, e)`` of ``k`` groups, so that their delta is ``h @ up``.
+
+    A bias is folded into the same matmul: ``[h, 1] @ [up; bias]`` (``r + 1`` columns).
+    """
+    h = _rows_down(x, module, adapter, index, k)
+    up = _take(adapter.up, index)
+    if up.dtype != dtype:
+        h, up = h.to(dtype), up.to(dtype)
+    if adapter.bias is not None:
+        bias = _take(adapter.bias, index).to(dtype)
+        h = torch.cat((h, h.new_ones(*h.shape[:-1], 1)), dim=-1)  # (k, c*.., r+1)
+        up = torch.cat((up, bias[:, None, :]), dim=1)  # (k, r+1, e)
+    return h, up
+
+
+def gather_budget(device: torch.device, activation_bytes: int) -> int:
+    """Most bytes of gathered adapters a target layer holds at once in an ``individuals=`` forward.
+
+    Gathering the adapters of ``k`` groups copies ``k * r * (d + e)`` values;
+    with about one row per group that is ``r`` times the activations.
+    Groups are therefore processed in blocks whose gathered adapters fit
+    ``max(floor, activation_bytes)``, ``activation_bytes`` being the bytes of
+    the layer's input and output (so the extra memory stays of the order of
+    the activations whatever ``r``); the floor (1 MiB on CPU, 32 MiB on
+    accelerators, where each block costs kernel launches) keeps small
+    forwards in one block.
+
+    Example:
+        >>> gather_budget(torch.device("cpu"), 4096)
+        1048576
+    """
+    return max(1 << 20 if device.type == "cpu" else 32 << 20, activation_bytes)
+
+
+class Router:
+    """Wraps the target modules' forward so that it applies the active route.
+
+    Each target's instance-level ``forward`` becomes ``partial(router._forward,
+    i, inner, module)``, where ``inner`` is the forward it had (the class's, or
+    another router's wrapper: several populations may share one base model).
+    While this router's route is active it adds the delta in place; outside
+    :meth:`run` it costs one attribute check (a forward hook costs several
+    times more per call, which shows on small batches). ``copy.deepcopy``
+    copies the router along with the modules, so a deep copy of a population
+    routes on its own copy, and a deep copy of the bare model is a plain model.
+
+    Args:
+        targets: ``{path: module}`` of ``nn.Linear`` / ``nn.Embedding`` layers.
+    """
+
+    def __init__(self, targets: dict[str, nn.Module]):
+        self.names = list(targets)
+        self._state: tuple[Route, Sequence[Adapter], set[int], _Origin] | None = None
+        self.last_plan: tuple[tuple, tuple[Route, Tensor | None]] | None = None  # routed_call's one-entry cache
+        self._removed = False
+        self._warned: set[str] = set()
+        self._wrapped: list[tuple[nn.Module, partial, Callable | None]] = []  # (module, wrapper, previous)
+        for i, module in enumerate(targets.values()):
+            previous = vars(module).get("forward")
+            inner = previous if previous is not None else MethodType(type(module).forward, module)
+            wrapper = partial(self._forward, i, inner, module)
+            module.forward = wrapper
+            self._wrapped.append((module, wrapper, previous))
+
+    def _forward(self, i: int, inner: Callable, module: nn.Module, input: Tensor) -> Tensor:
+        state = self._state
+        if state is None:
+            return inner(input)
+        try:
+            out = inner(input)
+        except RuntimeError as error:
+            self._explain(i, module, input, state[3], error)
+            raise
+        return self._apply(i, module, input, out, state)
+
+    def _explain(self, i: int, module: nn.Module, x: Tensor, origin: _Origin, error: RuntimeError) -> None:
+        """Raise a :class:`RouteError` counting the user's rows if ``error`` is a Linear's feature mismatch."""
+        if isinstance(module, nn.Linear) and x.dim() > 0 and x.shape[-1] != module.in_features:
+            raise RouteError(
+                f"target {self.names[i]!r} (Linear with in_features={module.in_features}) got inputs with "
+                f"{x.shape[-1]} features: its input has shape {(origin.rows, *x.shape[1:])} for the "
+                f"{origin.rows} row{'' if origin.rows == 1 else 's'} of the batch passed (first input of shape "
+                f"{origin.shape()}){origin.routed()}"
+            ) from error
+
+    def run(self, route: Route, adapters: Sequence[Adapter], fn: Callable[..., Any], args: tuple = (),
+            kwargs: dict | None = None, origin: _Origin | None = None) -> Any:
+        """``fn(*args, **kwargs)`` with the route active; undone even if it raises.
+
+        ``origin`` describes the batch as the user passed it (for error
+        messages; by default the route's own rows).
+        """
+        kwargs = {} if kwargs is None else kwargs
+        if self._state is not None:
+            raise RuntimeError("a routed forward is already running on this model (re-entrant call)")
+        if self._removed:
+            raise RuntimeError("this router was removed from its model (the population was merged or closed)")
+        called: set[int] = set()
+        if origin is None:
+            origin = _Origin(route.n, [], 1, "")
+        self._state = (route, adapters, called, origin)
+        try:
+            out = fn(*args, **kwargs)
+        finally:
+            self._state = None
+        if len(called) < len(self.names):
+            self._warn_skipped(called)
+        return out
+
+    def _warn_skipped(self, called: set[int]) -> None:
+        for i, name in enumerate(self.names):
+            if i not in called and name not in self._warned:
+                self._warned.add(name)
+                warnings.warn(
+                    f"target {name!r} was not called through its forward during a routed forward, "
+                    "so its adapter had no effect (a fused fast path, e.g. nn.TransformerEncoderLayer "
+                    "in eval mode, bypasses its Linear layers)",
+                    stacklevel=4,
+                )
+
+    def remove(self) -> None:
+        """Give every target back the forward it had before this router.
+
+        A wrapper that another router has since wrapped again stays in its
+        chain as a pass-through (this router never activates again).
+        """
+        self._removed = True
+        for module, wrapper, previous in self._wrapped:
+            if vars(module).get("forward") is wrapper:
+                if previous is None:
+                    del module.forward
+                else:
+                    module.forward = previous
+        self._wrapped = []
+
+    def _apply(self, i: int, module: nn.Module, x: Tensor, out: Tensor, state: tuple) -> Tensor:
+        """``out`` plus each row's delta (in place when the layout allows)."""
+        route, adapters, called, origin = state
+        called.add(i)
+        if x.shape[0] != route.n:
+            raise RouteError(
+                f"target {self.names[i]!r} received {x.shape[0]} rows but this routed forward has "
+                f"{route.n}{origin.routed()}; the batch must be the leading dimension of every target's input"
+            )
+        adapter = adapters[i]
+        if route.n == 0:  # an empty batch: nothing to add (the base output is already (0, ..))
+            if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in adapter):
+                out = out + sum(t.sum() for t in adapter if t is not None) * 0  # still a function of the adapters
+            return out
+        k, c = route.groups, route.chunk
+        down, up = adapter.down, adapter.up
+        if (route.index is None and route.dest is None and adapter.bias is None and down.dtype == out.dtype
+                and x.dtype == out.dtype and out.is_contiguous() and type(module) is not nn.Embedding):
+            # the common case (whole population, equal groups, one dtype), with no indirection
+            h = torch.bmm(down, x.reshape(k, -1, x.shape[-1]).transpose(1, 2)).transpose(1, 2)  # (k, c*.., r)
+            out.view(k, -1, out.shape[-1]).baddbmm_(h, up)
+            return out
+        index, e = route.index, out.shape[-1]
+        block = k  # groups per block
+        if isinstance(index, Tensor):  # adapters are gathered per group: bound the copy (gather_budget)
+            rank = up.shape[1]
+            per_group = (rank * e + (0 if isinstance(module, nn.Embedding) else rank * down.shape[-1])
+                         + (0 if adapter.bias is None else e)) * down.element_size()
+            budget = gather_budget(out.device, (x.numel() + out.numel()) * out.element_size())
+            block = max(1, min(k, budget // per_group))
+        if not out.is_contiguous():
+            out = out.contiguous()
+        if route.dest is None:  # rows already (k c): add each block's delta in place
+            view = out.view(k, -1, e)
+            if block == k:
+                h, up = _factors(x, module, adapter, index, k, out.dtype)
+                view.baddbmm_(h, up)  # (k, c*.., e) += (k, c*.., r) @ (k, r, e)
+                return out
+            for g0 in range(0, k, block):
+                g1 = min(k, g0 + block)
+                h, up = _factors(x[g0 * c : g1 * c], module, adapter, index[g0:g1], g1 - g0, out.dtype)
+                view[g0:g1].baddbmm_(h, up)
+            return out
+        # unequal groups: pack each block's rows into (k c), padded, and add its delta to those rows in place;
+        # rows are sorted by group, so a block of groups owns a contiguous range of rows
+        for g0 in range(0, k, block):
+            g1 = min(k, g0 + block)
+            if block == k:
+                j0, j1, pos, part = 0, route.n, route.dest, index
+            else:
+                j0, j1 = (int(j) for j in np.searchsorted(route.dest_host, (g0 * c, g1 * c)))
+                pos, part = route.dest[j0:j1] - g0 * c, index[g0:g1]
+            packed = x.new_zeros(((g1 - g0) * c, *x.shape[1:])).index_copy_(0, pos, x[j0:j1])
+            h, up = _factors(packed, module, adapter, part, g1 - g0, out.dtype)
+            del packed
+            delta = torch.bmm(h, up).reshape((g1 - g0) * c, *out.shape[1:]).index_select(0, pos)
+            if block == k:
+                out.add_(delta)
+            else:
+                out[j0:j1] += delta
+        return out
+
+
+class _Origin(NamedTuple):
+    """The batch as the user passed it, for error messages: ``rows`` routed as ``rows * times``."""
+
+    rows: int
+    leaves: list  # the tensor inputs as passed (their shapes are formatted only for an error)
+    times: int
+    how: str
+
+    def shape(self) -> tuple:
+        """Shape of the first tensor input with a batch dimension."""
+        return next((tuple(t.shape) for t in self.leaves if t.dim() > 0), (self.rows,))
+
+    def routed(self) -> str:
+        if self.times == 1:
+            return ""
+        return f" (routed as {self.rows * self.times} rows: {self.how})"
