@@ -39,7 +39,7 @@ from .errors import (
     SpentPopulationError,
 )
 from .operators import Factors
-from .routing import Adapter, Router, routed_call
+from .routing import Adapter, RoutedModel, Router, RoutingTarget
 from .targets import find_targets, layer_dims
 
 __all__ = ["Population", "SelectionResult"]
@@ -68,7 +68,7 @@ class SelectionResult(NamedTuple):
     elite_indices: Tensor
 
 
-class Population(nn.Module):
+class Population(nn.Module, RoutedModel):
     """A population of ``pop_size`` individuals: rank-``low_rank`` adapters on shared layers.
 
     Args:
@@ -237,33 +237,33 @@ class Population(nn.Module):
         individuals: Sequence[int] | Tensor | None = None,
         all_individuals: bool = False,
         broadcast: bool = False,
+        split: bool = False,
         **kwargs: Any,
     ) -> Any:
         """Run the model once, each row through its individual's adapters.
 
         Inputs are tensors or nested tuples / lists / dicts of tensors whose
         leading dim is the batch ``n``; they are moved to the population's
-        device. Exactly one routing argument (none = the plain base model):
-
-        - ``individual=i``: all ``n`` rows through individual ``i``.
-        - ``all_individuals=True``: ``n == 1`` (or ``broadcast=True``): every
-          individual sees the whole batch, output ``p*n`` rows laid out
-          ``(p b)``; otherwise ``n`` must be divisible by ``P`` and row block
-          ``i`` (``b = n / P`` rows) goes to individual ``i``.
-        - ``individuals=ids``: one id per row (any order); a 1-row batch is
-          broadcast to each id; ``n`` divisible by ``len(ids)`` is split
-          ``(p b)``. Outputs come back in input order.
+        device. The routing arguments and layouts are those of every routed
+        model in populora, described once in :mod:`populora.routing`: at most
+        one of ``individual=i``, ``individuals=ids``, ``all_individuals=True``
+        (none = the plain base model), ``broadcast=True`` to give every
+        routed individual the whole batch. Outputs are ``(m*b, ...)`` rows
+        laid out ``(p b)`` (``p*n`` rows for a broadcast batch), in input
+        order; ``split=True`` returns ``(m, b, ...)`` instead, the layout of
+        :meth:`EggrollES.ask() <populora.EggrollES.ask>`'s individuals.
 
         Raises:
-            RouteError: conflicting arguments, ids out of ``[0, P)``, or a
-                batch size that does not fit (both sizes named).
+            RouteError: conflicting arguments, or a batch size that does not
+                fit (both sizes named).
+            InvalidIndexError: an id out of ``[0, P)``.
         """
         self._check_alive()
-        return routed_call(
-            self.model, self._router, self.adapters(), self.pop_size, args, kwargs,
-            individual=individual, individuals=individuals, all_individuals=all_individuals,
-            broadcast=broadcast, device=self.device,
-        )
+        return self._route(args, kwargs, individual=individual, individuals=individuals,
+                           all_individuals=all_individuals, broadcast=broadcast, split=split)
+
+    def _routing_target(self) -> RoutingTarget:
+        return RoutingTarget(self.model, self._router, self.adapters(), self.pop_size, self.device)
 
     def forward_factors(
         self,
@@ -273,6 +273,7 @@ class Population(nn.Module):
         individuals: Sequence[int] | Tensor | None = None,
         all_individuals: bool = False,
         broadcast: bool = False,
+        split: bool = False,
         **kwargs: Any,
     ) -> Any:
         """Like :meth:`forward`, but routed through the given stacks instead of the population's.
@@ -288,11 +289,9 @@ class Population(nn.Module):
                                     f"got {len(factors)}")
         adapters = [Adapter(down if emb else down.transpose(1, 2), up.transpose(1, 2))
                     for (down, up), emb in zip(factors, self._embedding)]
-        return routed_call(
-            self.model, self._router, adapters, factors[0].down.shape[0], args, kwargs,
-            individual=individual, individuals=individuals, all_individuals=all_individuals,
-            broadcast=broadcast, device=self.device,
-        )
+        target = RoutingTarget(self.model, self._router, adapters, factors[0].down.shape[0], self.device)
+        return self._route(args, kwargs, target=target, individual=individual, individuals=individuals,
+                           all_individuals=all_individuals, broadcast=broadcast, split=split)
 
     def _stacks(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
         """The adapter parameters, from lists rebuilt only when a parameter object was swapped
