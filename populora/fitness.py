@@ -18,11 +18,17 @@ calls the function accordingly and exchanges the values
 floats exactly). NaNs are kept: the population applies its NaN policy.
 :func:`as_fitnesses` converts anything number-like to a tensor of its own
 precision and names the type of anything else.
+
+:func:`validate_fitnesses` is the one check of a fitness vector where it
+enters populora (``Population.evolve_`` / ``select`` / ``select_parents`` /
+``crossover_``, ``Coevolve``, ES ``tell``): shape, precision, NaN policy and
+finiteness. The operators trust what it returns and do not check again.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 import numbers
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
@@ -31,11 +37,15 @@ import torch
 from torch import Tensor
 
 from populora import distributed as _dist
+from populora.checks import check_int, check_one_of
 from populora.errors import FitnessError, InvalidTypeError, InvalidValueError
 
-__all__ = ["FitnessKind", "as_fitnesses", "evaluate", "fitness_kind"]
+__all__ = ["NAN_POLICIES", "FitnessKind", "as_fitnesses", "evaluate", "fitness_kind", "validate_fitnesses"]
 
 FitnessKind = Literal["batch", "single", "all"]
+
+NAN_POLICIES = ("raise", "worst")
+"""What a NaN fitness does: ``'raise'`` (an error) or ``'worst'`` (below the lowest finite fitness)."""
 
 _FORMS = (
     "fn(population, individuals=...) (this rank's list of ids, returns that many values), "
@@ -192,6 +202,73 @@ def as_fitnesses(values: Any, what: str = "fitnesses", *, returned: int | None =
     return t
 
 
+def validate_fitnesses(
+    values: Any,
+    num: int,
+    *,
+    nan_policy: str = "raise",
+    allow_inf: bool = False,
+    device: str | torch.device | None = None,
+    what: str = "fitnesses",
+) -> Tensor:
+    """The one validation of a fitness vector where it enters populora: ``(num,)``, real, in its precision.
+
+    Higher is better. The precision is kept: float64 input (and Python
+    floats, integers) gives float64, float32 gives float32, float16 /
+    bfloat16 give float32 (float32 throughout on MPS, which has no float64);
+    booleans are refused. Selection, parent selection, crossover and the
+    merge's argmax all run in this precision and trust the result.
+
+    Args:
+        values: ``(num,)`` tensor, NumPy array, or sequence of numbers.
+        num: the number of individuals ``p``.
+        nan_policy: ``'raise'`` (NaN and ``-inf`` are errors) or ``'worst'``
+            (they become ``min - max(max - min, 1)`` of the finite values, so
+            never an elite).
+        allow_inf: keep ``+inf`` / ``-inf`` as they are (for rank-based
+            shapings); NaN still follows ``nan_policy``. Otherwise ``+inf``
+            always raises.
+        device: where the result lives (default: the CPU for non-tensors,
+            the input's device for tensors).
+        what: how the values are named in errors.
+
+    Returns:
+        ``(num,)`` float32 or float64 tensor on ``device``.
+
+    Raises:
+        FitnessError: ``values`` is None, not numbers (the type is named),
+            of the wrong shape (both shapes named), or not finite.
+
+    Example:
+        >>> validate_fitnesses([1.0, float("nan"), 3.0], 3, nan_policy="worst")
+        tensor([ 1., -1.,  3.], dtype=torch.float64)
+    """
+    check_one_of("nan_policy", nan_policy, NAN_POLICIES)
+    if values is None:
+        raise FitnessError(f"{what} are required: a ({num},) tensor, higher is better")
+    f = as_fitnesses(values, what)
+    if f.dtype == torch.bool:
+        raise FitnessError(f"{what} must be real numbers, got dtype {f.dtype}")
+    target = torch.device(device) if device is not None else f.device
+    wide = f.dtype == torch.float64 or not f.is_floating_point()  # integers: float64 holds them exactly
+    f = f.to(device=target, dtype=torch.float64 if wide and target.type != "mps" else torch.float32)
+    if f.shape != (num,):
+        raise FitnessError(f"{what} must have shape ({num},), got {tuple(f.shape)}")
+    bad = torch.isnan(f) if allow_inf else ~torch.isfinite(f)
+    if bool(bad.any()):
+        ids = bad.nonzero().flatten().tolist()
+        if nan_policy != "worst" or (not allow_inf and bool((f == math.inf).any())) or bool(bad.all()):
+            hint = "; pass nan_policy='worst' to treat NaN as the lowest fitness" if nan_policy != "worst" else ""
+            raise FitnessError(f"{what} must be {'free of NaN' if allow_inf else 'finite'}, got {f[bad].tolist()} "
+                               f"at ids {ids}{hint}")
+        good = f[~bad & torch.isfinite(f)] if allow_inf else f[~bad]
+        if good.numel() == 0:
+            good = torch.zeros(1, dtype=f.dtype, device=f.device)
+        worst = good.min() - torch.clamp(good.max() - good.min(), min=1.0)
+        f = torch.where(bad, worst, f)
+    return f
+
+
 def _vector(result: Any, n: int, what: str, dtype: torch.dtype = torch.float32) -> Tensor:
     """A fitness result as an ``(n,)`` CPU tensor of ``dtype`` (NaN kept)."""
     if result is None:
@@ -260,7 +337,7 @@ def evaluate(
         raise InvalidValueError(f"`dtype` must be torch.float32 or torch.float64, got {dtype!r}")
     kind = fitness_kind(fn)
     spread = distributed and _dist.is_distributed()
-    me, world = (_dist.rank(), _dist.world_size()) if spread else (0, 1)
+    me, world = (_dist.process_rank(), _dist.world_size()) if spread else (0, 1)
 
     ids: list[int] = []
     values = torch.empty(0, dtype=dtype)

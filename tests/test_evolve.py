@@ -264,3 +264,71 @@ def test_mutate_and_the_operator_raise_the_same_class(epsilon, error):
                                    generator=torch.Generator())
     assert str(through_population.value) == str(direct.value)
     assert not changed_ids(before, pop)
+
+
+class TestFitnessValidatedOnce:
+    """The fitness vector is validated once where it enters (populora.fitness.validate_fitnesses), never again."""
+
+    @staticmethod
+    def count(monkeypatch):
+        import populora.fitness as fitness_module
+        import populora.operators.shaping as shaping
+
+        calls = {"boundary": 0, "operators": 0}
+        boundary, scan = fitness_module.validate_fitnesses, shaping._validate_tensor
+
+        def counted_boundary(*args, **kwargs):
+            calls["boundary"] += 1
+            return boundary(*args, **kwargs)
+
+        def counted_scan(*args, **kwargs):
+            calls["operators"] += 1
+            return scan(*args, **kwargs)
+
+        monkeypatch.setattr(fitness_module, "validate_fitnesses", counted_boundary)
+        monkeypatch.setattr(shaping, "_validate_tensor", counted_scan)
+        return calls
+
+    @pytest.mark.parametrize("types", [
+        {},
+        {"selection_type": "probabilistic", "parent_selection_type": "roulette", "crossover_type": "xes"},
+        {"selection_type": "fuss", "parent_selection_type": "fuss", "crossover_type": "extrapolative"},
+        {"parent_selection_type": "queen_bee", "num_groups": 2},
+    ])
+    def test_one_validation_per_evolve(self, monkeypatch, types):
+        pop = make()
+        calls = self.count(monkeypatch)
+        pop.evolve_(FITNESS, **types)
+        assert calls == {"boundary": 1, "operators": 0}
+
+    def test_one_validation_per_select_parents_and_crossover(self, monkeypatch):
+        pop = make()
+        calls = self.count(monkeypatch)
+        result = pop.select("probabilistic", FITNESS)
+        parents = pop.select_parents("roulette", FITNESS, culled=result.selected_out_indices)
+        pop.crossover_("xes", parents, result.selected_out_indices, FITNESS)
+        assert calls == {"boundary": 3, "operators": 0}
+
+    def test_operators_called_directly_still_check(self, monkeypatch):
+        from populora.errors import FitnessError
+
+        calls = self.count(monkeypatch)
+        with pytest.raises(FitnessError, match="NaN"):
+            SELECTIONS["probabilistic"](torch.tensor([[0.0, float("nan")]]), 1, generator=torch.Generator())
+        assert calls["operators"] == 1
+
+    def test_same_generation_as_before(self):
+        """Trusting the validated vector changes no draw: the generation is the operators' composition."""
+        import populora.operators as ops
+
+        pop, twin = make(), make()
+        pop.evolve_(FITNESS, selection_type="probabilistic", crossover_type="xes")
+        f = twin.validate_fitnesses(FITNESS)
+        result = ops.select_survivors(f, SELECTIONS["probabilistic"], 0.5, 0.1, 1, generator=twin.generator)
+        culled = result.selected_out_indices
+        parents = ops.parents_for_slots(f, PARENT_SELECTIONS["tournament"], culled, culled.numel(), 2,
+                                        generator=twin.generator)
+        twin._crossover(CROSSOVERS["xes"], parents, culled, f, 1, {})
+        twin._mutate(MUTATIONS["full_gaussian"], culled, 0.1, {})
+        for a, b in zip(pop.factors(), twin.factors()):
+            assert torch.equal(a.down, b.down) and torch.equal(a.up, b.up)

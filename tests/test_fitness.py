@@ -12,8 +12,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ranks import error_of, init_gloo, save
-from populora.errors import FitnessError
-from populora.fitness import as_fitnesses, evaluate, fitness_kind
+from populora.errors import FitnessError, InvalidValueError
+from populora.fitness import as_fitnesses, evaluate, fitness_kind, validate_fitnesses
 
 WORLD = 2
 NUM = 5
@@ -279,7 +279,7 @@ def test_raising_rank_ends_the_run_with_its_error(tmp_path):
 
 
 class TestAsFitnesses:
-    """The dtype rules of populora.fitness.as_fitnesses, which Population.check_fitnesses applies."""
+    """The dtype rules of populora.fitness.as_fitnesses, which Population.validate_fitnesses applies."""
 
     @pytest.mark.parametrize("values, dtype", [
         ([1e8 + 1, 1e8], torch.float64),  # Python floats are doubles: kept exactly
@@ -326,13 +326,13 @@ def population(**kwargs):
 class TestPopulationPrecision:
     def test_check_fitnesses_keeps_float64(self):
         pop = population()
-        assert pop.check_fitnesses(CLOSE).dtype == torch.float64
-        assert pop.check_fitnesses(CLOSE.tolist()).dtype == torch.float64
-        assert pop.check_fitnesses(CLOSE.float()).dtype == torch.float32
-        assert pop.check_fitnesses(torch.arange(P, dtype=torch.bfloat16)).dtype == torch.float32
-        assert pop.check_fitnesses(torch.arange(P, dtype=torch.float16)).dtype == torch.float32
-        assert pop.check_fitnesses(torch.arange(P)).dtype == torch.float64
-        assert torch.equal(pop.check_fitnesses(CLOSE), CLOSE)
+        assert pop.validate_fitnesses(CLOSE).dtype == torch.float64
+        assert pop.validate_fitnesses(CLOSE.tolist()).dtype == torch.float64
+        assert pop.validate_fitnesses(CLOSE.float()).dtype == torch.float32
+        assert pop.validate_fitnesses(torch.arange(P, dtype=torch.bfloat16)).dtype == torch.float32
+        assert pop.validate_fitnesses(torch.arange(P, dtype=torch.float16)).dtype == torch.float32
+        assert pop.validate_fitnesses(torch.arange(P)).dtype == torch.float64
+        assert torch.equal(pop.validate_fitnesses(CLOSE), CLOSE)
 
     @pytest.mark.parametrize("fitnesses", [CLOSE, CLOSE.tolist(), CLOSE.numpy()])
     def test_deterministic_survivors_in_float64(self, fitnesses):
@@ -382,7 +382,7 @@ class TestPopulationPrecision:
         pop = population(nan_policy="worst")
         f = CLOSE.clone()
         f[7] = float("nan")
-        checked = pop.check_fitnesses(f)
+        checked = pop.validate_fitnesses(f)
         assert checked.dtype == torch.float64 and int(checked.argmin()) == 7 and int(checked.argmax()) == 5
 
 
@@ -392,12 +392,13 @@ class TestPopulationNonNumericFitnesses:
         (["a"] * P, "list holding str"),
     ])
     @pytest.mark.parametrize("call", ["evolve_", "select", "select_parents", "select_and_merge_best_",
-                                      "check_fitnesses"])
+                                      "validate_fitnesses", "crossover_"])
     def test_fitness_error_names_the_type(self, fitnesses, named, call):
         pop = population()
         before = [f.down.clone() for f in pop.factors()]
         method = getattr(pop, call)
-        args = {"select": ("deterministic", fitnesses), "select_parents": ("tournament", fitnesses, 2, [0, 1])}
+        args = {"select": ("deterministic", fitnesses), "select_parents": ("tournament", fitnesses, 2, [0, 1]),
+                "crossover_": ("xes", [[2, 3]], [0], fitnesses)}
         with pytest.raises(FitnessError, match=rf"fitnesses must be real numbers .*got {named}"):
             method(*args.get(call, (fitnesses,)))
         assert all(torch.equal(b, f.down) for b, f in zip(before, pop.factors())) and pop.generation == 0
@@ -409,3 +410,47 @@ def test_evaluate_in_float64_keeps_python_floats():
     assert evaluate(close, None, 3).dtype == torch.float32
     with pytest.raises(ValueError, match=r"`dtype` must be torch.float32 or torch.float64"):
         evaluate(close, None, 3, dtype=torch.int64)
+
+
+class TestValidateFitnesses:
+    """populora.fitness.validate_fitnesses: the one boundary check (the population's, Coevolve's, ES tell's)."""
+
+    def test_shape_precision_and_device(self):
+        assert validate_fitnesses([1, 2, 3], 3).dtype == torch.float64
+        assert validate_fitnesses(torch.ones(3, dtype=torch.float16), 3).dtype == torch.float32
+        with pytest.raises(FitnessError, match=r"fitnesses must have shape \(4,\), got \(3,\)"):
+            validate_fitnesses([1.0, 2.0, 3.0], 4)
+        with pytest.raises(FitnessError, match=r"fitnesses are required: a \(3,\) tensor"):
+            validate_fitnesses(None, 3)
+        with pytest.raises(FitnessError, match="got dtype torch.bool"):
+            validate_fitnesses(torch.ones(3, dtype=torch.bool), 3)
+
+    def test_nan_policy_and_infinities(self):
+        nan = [1.0, float("nan"), 3.0]
+        with pytest.raises(FitnessError, match=r"must be finite, got \[nan\] at ids \[1\]; pass nan_policy='worst'"):
+            validate_fitnesses(nan, 3)
+        assert validate_fitnesses(nan, 3, nan_policy="worst").tolist() == [1.0, -1.0, 3.0]
+        with pytest.raises(FitnessError, match="must be finite"):
+            validate_fitnesses([1.0, float("inf"), 3.0], 3, nan_policy="worst")
+        kept = validate_fitnesses([1.0, float("inf"), -float("inf")], 3, allow_inf=True)
+        assert kept.tolist() == [1.0, float("inf"), -float("inf")]
+        with pytest.raises(FitnessError, match=r"must be free of NaN, got \[nan\]"):
+            validate_fitnesses(nan, 3, allow_inf=True)
+        with pytest.raises(InvalidValueError, match="`nan_policy` must be one of"):
+            validate_fitnesses(nan, 3, nan_policy="ignore")
+
+    def test_population_alias_warns_and_agrees(self):
+        pop = population(nan_policy="worst")
+        f = CLOSE.clone()
+        f[2] = float("nan")
+        with pytest.warns(DeprecationWarning, match="validate_fitnesses"):
+            old = pop.check_fitnesses(f)
+        assert torch.equal(old, pop.validate_fitnesses(f))
+
+    def test_shaping_alias_warns_and_agrees(self):
+        from populora.operators import shaping
+
+        f = torch.tensor([[1.0, 2.0]], dtype=torch.float64)
+        with pytest.warns(DeprecationWarning, match="check_real_tensor"):
+            old = shaping.check_fitnesses(f)
+        assert torch.equal(old, shaping.check_real_tensor(f))

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from ..checks import check_float, check_int, check_seed
 from ..errors import FitnessError, InvalidValueError
-from ..operators.shaping import check_fitnesses, zscore
+from ..operators.shaping import check_real_tensor, zscore
 
 __all__ = [
     "PairNoise",
@@ -292,7 +292,7 @@ def compute_es_gradient(
             raise FitnessError(f"`rewards` must be a tensor or a sequence of numbers, got "
                                f"{type(rewards).__name__}") from None
     try:
-        r = check_fitnesses(rewards, "rewards")
+        r = check_real_tensor(rewards, "rewards")
     except (TypeError, ValueError) as error:
         raise FitnessError(str(error)) from None
     if r.dim() != 1:

@@ -178,7 +178,7 @@ def evolve_with_env(
                 if history:
                     bar.set_postfix(best=f"{history[-1].best:.4g}", mean=f"{history[-1].mean:.4g}")
             for gen in range(len(history), num_generations):
-                fitnesses = population.check_fitnesses(interactor.evaluate(population, **run))
+                fitnesses = population.validate_fitnesses(interactor.evaluate(population, **run))
                 stats = GenerationStats(population.generation, float(fitnesses.max()), float(fitnesses.mean()))
                 history.append(stats)
                 if bar is not None:
@@ -192,7 +192,7 @@ def evolve_with_env(
                 if path is not None and is_main_rank():
                     atomic_save(_checkpoint(population, interactor, history, base_sum), path, kind="evolve_with_env")
             if fitnesses is None:  # resumed a finished run: evaluate the last generation again
-                fitnesses = population.check_fitnesses(interactor.evaluate(population, **run))
+                fitnesses = population.validate_fitnesses(interactor.evaluate(population, **run))
             merged = population.select_and_merge_best_(fitnesses)
         except BaseException:
             population.close()  # the user's model comes back unwrapped, its requires_grad flags restored

@@ -12,6 +12,7 @@ from .base import (
     SELECTIONS,
     Factors,
     call_mutation,
+    check_num_groups,
     check_options,
     get_operator,
     option_names,
@@ -21,7 +22,9 @@ from .base import (
     register_selection,
 )
 from .linalg import rebuild_balanced, rms, svd_factors
-from .shaping import centered_rank, fuss_weights, zscore
+from .parents import parents_for_slots
+from .selection import SelectionResult, group_sizes, select_survivors
+from .shaping import centered_rank, check_real_tensor, fuss_weights, trusted_fitnesses, zscore
 
 __all__ = [
     "CROSSOVERS",
@@ -29,22 +32,29 @@ __all__ = [
     "PARENT_SELECTIONS",
     "SELECTIONS",
     "Factors",
+    "SelectionResult",
     "call_mutation",
     "centered_rank",
+    "check_num_groups",
     "check_options",
+    "check_real_tensor",
     "crossover",
     "fuss_weights",
     "get_operator",
+    "group_sizes",
     "mutation",
     "option_names",
     "parents",
+    "parents_for_slots",
     "rebuild_balanced",
     "register_crossover",
     "register_mutation",
     "register_parent_selection",
     "register_selection",
     "rms",
+    "select_survivors",
     "selection",
     "svd_factors",
+    "trusted_fitnesses",
     "zscore",
 ]

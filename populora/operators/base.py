@@ -366,6 +366,19 @@ def call_mutation(
 # generator drives CUDA stacks reproducibly) and then moves to ``device``.
 
 
+def check_num_groups(pop_size: int, num_groups, label: str = "pop_size") -> int:
+    """``num_groups`` as an int >= 1 dividing ``pop_size`` (islands are contiguous equal blocks).
+
+    Example:
+        >>> check_num_groups(8, 4)
+        4
+    """
+    num_groups = check_int("num_groups", num_groups, low=1)
+    if pop_size % num_groups:
+        raise InvalidValueError(f"`num_groups` must be an int >= 1 dividing {label}={pop_size}, got {num_groups!r}")
+    return num_groups
+
+
 def uniform(shape, *, generator: torch.Generator, device, dtype=torch.float32) -> Tensor:
     """``U[0, 1)`` of ``shape`` drawn from ``generator``, returned on ``device``."""
     return torch.rand(shape, generator=generator, device=generator.device, dtype=dtype).to(device)

@@ -21,11 +21,10 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from ..checks import check_int
 from ..errors import FitnessError, InvalidTypeError, InvalidValueError
-from .base import Factors, check_number, randint, register_crossover, uniform
+from .base import Factors, check_num_groups, check_number, randint, register_crossover, uniform
 from .linalg import _svd_compute, compute_dtype, effective_rank, rebuild_balanced
-from .shaping import check_fitnesses, clamp_infinities
+from .shaping import check_real_tensor, clamp_infinities, zscore
 
 
 def _check(
@@ -61,7 +60,7 @@ def _check(
                          f"[{int(parents.min())}, {int(parents.max())}]")
     device = stacks[0].down.device
     if fitnesses is not None:
-        fitnesses = check_fitnesses(fitnesses)
+        fitnesses = check_real_tensor(fitnesses)
         if tuple(fitnesses.shape) != (pop,):
             raise FitnessError(f"`fitnesses` must have shape ({pop},), got {tuple(fitnesses.shape)}")
         fitnesses = clamp_infinities(fitnesses, 0).to(device)
@@ -342,9 +341,7 @@ def xes(
     if fitnesses is None:
         raise FitnessError("crossover `xes` needs `fitnesses` ((P,), higher is better), got None")
     pop, parents, fitnesses = _check(stacks, parents, fitnesses, "xes")
-    num_groups = check_int("num_groups", num_groups, low=1)
-    if pop % num_groups:
-        raise InvalidValueError(f"`num_groups` must be an int >= 1 dividing P={pop}, got {num_groups!r}")
+    num_groups = check_num_groups(pop, num_groups, "P")
     eta, tournament_size = _xes_options(eta, tournament_size)
     c, k = parents.shape
     dev = parents.device
@@ -368,11 +365,7 @@ def xes(
     counted = torch.cat([torch.ones_like(bad, dtype=torch.bool), (n_valid > 0).expand(c, k)], 1)
     weight = counted.to(fit.dtype)
     n = weight.sum(1, keepdim=True)  # (c, 1)
-    f = fit[group]
-    centred = (f - (f * weight).sum(1, keepdim=True) / n) * weight
-    std = (centred.square().sum(1, keepdim=True) / n).sqrt()
-    flat = std <= 8 * torch.finfo(f.dtype).eps * f.abs().amax(1, keepdim=True)
-    z = torch.where(flat, centred, centred / (std + 1e-8))
+    z = zscore(fit[group], 1, mask=counted)  # the uncounted repeat a parent: max |f| is the same
     coef = (weight + eta * z * weight) / n  # (c, 2k): mean plus step
     out = []
     for stack in stacks:

@@ -2,22 +2,102 @@
 
 ``fitnesses`` are the survivors' fitnesses per group, ``(g, s)``; the result is
 ``(g, num_children, num_parents)`` local indices into ``s``. Higher fitness is
-better. The population maps local indices back to population ids.
+better. :func:`parents_for_slots` maps local indices back to population ids,
+island by island.
 """
 
 from __future__ import annotations
+
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
 from ..checks import check_int
 from ..errors import InvalidValueError
-from .base import check_number, register_parent_selection, uniform
-from .shaping import check_fitnesses, fuss_weights, zscore
+from .base import check_num_groups, check_number, register_parent_selection, uniform
+from .shaping import check_real_tensor, fuss_weights, trusted_fitnesses, zscore
+
+
+def parents_for_slots(
+    fitnesses: Tensor,
+    parent_selection: Callable[..., Tensor],
+    culled: Tensor,
+    num_children: Any,
+    num_parents: Any,
+    num_groups: Any = 1,
+    *,
+    generator: torch.Generator,
+    **options: Any,
+) -> Tensor:
+    """Parents among the survivors (every id not in ``culled``), as population ids.
+
+    With islands (``num_groups > 1``), child ``j`` replaces ``culled[j]`` and
+    its parents come from that slot's island.
+
+    Args:
+        fitnesses: ``(P,)`` float fitnesses, validated by the caller
+            (:func:`populora.fitness.validate_fitnesses`): they are trusted.
+        parent_selection: ``fn(fitnesses (g, s), num_children, num_parents, *, generator, **options)``.
+        culled: ``(n,)`` int64 ids in ``[0, P)``, on ``fitnesses``' device.
+        num_children: children to breed (``== len(culled)`` with islands).
+        num_parents: parents per child ``k >= 1``.
+        num_groups: islands, contiguous equal blocks dividing ``P``.
+        generator: the source of randomness.
+        options: the parent selection's options.
+
+    Returns:
+        ``(num_children, num_parents)`` int64 population ids.
+
+    Raises:
+        InvalidValueError: ``culled`` leaves an island without survivors, the
+            islands keep different numbers of survivors, or (with islands)
+            ``num_children != len(culled)``.
+
+    Example:
+        >>> parents_for_slots(torch.tensor([0.0, 3.0, 1.0, 2.0]), tournament, torch.tensor([0, 2]), 2, 2,
+        ...                   generator=torch.Generator().manual_seed(0), tournament_size=2).tolist()
+        [[1, 3], [1, 3]]
+    """
+    pop = fitnesses.shape[0]
+    num_parents = check_int("num_parents_per_child", num_parents, low=1)
+    num_children = check_int("num_children", num_children, low=0)
+    g = check_num_groups(pop, num_groups)
+    m = pop // g
+    device = fitnesses.device
+    alive = torch.ones(pop, dtype=torch.bool, device=device)
+    alive[culled] = False
+    per_group = alive.view(g, m).sum(1)
+    if int(per_group.min()) == 0:
+        raise InvalidValueError("no survivors left to be parents: `culled` covers a whole "
+                                + ("island" if g > 1 else "population"))
+    if g > 1 and int(per_group.max()) != int(per_group.min()):
+        raise InvalidValueError(f"with num_groups={g} every island needs the same number of survivors, got "
+                                f"{per_group.tolist()}")
+    if g > 1 and num_children != culled.numel():
+        raise InvalidValueError(f"with num_groups={g}, child j replaces culled[j]: `num_children` must equal "
+                                f"len(culled)={culled.numel()}, got {num_children}")
+    survivors = alive.view(g, m).nonzero()[:, 1].view(g, -1)  # (g, s) local ids
+    base = (torch.arange(g, device=device) * m)[:, None]
+    surv_fit = fitnesses.view(g, m).gather(1, survivors)
+    if g == 1:
+        with trusted_fitnesses():
+            local = parent_selection(surv_fit, num_children, num_parents, generator=generator, **options)[0]
+        return (survivors + base)[0][local]
+    child_group = culled // m
+    count = torch.bincount(child_group, minlength=g)
+    with trusted_fitnesses():
+        local = parent_selection(surv_fit, int(count.max()), num_parents, generator=generator, **options)
+    rank_in_group = torch.zeros_like(child_group)
+    for grp in range(g):  # islands are few; children of each island take its first rows
+        mask = child_group == grp
+        rank_in_group[mask] = torch.arange(int(mask.sum()), device=device)
+    ids = (survivors + base).gather(1, local.flatten(1)).view_as(local)  # (g, c, k) population ids
+    return ids[child_group, rank_in_group]
 
 
 def _check(fitnesses: Tensor, num_children: int, num_parents: int) -> tuple[Tensor, int, int]:
-    f = check_fitnesses(fitnesses)
+    f = check_real_tensor(fitnesses)
     if f.dim() != 2 or f.shape[1] < 1:
         raise InvalidValueError(f"`fitnesses` must be (groups, s) with s >= 1, got shape {tuple(f.shape)}")
     return f, check_int("num_children", num_children, low=0), check_int("num_parents", num_parents, low=1)

@@ -3,26 +3,71 @@
 Higher fitness is better. Every function works along ``dim`` and returns
 float32 (float64 for float64 input), in the input's order. ``+inf`` and
 ``-inf`` count as the best and worst finite value of their slice; NaN raises.
+
+The operators check a fitness tensor (:func:`check_real_tensor`) only when
+they are called directly: a caller that validated the vector once
+(:func:`populora.fitness.validate_fitnesses`, as the population does) runs
+them inside :func:`trusted_fitnesses`, where that check only casts.
 """
 
 from __future__ import annotations
+
+import contextlib
+import contextvars
+import warnings
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
 
 from ..errors import FitnessError
 
+__all__ = ["centered_rank", "check_real_tensor", "clamp_infinities", "fuss_weights", "trusted_fitnesses", "zscore"]
 
-def check_fitnesses(fitnesses: Tensor, name: str = "fitnesses") -> Tensor:
-    """Validate a fitness tensor: floating (or integer) and free of NaN.
+_TRUSTED: contextvars.ContextVar[bool] = contextvars.ContextVar("populora_trusted_fitnesses", default=False)
 
-    Returns:
-        ``fitnesses`` as float32 (float64 if it was float64).
+
+@contextlib.contextmanager
+def trusted_fitnesses() -> Iterator[None]:
+    """Inside this block the operators trust their fitnesses: :func:`check_real_tensor` only casts.
+
+    For callers that validated the vector once with
+    :func:`populora.fitness.validate_fitnesses` (the population's ``evolve_``,
+    ``select``, ``select_parents`` and ``crossover_`` do): the same values are
+    then not scanned again by every operator and shaping they pass through.
+    """
+    token = _TRUSTED.set(True)
+    try:
+        yield
+    finally:
+        _TRUSTED.reset(token)
+
+
+def check_real_tensor(fitnesses: Tensor, name: str = "fitnesses") -> Tensor:
+    """An operator's fitness tensor as float32 (float64 if it was float64), checked unless trusted.
+
+    Any shape. Outside :func:`trusted_fitnesses` it must be a real tensor
+    free of NaN; inside, a float32 / float64 tensor is returned as it is.
 
     Raises:
         FitnessError: (a ``ValueError``) not a tensor (its type is named),
             not real-valued, or it contains NaN.
     """
+    if _TRUSTED.get() and isinstance(fitnesses, Tensor) and fitnesses.dtype in (torch.float32, torch.float64):
+        return fitnesses
+    return _validate_tensor(fitnesses, name)
+
+
+def check_fitnesses(fitnesses: Tensor, name: str = "fitnesses") -> Tensor:
+    """Deprecated: renamed :func:`check_real_tensor` (not the population's fitness validation)."""
+    warnings.warn("`populora.operators.shaping.check_fitnesses` is deprecated; use `check_real_tensor` (operators) "
+                  "or `populora.fitness.validate_fitnesses` (a (p,) fitness vector at the boundary)",
+                  DeprecationWarning, stacklevel=2)
+    return check_real_tensor(fitnesses, name)
+
+
+def _validate_tensor(fitnesses: Tensor, name: str) -> Tensor:
+    """Scan ``fitnesses``: a real tensor without NaN, cast to float32 / float64."""
     if not isinstance(fitnesses, Tensor):
         raise FitnessError(f"`{name}` must be a torch.Tensor of real numbers, got {type(fitnesses).__name__}: "
                            f"{fitnesses!r:.80}")
@@ -48,7 +93,7 @@ def clamp_infinities(f: Tensor, dim: int) -> Tensor:
     return torch.where(f == -torch.inf, lo, torch.where(f == torch.inf, hi, f))
 
 
-def zscore(f: Tensor, dim: int = -1) -> Tensor:
+def zscore(f: Tensor, dim: int = -1, *, mask: Tensor | None = None) -> Tensor:
     """``(f - mean) / (std + 1e-8)`` along ``dim``; only centred when ``std`` is ~0.
 
     ``std`` is the population standard deviation. It counts as ~0 when it is
@@ -58,12 +103,24 @@ def zscore(f: Tensor, dim: int = -1) -> Tensor:
     Args:
         f: fitnesses, any shape (e.g. ``(g, m)``); higher is better.
         dim: the dimension to standardise along.
+        mask: optional boolean tensor of ``f``'s shape: only the ``True``
+            entries count (mean, std, ``max |f|``); the others get 0. Every
+            slice along ``dim`` needs at least one ``True``.
 
     Example:
         >>> zscore(torch.tensor([1.0, 2.0, 3.0]))
         tensor([-1.2247,  0.0000,  1.2247])
+        >>> zscore(torch.tensor([1.0, 2.0, 3.0, 9.0]), mask=torch.tensor([True, True, True, False]))
+        tensor([-1.2247,  0.0000,  1.2247,  0.0000])
     """
-    x = clamp_infinities(check_fitnesses(f, "f"), dim)
+    x = clamp_infinities(check_real_tensor(f, "f"), dim)
+    if mask is not None:
+        weight = mask.to(x.dtype)
+        n = weight.sum(dim, keepdim=True)
+        centred = (x - (x * weight).sum(dim, keepdim=True) / n) * weight
+        std = (centred.square().sum(dim, keepdim=True) / n).sqrt()
+        flat = std <= 8 * torch.finfo(x.dtype).eps * (x.abs() * weight).amax(dim, keepdim=True)
+        return torch.where(flat, centred, centred / (std + 1e-8))
     centred = x - x.mean(dim, keepdim=True)
     std = centred.square().mean(dim, keepdim=True).sqrt()
     flat = std <= 8 * torch.finfo(x.dtype).eps * x.abs().amax(dim, keepdim=True)
@@ -92,7 +149,7 @@ def centered_rank(f: Tensor, dim: int = -1) -> Tensor:
         >>> centered_rank(torch.tensor([3.0, -1.0, 3.0, 0.0]))
         tensor([ 0.3333, -0.5000,  0.3333, -0.1667])
     """
-    x = clamp_infinities(check_fitnesses(f, "f"), dim).movedim(dim, -1)
+    x = clamp_infinities(check_real_tensor(f, "f"), dim).movedim(dim, -1)
     m = x.shape[-1]
     if m <= 1:
         return torch.zeros_like(x).movedim(-1, dim)
@@ -122,7 +179,7 @@ def fuss_weights(f: Tensor, dim: int = -1) -> Tensor:
         >>> fuss_weights(torch.tensor([10.0, 0.0, 1.0, 3.0]))
         tensor([0.3487, 0.0526, 0.1513, 0.4474])
     """
-    x = clamp_infinities(check_fitnesses(f, "f"), dim).movedim(dim, -1)
+    x = clamp_infinities(check_real_tensor(f, "f"), dim).movedim(dim, -1)
     m = x.shape[-1]
     values, lo, hi = _ranks(x)
     prev = values.gather(-1, (lo - 1).clamp_min(0))
