@@ -1,0 +1,31 @@
+"""LLM populations: interop with the Hugging Face stack (the ``llm`` extra).
+
+Nothing here is imported by ``import populora``, and importing
+``populora.llm`` itself imports no third-party package: each name is loaded
+on first use, and the modules behind it import ``safetensors`` (and, where
+needed, ``transformers``) only inside the functions that need them.
+
+- :func:`to_peft` / :func:`load_peft_` (:mod:`populora.llm.peft`): write one
+  individual as a PEFT LoRA adapter folder, and load one into an individual.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["load_peft_", "to_peft"]
+
+_LAZY = {"to_peft": "peft", "load_peft_": "peft"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

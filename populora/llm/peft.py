@@ -1,0 +1,450 @@
+"""One individual as a PEFT LoRA adapter, and a PEFT LoRA adapter into one individual.
+
+A PEFT LoRA layer computes ``base(x) + lora_B(lora_A(x)) * scaling`` with
+``scaling = lora_alpha / r`` (``lora_alpha / sqrt(r)`` with rsLoRA); an
+individual adds ``(x @ down[i]) @ up[i].T``. So, per target:
+
+- :func:`to_peft` writes ``lora_A = down[i].T`` ``(r, d)`` and
+  ``lora_B = up[i]`` ``(e, r)`` with ``lora_alpha = r`` (scaling 1), for an
+  ``nn.Embedding`` target ``lora_embedding_A = down[i].T`` ``(r, V)`` and
+  ``lora_embedding_B = up[i]`` ``(e, r)`` (PEFT's embedding layout), into
+  ``adapter_config.json`` + ``adapter_model.safetensors`` under the keys
+  ``base_model.model.<target path>.lora_A.weight`` (and so on) that
+  ``PeftModel.from_pretrained`` reads;
+- :func:`load_peft_` reads ``down = lora_A.T`` and ``up = lora_B * scaling``.
+
+Only ``safetensors`` is needed (imported when called); ``transformers`` is
+consulted only to tell whether the model is a causal LM, and only if it is
+already imported (a Hugging Face model implies it is).
+
+Example (a plain module; the folder loads with ``PeftModel.from_pretrained``):
+    >>> import tempfile, torch
+    >>> from torch import nn
+    >>> from populora import Population
+    >>> from populora.llm import load_peft_, to_peft
+    >>> pop = Population(nn.Sequential(nn.Linear(4, 4)), pop_size=2, low_rank=2, init_scale=1.0)
+    >>> folder = to_peft(pop, 0, tempfile.mkdtemp() + "/best")
+    >>> sorted(p.name for p in folder.iterdir())
+    ['adapter_config.json', 'adapter_model.safetensors']
+    >>> load_peft_(pop, 1, folder)
+    >>> all(torch.equal(d[0], d[1]) and torch.equal(u[0], u[1]) for d, u in pop.factors())
+    True
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..checks import check_bool, check_index
+from ..errors import CheckpointError, InvalidTypeError, InvalidValueError
+
+__all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "load_peft_", "to_peft"]
+
+CONFIG_NAME = "adapter_config.json"
+WEIGHTS_NAME = "adapter_model.safetensors"
+_PREFIX = "base_model.model."
+_LINEAR_KEYS = ("lora_A.weight", "lora_B.weight")
+_EMBEDDING_KEYS = ("lora_embedding_A", "lora_embedding_B")
+_TASK_TYPES = ("SEQ_CLS", "SEQ_2_SEQ_LM", "CAUSAL_LM", "TOKEN_CLS", "QUESTION_ANS", "FEATURE_EXTRACTION")
+
+
+# ---------------------------------------------------------------------------------------------- export
+
+def to_peft(pop: Any, individual: int, path: str | Path, *, base_model_name_or_path: str | None = None,
+            task_type: str | None = "auto") -> Path:
+    """Write individual ``individual`` of ``pop`` as a PEFT LoRA adapter folder at ``path``.
+
+    The folder holds ``adapter_config.json`` and ``adapter_model.safetensors``
+    (tensors in the adapters' dtype, on CPU): per Linear target
+    ``lora_A.weight = down[i].T`` ``(r_t, d)`` and ``lora_B.weight = up[i]``
+    ``(e, r_t)``, per Embedding target ``lora_embedding_A = down[i].T``
+    ``(r_t, V)`` and ``lora_embedding_B = up[i]`` ``(e, r_t)``, where ``r_t``
+    is the target's effective rank ``min(low_rank, d, e)``; ``lora_alpha``
+    equals the rank, so PEFT's scaling is exactly 1 and
+    ``PeftModel.from_pretrained(base, path)`` computes what
+    ``pop(x, individual=i)`` computes. ``r`` is the largest effective rank;
+    targets of smaller rank get ``rank_pattern`` / ``alpha_pattern``
+    entries. ``target_modules`` lists the full module paths; if PEFT's
+    suffix matching would also catch a module that is not a target, it is
+    written as an anchored regex instead, so exactly the targets are adapted.
+
+    Written atomically as a folder: into a temporary folder beside ``path``,
+    then renamed into place. An existing adapter folder at ``path`` is
+    replaced (other files in it, e.g. a README, are carried over); if the
+    process dies between the two renames of a replacement, the old folder
+    survives as ``.<name>.old-*`` beside it.
+
+    Args:
+        pop: a live :class:`~populora.Population`.
+        individual: the id ``i`` in ``[0, P)``.
+        path: the adapter folder to write.
+        base_model_name_or_path: recorded in the config (default: the model's
+            ``name_or_path`` when it has a non-empty one, else ``None``).
+        task_type: PEFT's task type; ``'auto'`` gives ``'CAUSAL_LM'`` for a
+            Hugging Face causal LM and ``None`` otherwise (``PeftModel`` then
+            calls the model's forward as it is), or one of PEFT's task types.
+
+    Returns:
+        The folder's ``Path``.
+
+    Raises:
+        InvalidIndexError: ``individual`` outside ``[0, P)``.
+        InvalidValueError: ``path`` exists and is not a PEFT adapter folder
+            (nothing is replaced), or an unknown ``task_type``.
+    """
+    _check_alive(pop)
+    i = check_index("individual", _as_index(individual), pop.pop_size)
+    path = Path(path)
+    if task_type == "auto":
+        task_type = "CAUSAL_LM" if _is_causal_lm(pop.model) else None
+    elif task_type is not None and task_type not in _TASK_TYPES:
+        raise InvalidValueError(f"`task_type` must be 'auto', None or one of {list(_TASK_TYPES)}, got {task_type!r}")
+    if base_model_name_or_path is None:
+        base_model_name_or_path = getattr(pop.model, "name_or_path", None) or None
+    elif not isinstance(base_model_name_or_path, str):
+        raise InvalidTypeError("`base_model_name_or_path` must be a str or None, got "
+                               f"{type(base_model_name_or_path).__name__}")
+    if path.exists() and not (path.is_dir() and ((path / CONFIG_NAME).is_file() or not any(path.iterdir()))):
+        raise InvalidValueError(f"{str(path)!r} exists and is not a PEFT adapter folder (no {CONFIG_NAME}); "
+                                "refusing to replace it")
+
+    tensors: dict[str, Tensor] = {}
+    ranks: dict[str, int] = {}
+    with torch.no_grad():
+        for name, (down, up) in zip(pop.target_names, pop.factors()):
+            a_key, b_key = _EMBEDDING_KEYS if _is_embedding(pop, name) else _LINEAR_KEYS
+            tensors[f"{_PREFIX}{name}.{a_key}"] = down[i].T.detach().cpu().contiguous()
+            tensors[f"{_PREFIX}{name}.{b_key}"] = up[i].detach().cpu().contiguous()
+            ranks[name] = down.shape[-1]
+    r = max(ranks.values())
+    config = {
+        "peft_type": "LORA",
+        "task_type": task_type,
+        "base_model_name_or_path": base_model_name_or_path,
+        "r": r,
+        "lora_alpha": r,
+        "target_modules": _target_modules(pop.model, list(ranks)),
+        "rank_pattern": (pattern := _rank_pattern(ranks, r)),
+        "alpha_pattern": dict(pattern),
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "use_rslora": False,
+        "use_dora": False,
+        "fan_in_fan_out": False,
+        "modules_to_save": None,
+        "layers_to_transform": None,
+        "layers_pattern": None,
+        "init_lora_weights": True,
+        "inference_mode": True,
+        "revision": None,
+    }
+    _write_folder(path, config, tensors)
+    return path
+
+
+def _target_modules(model: nn.Module, names: list[str]) -> list[str] | str:
+    """Full paths, or an anchored regex if PEFT's suffix rule (``key.endswith('.' + t)``) over-matches."""
+    chosen = set(names)
+    over = [key for key, _ in model.named_modules() if key not in chosen and any(key.endswith(f".{t}") for t in names)]
+    if over:
+        return "^(?:" + "|".join(re.escape(n) for n in names) + ")$"
+    return list(names)
+
+
+def _rank_pattern(ranks: dict[str, int], r: int) -> dict[str, int]:
+    """Per-target ranks that differ from ``r`` (PEFT's ``rank_pattern``; ``alpha`` equals it).
+
+    PEFT takes the first key matching ``(.*\\.)?(key)$``; a key may also
+    catch a target that has it as a dotted suffix, so such targets are listed
+    too, and keys go longest first: then each target's first match is itself.
+    """
+    odd = {n for n, k in ranks.items() if k != r}
+    listed = odd | {n for n in ranks if any(n.endswith(f".{o}") for o in odd)}
+    return {re.escape(n): ranks[n] for n in sorted(listed, key=lambda n: (-len(n), n))}
+
+
+def _write_folder(path: Path, config: dict[str, Any], tensors: dict[str, Tensor]) -> None:
+    from safetensors.torch import save_file
+
+    parent = path.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent))
+    old: Path | None = None
+    try:
+        save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+        (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+        for name in (WEIGHTS_NAME, CONFIG_NAME):
+            with open(tmp / name, "rb") as f:
+                os.fsync(f.fileno())
+        if path.exists():
+            for entry in path.iterdir():  # carry over what is not ours (a README, a tokenizer)
+                if entry.name not in (WEIGHTS_NAME, CONFIG_NAME):
+                    (shutil.copytree if entry.is_dir() else shutil.copy2)(entry, tmp / entry.name)
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=parent))
+            os.replace(path, old / path.name)
+            try:
+                os.replace(tmp, path)
+            except BaseException:
+                os.replace(old / path.name, path)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not any(old.iterdir()):
+            old.rmdir()
+        raise
+
+
+def _is_causal_lm(model: nn.Module) -> bool:
+    if "transformers" not in sys.modules:  # not a Hugging Face model
+        return False
+    try:
+        from transformers import PreTrainedModel
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:
+        return False
+    return isinstance(model, PreTrainedModel) and type(model).__name__ in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+
+
+# ---------------------------------------------------------------------------------------------- import
+
+def load_peft_(pop: Any, individual: int, path: str | Path, *, strict: bool = True) -> None:
+    """Load the PEFT LoRA adapter folder ``path`` into individual ``individual`` of ``pop``.
+
+    Per target: ``down = lora_A.T`` and ``up = lora_B * lora_alpha / r``
+    (``/ sqrt(r)`` with ``use_rslora``; ``r`` and ``lora_alpha`` from
+    ``rank_pattern`` / ``alpha_pattern`` where they name the target), so the
+    routed individual computes what ``PeftModel`` computes with this adapter
+    on the same base. An adapter of rank ``r`` below the target's effective
+    rank ``r_t`` fills the first ``r`` columns, the rest zero; the routed
+    output is the same. The factors are computed in at least float32, then
+    cast to the adapters' dtype.
+
+    Everything is read and checked before anything is written: a load that
+    raises leaves the population exactly as it was.
+
+    Args:
+        pop: a live :class:`~populora.Population`.
+        individual: the id ``i`` in ``[0, P)``.
+        path: a folder with ``adapter_config.json`` and
+            ``adapter_model.safetensors`` (as ``save_pretrained`` writes it).
+        strict: every target must be in the file and every tensor in the
+            file must belong to a target (PEFT itself only warns about
+            missing keys and leaves those layers a silent no-op). With
+            ``strict=False`` the tensors of modules that are not targets are
+            ignored, and the targets the file does not hold get a zero adapter
+            (the base layer, as under PEFT), so individual ``i`` computes
+            what ``PeftModel`` computes on the targets it shares.
+
+    Raises:
+        FileNotFoundError: ``path`` is not a folder holding both files.
+        CheckpointError: a file is damaged (not JSON, not safetensors), or
+            the tensors disagree with the config or with each other (a
+            ``lora_A`` without its ``lora_B``, ranks that differ).
+        InvalidValueError: the adapter is not one populora can represent:
+            ``peft_type`` other than ``'LORA'``, ``use_dora``,
+            ``bias != 'none'``, ``lora_bias``, ``fan_in_fan_out``,
+            ``layer_replication``; a rank above the target's ``r_t``; shapes
+            that are not the target's; non-finite values; missing or
+            unexpected keys under ``strict=True``.
+        InvalidIndexError: ``individual`` outside ``[0, P)``.
+    """
+    _check_alive(pop)
+    i = check_index("individual", _as_index(individual), pop.pop_size)
+    strict = check_bool("strict", strict)
+    path = Path(path)
+    config = _read_config(path)
+    tensors = _read_tensors(path)
+    where = f"PEFT adapter {str(path)!r}"
+
+    factors = pop.factors()
+    targets = {name: (_is_embedding(pop, name), down.shape[1:], up.shape[1:])
+               for name, (down, up) in zip(pop.target_names, factors)}
+    found, unexpected = _match_keys(tensors, targets, where)
+    missing = [name for name in targets if name not in found]
+    if strict and (missing or unexpected):
+        parts = []
+        if missing:
+            parts.append(f"targets missing from the file: {missing}")
+        if unexpected:
+            parts.append(f"tensors that belong to no target: {unexpected}")
+        raise InvalidValueError(f"{where} does not fit the population's targets ({'; '.join(parts)}); pass "
+                                "strict=False to load the targets that match and give the others a zero adapter")
+
+    new = []
+    for name, (down, up) in zip(pop.target_names, factors):
+        embedding, (d, r_t), (e, _) = targets[name]
+        fresh_down = torch.zeros(1, d, r_t, dtype=down.dtype, device=down.device)
+        fresh_up = torch.zeros(1, e, r_t, dtype=up.dtype, device=up.device)
+        if name in found:
+            a, b = found[name]
+            lora_a, lora_b = tensors[a], tensors[b]
+            rank = _check_pair(where, name, a, b, lora_a, lora_b, d, e, r_t, embedding)
+            scaling = _scaling(config, name, rank, where)
+            wide = torch.promote_types(lora_b.dtype, torch.float32)
+            fresh_down[0, :, :rank] = lora_a.T.to(device=down.device, dtype=down.dtype)
+            fresh_up[0, :, :rank] = (lora_b.to(wide) * scaling).to(device=up.device, dtype=up.dtype)
+            if not (torch.isfinite(fresh_down).all() and torch.isfinite(fresh_up).all()):
+                raise InvalidValueError(f"{where}: the adapter of {name!r} holds non-finite values "
+                                        f"(in {a!r} or {b!r}, or after scaling by {scaling} into {up.dtype})")
+        new.append((fresh_down, fresh_up))
+
+    from ..operators import Factors
+
+    with torch.no_grad():  # autograd-safe in-place copies, as the population's own operators write
+        pop._write(torch.tensor([i], device=pop.device), [Factors(d, u) for d, u in new])
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    if not path.is_dir():
+        raise FileNotFoundError(f"no PEFT adapter folder at {str(path)!r}")
+    where = f"PEFT adapter {str(path)!r}"
+    file = path / CONFIG_NAME
+    if not file.is_file():
+        raise FileNotFoundError(f"{where} has no {CONFIG_NAME}")
+    try:
+        config = json.loads(file.read_text())
+    except (UnicodeDecodeError, ValueError) as err:
+        raise CheckpointError(f"{where}: {CONFIG_NAME} is not valid JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{where}: {CONFIG_NAME} must hold a JSON object, got {type(config).__name__}")
+    peft_type = config.get("peft_type")
+    if peft_type != "LORA":
+        raise InvalidValueError(f"{where} is a {peft_type!r} adapter; only peft_type 'LORA' can be loaded")
+    refused = {
+        "use_dora": (config.get("use_dora", False), False, "DoRA rescales each weight column by a learned "
+                     "magnitude, which is not a low-rank delta"),
+        "bias": (config.get("bias", "none"), "none", "trained biases are not part of a LoRA individual"),
+        "lora_bias": (config.get("lora_bias", False), False, "lora_B has a bias, which a LoRA individual lacks"),
+        "fan_in_fan_out": (config.get("fan_in_fan_out", False), False, "it is for Conv1D layers (GPT-2 style), "
+                           "whose weight is stored transposed; populora's targets are nn.Linear / nn.Embedding"),
+        "layer_replication": (config.get("layer_replication"), None, "it duplicates layers of the base model"),
+    }
+    for key, (value, wanted, why) in refused.items():
+        if value != wanted and not (wanted is False and value is None):
+            raise InvalidValueError(f"{where} has {key}={value!r}, expected {wanted!r}: {why}")
+    for key in ("r", "lora_alpha"):
+        if not _is_number(config.get(key)):
+            raise CheckpointError(f"{where}: {CONFIG_NAME} has {key}={config.get(key)!r}, expected a number")
+    if not isinstance(config.get("use_rslora", False), bool):
+        raise CheckpointError(f"{where}: use_rslora={config['use_rslora']!r}, expected true or false")
+    for key in ("rank_pattern", "alpha_pattern"):
+        pattern = config.get(key) or {}
+        if not isinstance(pattern, Mapping) or not all(isinstance(k, str) and _is_number(v) for k, v in pattern.items()):
+            raise CheckpointError(f"{where}: {key} must map module patterns to numbers, got {pattern!r}")
+    return config
+
+
+def _read_tensors(path: Path) -> dict[str, Tensor]:
+    where = f"PEFT adapter {str(path)!r}"
+    file = path / WEIGHTS_NAME
+    if not file.is_file():
+        hint = " (only adapter_model.bin, the pickled format: re-save with safe_serialization=True)" if (
+            path / "adapter_model.bin").exists() else ""
+        raise FileNotFoundError(f"{where} has no {WEIGHTS_NAME}{hint}")
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(str(file), device="cpu")
+    except Exception as err:  # SafetensorError, or an OSError / ValueError on a damaged header
+        raise CheckpointError(f"{where}: {WEIGHTS_NAME} is damaged or not a safetensors file "
+                              f"({type(err).__name__}: {err})") from None
+    bad = [k for k, t in tensors.items() if not t.is_floating_point()]
+    if bad:
+        raise CheckpointError(f"{where}: tensors {bad} are not floating-point "
+                              f"({', '.join(str(tensors[k].dtype) for k in bad)})")
+    return tensors
+
+
+def _match_keys(tensors: Mapping[str, Tensor], targets: Mapping[str, tuple], where: str
+                ) -> tuple[dict[str, tuple[str, str]], list[str]]:
+    """``{target: (A key, B key)}`` for the targets the file holds, and the keys that fit no target."""
+    found: dict[str, tuple[str, str]] = {}
+    used: set[str] = set()
+    for name, (embedding, _, _) in targets.items():
+        a, b = (f"{_PREFIX}{name}.{k}" for k in (_EMBEDDING_KEYS if embedding else _LINEAR_KEYS))
+        if a in tensors and b in tensors:
+            found[name] = (a, b)
+            used.update((a, b))
+        elif a in tensors or b in tensors:
+            have, lacking = (a, b) if a in tensors else (b, a)
+            raise CheckpointError(f"{where} holds {have!r} but not {lacking!r}: the adapter of {name!r} is incomplete")
+    return found, sorted(k for k in tensors if k not in used)
+
+
+def _check_pair(where: str, name: str, a: str, b: str, lora_a: Tensor, lora_b: Tensor, d: int, e: int, r_t: int,
+                embedding: bool) -> int:
+    """Check ``A (r, d)``, ``B (e, r)`` against a target; return ``r``."""
+    if lora_a.dim() != 2 or lora_b.dim() != 2:
+        raise CheckpointError(f"{where}: {a!r} and {b!r} must be matrices, got shapes {tuple(lora_a.shape)} and "
+                              f"{tuple(lora_b.shape)}")
+    rank = lora_a.shape[0]
+    if lora_b.shape[1] != rank:
+        raise CheckpointError(f"{where}: {a!r} has rank {rank} (shape {tuple(lora_a.shape)}) but {b!r} has rank "
+                              f"{lora_b.shape[1]} (shape {tuple(lora_b.shape)})")
+    if lora_a.shape[1] != d or lora_b.shape[0] != e:
+        kind, dims = ("nn.Embedding", "(r, V) and (e, r)") if embedding else ("nn.Linear", "(r, d) and (e, r)")
+        raise InvalidValueError(f"{where}: target {name!r} is an {kind} with d={d}, e={e}, so {a!r} and {b!r} must be "
+                                f"{dims} = ({rank}, {d}) and ({e}, {rank}), got {tuple(lora_a.shape)} and "
+                                f"{tuple(lora_b.shape)}")
+    if rank > r_t:
+        raise InvalidValueError(f"{where}: the adapter of {name!r} has rank {rank}, above the population's rank "
+                                f"{r_t} on that target (min(low_rank, d, e)); build the population with "
+                                f"low_rank >= {rank}")
+    return rank
+
+
+def _scaling(config: Mapping[str, Any], name: str, rank: int, where: str) -> float:
+    """PEFT's ``lora_alpha / r`` (``/ sqrt(r)`` with rsLoRA) for one target, patterns included."""
+    r = _pattern(config.get("rank_pattern") or {}, name, config["r"])
+    alpha = _pattern(config.get("alpha_pattern") or {}, name, config["lora_alpha"])
+    if r != rank:
+        raise CheckpointError(f"{where}: {CONFIG_NAME} gives {name!r} rank {r}, but its tensors have rank {rank}")
+    return float(alpha) / (math.sqrt(rank) if config.get("use_rslora", False) else rank)
+
+
+def _pattern(pattern: Mapping[str, Any], name: str, default: Any) -> Any:
+    """PEFT's ``get_pattern_key``: the first key ``k`` with ``re.match(rf'(.*\\.)?({k})$', name)``."""
+    for key, value in pattern.items():
+        if re.match(rf"(.*\.)?({key})$", name):
+            return value
+    return default
+
+
+# ---------------------------------------------------------------------------------------------- shared
+
+def _check_alive(pop: Any) -> None:
+    check = getattr(pop, "_check_alive", None)
+    if not callable(check) or not hasattr(pop, "factors"):
+        raise InvalidTypeError(f"`pop` must be a populora Population, got {type(pop).__name__}")
+    check()
+
+
+def _as_index(value: Any) -> Any:
+    if isinstance(value, Tensor) and value.numel() == 1:
+        return value.reshape(())
+    return value
+
+
+def _is_embedding(pop: Any, name: str) -> bool:
+    return isinstance(pop.model.get_submodule(name), nn.Embedding)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
