@@ -371,3 +371,24 @@ def test_init_from_env_under_torchrun(tmp_path):
         assert res["first"] is True and res["second"] is True
         assert res["backend"] == "gloo" and res["device"] == "cpu"
         assert res["values"] == [0.0, 1.0, 2.0, 13.0, 14.0]
+
+
+def test_split_modules_reexported_and_one_comm_device():
+    """populora.distributed keeps every public name; the split modules are the same objects."""
+    from populora import broadcasts, process_group
+
+    for name in pd.__all__:
+        assert hasattr(pd, name), name
+    assert pd.partition is process_group.partition and pd.broadcast_tensors_ is broadcasts.broadcast_tensors_
+    assert pd.comm_device() == torch.device("cpu")  # no group: the CPU
+    assert pd.comm_device is process_group.comm_device is broadcasts.comm_device
+
+
+def test_sync_population_is_a_no_op_without_a_group():
+    from populora import Population
+
+    pop = Population(torch.nn.Sequential(torch.nn.Linear(3, 3)), 4, 2, seed=0)
+    before = [f.down.clone() for f in pop.factors()]
+    pd.sync_population_(pop)
+    pop.sync_from_main_rank_()
+    assert not pop._synced and all(torch.equal(b, f.down) for b, f in zip(before, pop.factors()))

@@ -132,3 +132,38 @@ def test_queen_bee_single_survivor_and_single_parent():
 def test_bad_tournament_size():
     with pytest.raises(ValueError, match="`tournament_size` must be an int >= 1, got 0"):
         tournament(torch.zeros(1, 3), 2, 2, generator=gen(0), tournament_size=0)
+
+
+class TestParentsForSlots:
+    """Parent ids for culled slots, island by island."""
+
+    def test_single_group_maps_back_to_survivor_ids(self):
+        from populora.operators import parents_for_slots
+
+        f = torch.tensor([0.0, 3.0, 1.0, 2.0])
+        ids = parents_for_slots(f, tournament, torch.tensor([0, 2]), 3, 2, generator=gen(0), tournament_size=2)
+        assert ids.shape == (3, 2) and set(ids.flatten().tolist()) <= {1, 3}
+        local = tournament(torch.tensor([[3.0, 2.0]]), 3, 2, generator=gen(0), tournament_size=2)[0]
+        assert ids.tolist() == torch.tensor([1, 3])[local].tolist()
+
+    def test_islands_keep_children_home(self):
+        from populora.operators import parents_for_slots
+
+        f = torch.arange(8.0)
+        culled = torch.tensor([5, 0, 6, 1])
+        ids = parents_for_slots(f, roulette, culled, 4, 3, 2, generator=gen(1))
+        island = (culled // 4)[:, None]
+        assert (ids // 4 == island).all() and not torch.isin(ids, culled).any()
+
+    def test_errors(self):
+        from populora.operators import parents_for_slots
+
+        f = torch.arange(4.0)
+        with pytest.raises(InvalidValueError, match="covers a whole island"):
+            parents_for_slots(f, tournament, torch.tensor([0, 1]), 2, 2, 2, generator=gen(0))
+        with pytest.raises(InvalidValueError, match="every island needs the same number of survivors"):
+            parents_for_slots(f, tournament, torch.tensor([0]), 1, 2, 2, generator=gen(0))
+        with pytest.raises(InvalidValueError, match=r"`num_children` must equal len\(culled\)=2, got 3"):
+            parents_for_slots(f, tournament, torch.tensor([0, 2]), 3, 2, 2, generator=gen(0))
+        with pytest.raises(InvalidValueError, match="dividing pop_size=4, got 3"):
+            parents_for_slots(f, tournament, torch.tensor([0]), 1, 2, 3, generator=gen(0))

@@ -141,3 +141,38 @@ def test_fuss_frequencies_follow_cell_widths():
     freq = frequencies(fuss(f.expand(20000, 5), 1, generator=gen(0)), 5)
     assert torch.allclose(freq, fuss_weights(f).double(), atol=0.015)
     assert freq[3] > freq[1]  # the isolated level beats the crowded one
+
+
+class TestSelectSurvivors:
+    """The population-level maths: islands, elites and the map back to population ids."""
+
+    def test_group_sizes(self):
+        from populora.operators import group_sizes
+
+        assert group_sizes(16, 0.5, 0.1, 2) == (8, 4, 1)
+        assert group_sizes(10, 0.3, 0.0, 1) == (10, 3, 0)
+        with pytest.raises(InvalidValueError, match="`num_groups` must be an int >= 1 dividing pop_size=10, got 3"):
+            group_sizes(10, 0.5, 0.1, 3)
+        with pytest.raises(InvalidValueError, match="keeps all 1 individuals of each group"):
+            group_sizes(4, 0.5, 0.0, 4)
+        with pytest.raises(InvalidValueError, match="elites must survive"):
+            group_sizes(10, 0.2, 0.5, 1)
+
+    def test_elites_islands_and_ids(self):
+        from populora.operators import select_survivors
+
+        f = torch.tensor([0.0, 5.0, 1.0, 4.0, 9.0, 2.0, 8.0, 3.0], dtype=torch.float64)
+        res = select_survivors(f, deterministic, 0.5, 0.25, 2, generator=gen(0))
+        assert res.elite_indices.tolist() == [1, 4]
+        assert res.selected_in_indices.tolist() == [1, 3, 4, 6]
+        assert res.selected_out_indices.tolist() == [0, 2, 5, 7]
+
+    def test_trusts_its_input_and_matches_the_operator(self):
+        """The selection runs on the rest of each island, the draw of the operator itself."""
+        from populora.operators import select_survivors
+
+        f = torch.arange(12.0).flip(0)
+        res = select_survivors(f, probabilistic, 0.5, 1 / 6, 2, generator=gen(3))
+        rest = torch.tensor([[1, 2, 3, 4, 5], [7, 8, 9, 10, 11]])  # elites 0 and 6 are the island bests
+        picked = probabilistic(f[rest], 2, generator=gen(3))
+        assert res.selected_in_indices.view(2, 3)[:, 1:].tolist() == rest.gather(1, picked).tolist()

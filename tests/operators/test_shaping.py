@@ -74,3 +74,23 @@ def test_float64_is_kept(fn):
     assert out.dtype == torch.float64 and len(set(out.tolist())) > 1  # float32 would see four equal values
     if fn is not fuss_weights:
         assert out.argmax().item() == 1
+
+
+def test_zscore_mask_counts_only_the_masked_entries():
+    f = torch.tensor([[1.0, 2.0, 3.0, 100.0], [4.0, 4.0, 7.0, 7.0]], dtype=torch.float64)
+    mask = torch.tensor([[True, True, True, False], [True, True, True, True]])
+    z = zscore(f, mask=mask)
+    torch.testing.assert_close(z[0, :3], zscore(f[0, :3]))
+    assert z[0, 3] == 0
+    torch.testing.assert_close(z[1], zscore(f[1]))
+
+
+def test_trusted_fitnesses_skips_the_scan_only_inside():
+    from populora.operators import check_real_tensor, trusted_fitnesses
+
+    nan = torch.tensor([1.0, float("nan")])
+    with trusted_fitnesses():
+        assert check_real_tensor(nan) is nan  # the caller validated: no scan, no copy
+        assert check_real_tensor(torch.tensor([1, 2])).dtype == torch.float32  # still cast
+    with pytest.raises(FitnessError, match="contains NaN"):
+        check_real_tensor(nan)
