@@ -6,7 +6,7 @@ rank 4, MSE loss (fitness = -loss), for ``N`` in {32, 128, 512, 1024, 2048}:
 - ``plain``:  the model on the same ``N*b`` rows, one forward (no ES at all),
 - ``plain_rows``: ``plain`` in chunks of ``--max-rows`` rows (cache-sized chunks are faster on CPU),
 - ``ours``:   ``EggrollES.step(x, mse, y)``, every member on the shared batch ``(b, 256)``,
-- ``ours_pm``: ``EggrollES.step(xs, mse, ys, per_member=True)``, member ``i`` on its own ``(b, 256)`` rows,
+- ``ours_pm``: ``EggrollES.step(xs, mse, ys, per_individual=True)``, member ``i`` on its own ``(b, 256)`` rows,
 - ``ours_rows``: ``ours`` with ``max_rows=--max-rows`` (members evaluated in chunks: bounded memory),
 - ``ours_pm_rows``: ``ours_pm`` with ``max_rows=--max-rows``,
 - ``ours_fb``: ``ours`` on the same model with a bare per-feature gain ``nn.Parameter`` (1024,) after the
@@ -68,7 +68,7 @@ def _peak_tracker(device):
         return reset, read
 
     status = Path("/proc/self/status")
-    field = lambda key: int(re.search(rf"{key}:\s+(\d+)", status.read_text()).group(1))  # noqa: E731
+    field = lambda key: int(re.search(rf"{key}:\s+(\d+)", status.read_text()).group(1))
     state = {}
 
     def reset():
@@ -140,7 +140,7 @@ def worker(method: str, pop: int, device_name: str, threads: int, min_time: floa
             chunk = max_rows if method == "ours_pm_rows" else None
 
             def step():
-                es.step(xs, mse, ys, per_member=True, max_rows=chunk)
+                es.step(xs, mse, ys, per_individual=True, max_rows=chunk)
         elif method == "ours_rows":
 
             def step():

@@ -47,7 +47,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from populora import Population  # noqa: E402
+from populora import Population
 
 
 class Attention(nn.Module):
@@ -58,7 +58,7 @@ class Attention(nn.Module):
 
     def forward(self, x):
         b, t, dim = x.shape
-        split = lambda y: y.view(b, t, self.heads, dim // self.heads).transpose(1, 2)  # noqa: E731
+        split = lambda y: y.view(b, t, self.heads, dim // self.heads).transpose(1, 2)
         y = nn.functional.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)), split(self.v(x)), is_causal=True)
         return self.o(y.transpose(1, 2).reshape(b, t, dim))
 
@@ -129,7 +129,7 @@ def peak_mb(fn, device: torch.device) -> float:
             f.write("5")  # reset the peak-RSS watermark
     except OSError:
         return float("nan")
-    read = lambda key: int(re.search(rf"{key}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1))  # noqa: E731
+    read = lambda key: int(re.search(rf"{key}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1))
     before = read("VmRSS")
     fn()
     return (read("VmHWM") - before) / 1024
@@ -283,7 +283,7 @@ def main():
               f"{row['t_ids'] / row['t_pure']:9.3f} {row['t_ids'] / row['t_all']:8.3f} {loop} "
               f"{row['n'] / row['t_all']:13.0f} {row['m_pure']:6.1f}/{row['m_all']:6.1f}/{row['m_ids']:6.1f}", flush=True)
 
-    geo = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))  # noqa: E731
+    geo = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))
     all_r = [r["t_all"] / r["t_pure"] for r in rows]
     ids_r = [r["t_ids"] / r["t_pure"] for r in rows]
     judged_all = [x for x, r in zip(all_r, rows) if r["judged"]]

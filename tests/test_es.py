@@ -467,7 +467,7 @@ def test_custom_optimizer_must_hold_the_parameters():
 
 def test_max_rows_evaluates_in_chunks_with_the_same_losses():
     es, _, x = make("transformer", pop=6)
-    loss = lambda o, t: o.square().mean()  # noqa: E731
+    loss = lambda o, t: o.square().mean()
     whole = es.losses(x, loss)
     close(es.losses(x, loss, max_rows=7), whole)  # 7 // 3 rows per member = 2 members per forward
     xs = torch.randint(0, 11, (6, 2, 8))
@@ -480,7 +480,7 @@ def test_chunked_losses_equal_one_forward():
     """max_rows chunks may hold exactly as many members as batch rows: members still see the whole batch."""
     es = EggrollES(nn.Linear(3, 2), pop_size=8, sigma=0.1, lr=0.1, rank=1)
     x = torch.randn(4, 3)
-    loss = lambda out, _: out.square().mean()  # noqa: E731
+    loss = lambda out, _: out.square().mean()
     whole = es.losses(x, loss)
     for rows in (4, 8, 16):
         torch.testing.assert_close(es.losses(x, loss, max_rows=rows), whole)

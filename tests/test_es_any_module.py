@@ -317,7 +317,7 @@ def test_transformer_with_every_parameter_perturbed_equals_materialised_weights(
     assert out.shape == (4, 3, 8, 11)
     for i in range(4):
         close(out[i], reference(model, es, x, i))
-    loss = lambda o, t: o.square().mean()  # noqa: E731
+    loss = lambda o, t: o.square().mean()
     close(es.losses(x, loss, max_rows=3), es.losses(x, loss))  # one member per forward: same losses
 
 

@@ -158,7 +158,7 @@ def test_readme_blocks_run_in_order_in_one_namespace(tmp_path, monkeypatch, caps
     for block in README_BLOCKS:
         code = substitute(block)
         assert "torcheggroll" not in code.replace("import populora as torcheggroll", "")
-        exec(compile(code, "<torcheggroll README>", "exec"), namespace)  # noqa: S102 - the contract itself
+        exec(compile(code, "<torcheggroll README>", "exec"), namespace)  # the contract itself
 
     printed = capsys.readouterr().out.splitlines()
     assert len(printed) == 100 and printed[0].startswith("Step 0: fitness = ")
@@ -261,7 +261,7 @@ def test_state_dict_loads_with_weights_only_and_resumes(tmp_path):
     model = nn.Linear(5, 2)
     es = TorchEggrollES(model, pop_size=4)
     x, y = torch.randn(3, 5), torch.randn(3, 2)
-    loss = lambda o, t: ((o - t) ** 2).mean()  # noqa: E731
+    loss = lambda o, t: ((o - t) ** 2).mean()
     es.step(x, loss, y)
     torch.save(es.state_dict(), tmp_path / "c.pt")
     es.step(x, loss, y)

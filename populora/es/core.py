@@ -457,7 +457,11 @@ class EggrollES(ESState):
             ``{name: g}``, each ``g`` shaped (and typed) like its parameter,
             computed in float64 for a float64 parameter.
         """
-        z = self.shape_fitness(fitnesses)  # in the fitnesses' precision
+        return self._gradient(self._check_fitnesses(fitnesses))
+
+    def _gradient(self, f: Tensor) -> dict[str, Tensor]:
+        """:meth:`estimate_gradient` of fitnesses already checked (``f`` from :meth:`_check_fitnesses`)."""
+        z = shape_fitness(f, self.groups(), self.fitness_shaping)  # in the fitnesses' precision
         w = z[: self.pairs] - z[self.pairs :] if self.antithetic else z  # (pairs,)
         scale = self._sigma_now() / math.sqrt(self.pop_size)
         noises = self._noises()
@@ -483,8 +487,8 @@ class EggrollES(ESState):
             FitnessError: (a ``ValueError``) wrong length, NaN, non-numbers.
         """
         self._sync_once()  # first: every rank reaches this collective, whatever its fitnesses
-        f = self._check_fitnesses(fitnesses)
-        grads = self.estimate_gradient(f)
+        f = self._check_fitnesses(fitnesses)  # the one validation of this generation's fitnesses
+        grads = self._gradient(f)
         with torch.no_grad():
             for p in self._params:
                 p.param.grad = -grads[p.name]

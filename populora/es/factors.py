@@ -29,7 +29,7 @@ class MemberFactors:
 
     Args:
         params: the evolved parameters.
-        targets: ``{path: module}`` the routed forward hooks, in model order.
+        targets: ``{path: module}`` the layers the router wraps (their adapters are built here), in model order.
         pop_size: ``N``.
         antithetic: mirrored pairs (``pairs = N / 2``), else ``pairs = N``.
         device: where noise and stacks live.
@@ -44,16 +44,16 @@ class MemberFactors:
         self._buffers: dict[tuple, Tensor] = {}
         self._noise: tuple[tuple[int, int], dict[str, PairNoise]] | None = None
 
-    def noises(self, seed: int, epoch: int) -> dict[str, PairNoise]:
-        """``{name: PairNoise}`` of noise epoch ``epoch`` (drawn once per epoch, into reused buffers)."""
-        if self._noise is None or self._noise[0] != (seed, epoch):
+    def noises(self, seed: int, noise_epoch: int) -> dict[str, PairNoise]:
+        """``{name: PairNoise}`` of noise epoch ``noise_epoch`` (drawn once per noise epoch, into reused buffers)."""
+        if self._noise is None or self._noise[0] != (seed, noise_epoch):
             noises = {}
             for p in self.params:
                 shape = tuple(p.param.shape)
                 size = (self.pairs, *shape) if p.rank is None else (self.pairs, p.rank, sum(shape))
                 buf = self._buffer(("noise", p.name), size, torch.float32)
-                noises[p.name] = draw_noise(seed, p.name, epoch, self.pairs, shape, p.rank, self.device, out=buf)
-            self._noise = ((seed, epoch), noises)
+                noises[p.name] = draw_noise(seed, p.name, noise_epoch, self.pairs, shape, p.rank, self.device, out=buf)
+            self._noise = ((seed, noise_epoch), noises)
         return self._noise[1]
 
     def clear(self) -> None:

@@ -61,10 +61,6 @@ class ESParam:
     routed: bool = True
     why: str = ""
 
-    @property
-    def is_matrix(self) -> bool:
-        return self.rank is not None
-
 
 def _arity(fn: Callable) -> int:
     """Number of positional arguments ``fn`` wants: 1 or 2 (2 if it cannot be told)."""
