@@ -1,6 +1,6 @@
 """populora: a population of LoRA-adapted networks that costs about as much as one network."""
 
-from .distributed import is_distributed, is_main_rank, local_device, rank, world_size
+from .distributed import is_distributed, is_main_rank, local_device, process_rank, rank, world_size
 from .es import (
     EggrollES,
     ESStats,
@@ -35,6 +35,7 @@ from .stats import GenerationStats
 from .interact import EnvInteractor, EnvStepError, EvolveResult, evolve_with_env, interact_with_env
 from .coevolve import Coevolve
 from .hall_of_fame import HallOfFame
+from .plotting import plot_history
 
 __version__ = "0.1.0"
 
@@ -71,6 +72,8 @@ __all__ = [
     "is_distributed",
     "is_main_rank",
     "local_device",
+    "plot_history",
+    "process_rank",
     "rank",
     "register_crossover",
     "register_mutation",

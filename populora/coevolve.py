@@ -25,123 +25,40 @@ through ``coevolve.hall_of_fame``.
 
 from __future__ import annotations
 
-import difflib
-import inspect
 import keyword
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import warnings
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
-import torch.distributed as dist
-from torch import Tensor, nn  # noqa: F401 - nn is used by the doctests
+from torch import Tensor
 
 from . import distributed as pd
 from .checkpoint import atomic_save, load_checkpoint
+from .coevolve_distributed import probe_distributed, sync_from_main_rank
+from .coevolve_specs import (
+    SPEC_KEYS,
+    SUFFIX,
+    Member,
+    check_evolve_kwargs,
+    find_cycle,
+    fn_name,
+    injected,
+    quoted,
+    sources,
+    topological,
+)
 from .errors import CheckpointError, FitnessError, InvalidTypeError, InvalidValueError
 from .hall_of_fame import HallOfFame
 from .population import Population
+from .population_state import is_int, naming
 from .stats import GenerationStats
 
 __all__ = ["Coevolve"]
 
-_SUFFIX = "_outputs"
-_SPEC_KEYS = ("population", "probe", "fitness")
 _FORMAT = "populora.coevolve/1"
-
-# what travels ahead of a probe output in a distributed step (one int64)
-_KIND_TENSOR, _KIND_OBJECT, _KIND_FAILED = 0, 1, 2
-
-
-def _fn_name(fn: Callable[..., Any]) -> str:
-    return getattr(fn, "__name__", None) or type(fn).__name__
-
-
-def _quoted(names: Sequence[str]) -> str:
-    return ", ".join(f"`{n}`" for n in names)
-
-
-def _injected(fn: Any, role: str, owner: str, allowed: Sequence[str]) -> tuple[str, ...]:
-    """The parameter names of ``fn``, each checked to be one Coevolve can inject.
-
-    Raises:
-        TypeError: ``fn`` is not callable, its signature cannot be read, or it
-            takes ``*args`` / ``**kwargs`` / positional-only parameters.
-        ValueError: a parameter name is not among ``allowed`` (named, with the
-            allowed names and the closest one).
-    """
-    where = f"the {role} of population {owner!r}"
-    if not callable(fn):
-        raise InvalidTypeError(f"{where} must be callable, got {type(fn).__name__}")
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError) as error:
-        raise InvalidTypeError(f"cannot read the signature of {where} ({_fn_name(fn)}): {error}") from None
-    names = []
-    for p in params:
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY):
-            kind = {p.VAR_POSITIONAL: "*args", p.VAR_KEYWORD: "**kwargs"}.get(p.kind, "positional-only")
-            raise InvalidTypeError(
-                f"{where} ({_fn_name(fn)}) takes {kind} parameter `{p.name}`; Coevolve injects arguments by "
-                f"name, so every parameter must be one of {_quoted(allowed)}"
-            )
-        if p.name not in allowed:
-            close = difflib.get_close_matches(p.name, allowed, n=1)
-            hint = f" Did you mean `{close[0]}`?" if close else ""
-            raise InvalidValueError(
-                f"{where} ({_fn_name(fn)}) has parameter `{p.name}`, which Coevolve cannot inject; "
-                f"allowed parameter names: {_quoted(allowed)}.{hint}"
-            )
-        names.append(p.name)
-    return tuple(names)
-
-
-class _Member(NamedTuple):
-    population: Population
-    probe: Callable[..., Any]
-    fitness: Callable[..., Any]
-    probe_params: dict[str, str | None]  # parameter -> population whose outputs it receives (None: coevolve)
-    fitness_params: dict[str, str]
-
-    @property
-    def probe_deps(self) -> tuple[str, ...]:
-        return tuple(src for src in self.probe_params.values() if src is not None)
-
-
-def _sources(params: Sequence[str], names: Sequence[str]) -> dict[str, str | None]:
-    """``{parameter: population}``: ``<name>`` and ``<name>_outputs`` both receive ``name``'s outputs."""
-    return {p: None if p == "coevolve" else p if p in names else p.removesuffix(_SUFFIX) for p in params}
-
-
-def _find_cycle(names: Sequence[str], deps: Mapping[str, Sequence[str]]) -> list[str] | None:
-    """A dependency cycle as data flows (``a -> b``: b's probe takes ``a_outputs``), or None.
-
-    The cycle starts and ends at its earliest-declared member.
-    """
-    state = dict.fromkeys(names, 0)  # 0 new, 1 on the stack, 2 done
-    stack: list[str] = []
-
-    def visit(name: str) -> list[str] | None:
-        state[name] = 1
-        stack.append(name)
-        for dep in deps[name]:
-            if state[dep] == 1:
-                loop = stack[stack.index(dep):][::-1]  # dependency order reversed = data flow
-                start = min(loop, key=names.index)
-                i = loop.index(start)
-                loop = loop[i:] + loop[:i]
-                return [*loop, start]
-            if state[dep] == 0 and (found := visit(dep)):
-                return found
-        stack.pop()
-        state[name] = 2
-        return None
-
-    for name in names:
-        if state[name] == 0 and (found := visit(name)):
-            return found
-    return None
 
 
 class Coevolve:
@@ -169,7 +86,7 @@ class Coevolve:
     stay ordinary tensors that fitnesses may modify in place.
 
     Attributes:
-        history: ``{name: [GenerationStats(generation, best, mean), ...]}``,
+        history: ``{name: [GenerationStats(generation, best, mean, std), ...]}``,
             one entry per step; ``generation`` is the population's generation
             that was evaluated (before it evolved).
         generation: number of completed steps.
@@ -220,22 +137,22 @@ class Coevolve:
         names = list(populations)
         for name in names:
             _check_name(name)
-            if name.endswith(_SUFFIX) and name.removesuffix(_SUFFIX) in populations:
+            if name.endswith(SUFFIX) and name.removesuffix(SUFFIX) in populations:
                 raise InvalidValueError(
-                    f"population names {name.removesuffix(_SUFFIX)!r} and {name!r} are ambiguous: a parameter "
+                    f"population names {name.removesuffix(SUFFIX)!r} and {name!r} are ambiguous: a parameter "
                     f"`{name}` could mean either population's outputs; rename one"
                 )
-        allowed_fitness = [*names, *(f"{n}{_SUFFIX}" for n in names)]
+        allowed_fitness = [*names, *(f"{n}{SUFFIX}" for n in names)]
         allowed_probe = ["coevolve", *allowed_fitness]
-        members: dict[str, _Member] = {}
+        members: dict[str, Member] = {}
         seen: dict[int, str] = {}
         for name in names:
             spec = populations[name]
-            if not isinstance(spec, Mapping) or set(spec) != set(_SPEC_KEYS):
+            if not isinstance(spec, Mapping) or set(spec) != set(SPEC_KEYS):
                 got = sorted(spec) if isinstance(spec, Mapping) else type(spec).__name__
                 raise InvalidTypeError(
                     f"`populations[{name!r}]` must be a dict with exactly the keys "
-                    f"{_quoted(_SPEC_KEYS)}, got {got}"
+                    f"{quoted(SPEC_KEYS)}, got {got}"
                 )
             pop = spec["population"]
             if not isinstance(pop, Population):
@@ -243,20 +160,20 @@ class Coevolve:
             if id(pop) in seen:
                 raise InvalidValueError(f"populations {seen[id(pop)]!r} and {name!r} are the same Population object")
             seen[id(pop)] = name
-            members[name] = _Member(
+            members[name] = Member(
                 pop, spec["probe"], spec["fitness"],
-                _sources(_injected(spec["probe"], "probe", name, allowed_probe), names),
-                _sources(_injected(spec["fitness"], "fitness", name, allowed_fitness), names),
+                sources(injected(spec["probe"], "probe", name, allowed_probe), names),
+                sources(injected(spec["fitness"], "fitness", name, allowed_fitness), names),
             )
         deps = {name: m.probe_deps for name, m in members.items()}
-        cycle = _find_cycle(names, deps)
+        cycle = find_cycle(names, deps)
         if cycle:
             raise InvalidValueError(
                 f"probes form a cycle: {' -> '.join(cycle)} (`a -> b`: the probe of b takes `a_outputs`). "
                 "Probes must form a chain; a fitness may close the circle instead, since every probe runs "
                 "before any fitness"
             )
-        kwargs = _check_evolve_kwargs(evolve_kwargs, members)
+        kwargs = check_evolve_kwargs(evolve_kwargs, members)
         if hall_of_fame is not None:
             if not isinstance(hall_of_fame, HallOfFame):
                 raise InvalidTypeError(f"`hall_of_fame` must be a HallOfFame, got {type(hall_of_fame).__name__}")
@@ -268,7 +185,7 @@ class Coevolve:
                     )
 
         self._members = members
-        self.order: list[str] = _topological(names, deps)
+        self.order: list[str] = topological(names, deps)
         self.evolve_kwargs: dict[str, dict[str, Any]] = kwargs
         self.hall_of_fame = hall_of_fame
         self.history: dict[str, list[GenerationStats]] = {name: [] for name in names}
@@ -356,7 +273,8 @@ class Coevolve:
         for champion in champions:
             self.hall_of_fame._append(champion)
         for name, f in fitnesses.items():
-            self.history[name].append(GenerationStats(evaluated[name], float(f.max()), float(f.mean())))
+            self.history[name].append(GenerationStats(evaluated[name], float(f.max()), float(f.mean()),
+                                                      float(f.std(correction=0))))
         self.generation += 1
         return fitnesses
 
@@ -385,147 +303,131 @@ class Coevolve:
         return outputs
 
     def _probe_distributed(self) -> dict[str, Any]:
-        """Each rank runs its probes as soon as their inputs are here; outputs go out in probe order.
-
-        The collectives run in the same order on every rank. A failed probe is
-        shared like an output, so every rank raises at the same point instead
-        of waiting for a tensor that never comes.
-        """
-        world, me = pd.world_size(), pd.rank()
-        owner = {name: i % world for i, name in enumerate(self.order)}
-        outputs: dict[str, Any] = {}
-        failed: dict[str, BaseException] = {}
-        for name in self.order:
-            for mine in self.order:  # probe order: a probe's inputs come before it
-                if owner[mine] != me or mine in outputs or mine in failed:
-                    continue
-                deps = self._members[mine].probe_deps
-                if not all(d in outputs or d in failed for d in deps):
-                    continue
-                bad = [d for d in deps if d in failed]
-                if bad:
-                    failed[mine] = RuntimeError(f"the probe of {mine!r} needs the outputs of {bad[0]!r}, which failed")
-                    continue
-                try:
-                    outputs[mine] = self._run_probe(mine, outputs)
-                except Exception as error:  # noqa: BLE001 - shared with the other ranks below
-                    failed[mine] = error
-            outputs[name] = self._share(name, owner[name], outputs.get(name), failed.get(name))
-        return outputs
-
-    def _share(self, name: str, src: int, value: Any, error: BaseException | None) -> Any:
-        """Send ``src``'s probe output of ``name`` to every rank (tensor: raw broadcast)."""
-        me_src = pd.rank() == src
-        kind = torch.zeros(1, dtype=torch.int64)
-        if me_src:
-            kind[0] = _KIND_FAILED if error is not None else _KIND_TENSOR if isinstance(value, Tensor) else _KIND_OBJECT
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
-        kind = kind.to(device) if device is not None else kind
-        dist.broadcast(kind, src=src)
-        code = int(kind.item())
-        if code == _KIND_FAILED:
-            message = pd.broadcast_object(f"{type(error).__name__}: {error}" if me_src else None, src=src)
-            if me_src:
-                raise error
-            raise RuntimeError(f"the probe of population {name!r} failed on rank {src}: {message}")
-        if code == _KIND_OBJECT:
-            return pd.broadcast_object(value, src=src)
-        return pd.broadcast_tensor_raw(value if me_src else None, src=src,
-                                       device=None if me_src else self[name].device)
+        """Every rank runs its share of the probes; every output reaches every rank (see
+        :mod:`populora.coevolve_distributed`)."""
+        return probe_distributed(self.order, {n: m.probe_deps for n, m in self._members.items()}, self._run_probe,
+                                 {n: m.population.device for n, m in self._members.items()})
 
     def _sync_from_rank0(self) -> None:
         """Make every rank start from rank 0's populations, counters and history."""
-        for name, m in self._members.items():
-            # adapters, generator, generation, eval seed and mutation floors; base model by checksum
-            m.population.sync_from_main_rank_(name=name)
-        small = pd.broadcast_object({
-            "generation": self.generation,
-            "history": {n: [tuple(s) for s in h] for n, h in self.history.items()},
-        })
-        self.generation = small["generation"]
-        self.history = {n: [GenerationStats(*s) for s in h] for n, h in small["history"].items()}
+        self.generation, self.history = sync_from_main_rank(self.populations, self.generation, self.history)
         self._synced = True
 
     def _fitness(self, name: str, outputs: Mapping[str, Any]) -> Tensor:
         m = self._members[name]
         value = m.fitness(**{p: outputs[src] for p, src in m.fitness_params.items()})
         try:
-            return m.population.check_fitnesses(value)
+            return m.population.validate_fitnesses(value)
         except (FitnessError, TypeError, ValueError, RuntimeError) as error:
-            raise FitnessError(f"fitness of population {name!r} ({_fn_name(m.fitness)}) is invalid: {error}") from error
+            raise FitnessError(f"fitness of population {name!r} ({fn_name(m.fitness)}) is invalid: {error}") from error
 
     def _evolve_all(self, fitnesses: Mapping[str, Tensor]) -> None:
-        snapshots = {} if self._evolve_checked else {n: _clone_state(m.population.state())
-                                                     for n, m in self._members.items()}
+        snapshots = {} if self._evolve_checked else {n: _snapshot(m.population) for n, m in self._members.items()}
         try:
             for name, m in self._members.items():
                 m.population.evolve_(fitnesses[name], **self.evolve_kwargs.get(name, {}))
         except BaseException:
             for name, state in snapshots.items():
-                self._members[name].population.load_state(state)
+                self._members[name].population.load_state_dict(state)
             raise
         self._evolve_checked = True
 
-    # ------------------------------------------------------------------ save / load
+    # ------------------------------------------------------------------ state
 
-    def state(self) -> dict[str, Any]:
-        """Everything an exact resume needs, except the base models (tensors and plain values)."""
+    def state_dict(self) -> dict[str, Any]:
+        """A snapshot of everything an exact resume needs, except the base models.
+
+        ``{'format', 'names', 'generation', 'populations': {name: adapters and
+        counters (Population.state_dict(include_model=False), CPU copies)},
+        'history', 'hall_of_fame'}``; no tensor shares storage with the live
+        populations.
+        """
         return {
             "format": _FORMAT,
             "names": list(self._members),
             "generation": self.generation,
-            "populations": {name: m.population.state() for name, m in self._members.items()},
+            "populations": {name: _snapshot(m.population, cpu=True) for name, m in self._members.items()},
             "history": {name: [list(s) for s in h] for name, h in self.history.items()},
-            "hall_of_fame": None if self.hall_of_fame is None else self.hall_of_fame.state(),
+            "hall_of_fame": None if self.hall_of_fame is None else self.hall_of_fame.state_dict(),
         }
 
-    def load_state(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state`; all or nothing (on an error nothing has changed).
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`: all or nothing (on an error nothing has changed).
+
+        Every part is checked first (format, names, generation, history, the
+        hall of fame, each population's state against its population); the
+        populations' checks run on a backup, so a failure restores them.
 
         Raises:
-            ValueError: not a Coevolve checkpoint, other population names, a
-                hall of fame present on one side only, or a population
-                checkpoint that does not fit (see ``Population.load_state``).
+            CheckpointError: not a Coevolve state, other population names, a
+                hall of fame present on one side only, a malformed history, or
+                a population state that does not fit (see
+                ``Population.load_state_dict``).
         """
         if not isinstance(state, Mapping) or state.get("format") != _FORMAT:
             raise CheckpointError(f"not a populora coevolution checkpoint (missing format {_FORMAT!r})")
+        missing = [k for k in ("names", "generation", "populations", "history", "hall_of_fame") if k not in state]
+        if missing:
+            raise CheckpointError(f"the coevolution state lacks the key(s) {missing}")
         if list(state["names"]) != list(self._members):
             raise CheckpointError(f"checkpoint has populations {list(state['names'])}, this Coevolve has "
-                             f"{list(self._members)}")
+                                  f"{list(self._members)}")
         if (state["hall_of_fame"] is None) != (self.hall_of_fame is None):
             raise CheckpointError("the checkpoint and this Coevolve disagree on having a hall of fame "
-                             f"(checkpoint: {state['hall_of_fame'] is not None}, "
-                             f"here: {self.hall_of_fame is not None})")
-        backup = self.state()
-        backup = {**backup, "populations": {n: _clone_state(s) for n, s in backup["populations"].items()}}
+                                  f"(checkpoint: {state['hall_of_fame'] is not None}, "
+                                  f"here: {self.hall_of_fame is not None})")
+        history = _check_history(state["history"], list(self._members))
+        if not is_int(state["generation"]) or state["generation"] < 0:
+            raise CheckpointError(f"the coevolution state's 'generation' must be an int >= 0, got "
+                                  f"{state['generation']!r}")
+        hall = None if self.hall_of_fame is None else self.hall_of_fame._check_state(state["hall_of_fame"])
+        backups = {name: _snapshot(m.population) for name, m in self._members.items()}
         try:
-            self._restore(state)
+            for name, m in self._members.items():
+                m.population.load_state_dict(state["populations"][name])
         except BaseException:
-            self._restore(backup)
+            for name, backup in backups.items():
+                self._members[name].population.load_state_dict(backup)
             raise
-
-    def _restore(self, state: Mapping[str, Any]) -> None:
-        for name, m in self._members.items():
-            m.population.load_state(state["populations"][name])
-        if self.hall_of_fame is not None:
-            self.hall_of_fame.load_state(state["hall_of_fame"])
-        self.history = {name: [GenerationStats(int(g), float(b), float(mu)) for g, b, mu in state["history"][name]]
-                        for name in self._members}
+        if hall is not None:
+            self.hall_of_fame._write(hall)
+        self.history = history
         self.generation = int(state["generation"])
         self._evolve_checked = False
 
+    def state(self) -> dict[str, Any]:
+        """Deprecated: use :meth:`state_dict`."""
+        warnings.warn("`Coevolve.state()` is deprecated; use `state_dict()`", DeprecationWarning, stacklevel=2)
+        return self.state_dict()
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Deprecated: use :meth:`load_state_dict`."""
+        warnings.warn("`Coevolve.load_state()` is deprecated; use `load_state_dict()`", DeprecationWarning,
+                      stacklevel=2)
+        self.load_state_dict(state)
+
     def save(self, path: str | Path) -> Path:
-        """Write :meth:`state` atomically (temp file + rename); the base models are not saved.
+        """Write :meth:`state_dict` atomically (temp file + rename); the base models are not saved.
 
         Under torchrun every rank holds the same state; call it on the main
-        rank (``populora.distributed.is_main_rank()``) or give each rank its
-        own path.
+        rank (``populora.is_main_rank()``) or give each rank its own path.
+
+        Returns:
+            The ``Path`` written.
         """
-        return atomic_save(self.state(), path, kind="Coevolve")
+        return atomic_save(self.state_dict(), path, kind="Coevolve")
 
     def load(self, path: str | Path) -> None:
-        """Resume from :meth:`save`'s checkpoint: the next step is the one that would have followed."""
-        self.load_state(load_checkpoint(path, kind="Coevolve"))
+        """Resume from :meth:`save`'s checkpoint: the next step is the one that would have followed.
+
+        Raises:
+            FileNotFoundError: nothing at ``path``.
+            CheckpointError: the file is damaged, of another kind, or does not
+                fit this Coevolve (the file is named); nothing has changed.
+        """
+        state = load_checkpoint(path, kind="Coevolve")
+        with naming(path):
+            self.load_state_dict(state)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -534,7 +436,7 @@ class Coevolve:
 def _check_name(name: Any) -> None:
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
         raise InvalidValueError(f"population name {name!r} must be a Python identifier (it becomes `coevolve.<name>` "
-                         f"and the parameters `<name>` / `<name>{_SUFFIX}`)")
+                         f"and the parameters `<name>` / `<name>{SUFFIX}`)")
     if name == "coevolve":
         raise InvalidValueError("population name 'coevolve' is reserved: probes take `coevolve` (the Coevolve "
                          "itself); rename the population")
@@ -546,45 +448,25 @@ def _check_name(name: Any) -> None:
 _INSTANCE_ATTRIBUTES = frozenset({"order", "evolve_kwargs", "hall_of_fame", "history", "generation"})
 
 
-def _topological(names: Sequence[str], deps: Mapping[str, Sequence[str]]) -> list[str]:
-    """Probe order: repeatedly the first-declared population whose inputs are ready (no cycles here)."""
-    order: list[str] = []
-    while len(order) < len(names):
-        order.append(next(n for n in names if n not in order and all(d in order for d in deps[n])))
-    return order
+def _snapshot(population: Population, cpu: bool = False) -> dict[str, Any]:
+    """A copy of a population's adapters and counters that does not alias the live tensors."""
+    return {k: (v.detach().to("cpu", copy=True) if cpu else v.detach().clone()) if isinstance(v, Tensor) else v
+            for k, v in population.state_dict(include_model=False).items()}
 
 
-def _check_evolve_kwargs(
-    evolve_kwargs: Mapping[str, Mapping[str, Any]] | None, members: Mapping[str, _Member]
-) -> dict[str, dict[str, Any]]:
-    if evolve_kwargs is None:
-        return {}
-    if not isinstance(evolve_kwargs, Mapping):
-        raise InvalidTypeError(f"`evolve_kwargs` must be a dict keyed by population name, got {type(evolve_kwargs).__name__}")
+def _check_history(history: Any, names: list[str]) -> dict[str, list[GenerationStats]]:
+    """The state's ``{name: [[generation, best, mean(, std)], ...]}`` as GenerationStats, checked."""
+    if not isinstance(history, Mapping) or list(history) != names:
+        got = list(history) if isinstance(history, Mapping) else type(history).__name__
+        raise CheckpointError(f"the coevolution state's 'history' must be a dict keyed by {names}, got {got}")
     out = {}
-    for name, options in evolve_kwargs.items():
-        if name not in members:
-            raise InvalidValueError(f"`evolve_kwargs` has options for {name!r}, which is not a population; "
-                             f"populations: {list(members)}")
-        if not isinstance(options, Mapping):
-            raise InvalidTypeError(f"`evolve_kwargs[{name!r}]` must be a dict of evolve_ options, "
-                            f"got {type(options).__name__}")
-        params = inspect.signature(members[name].population.evolve_).parameters
-        accepted = [p for p, v in params.items()
-                    if p != "fitnesses" and v.kind in (v.KEYWORD_ONLY, v.POSITIONAL_OR_KEYWORD)]
-        open_ended = any(v.kind is v.VAR_KEYWORD for v in params.values())
-        for key in options:
-            if key not in accepted and not open_ended:
-                close = difflib.get_close_matches(str(key), accepted, n=1)
-                hint = f" Did you mean `{close[0]}`?" if close else ""
-                raise InvalidValueError(f"`evolve_kwargs[{name!r}]` has option `{key}`, which "
-                                 f"{type(members[name].population).__name__}.evolve_ does not take; options: "
-                                 f"{_quoted(accepted)}.{hint}")
-        out[name] = dict(options)
+    for name, entries in history.items():
+        ok = isinstance(entries, (list, tuple)) and all(
+            isinstance(s, (list, tuple)) and len(s) in (3, 4) and is_int(s[0])
+            and all(v is None or isinstance(v, (int, float)) and not isinstance(v, bool) for v in s[1:])
+            for s in entries)
+        if not ok:
+            raise CheckpointError(f"the coevolution state's history of {name!r} must be a list of "
+                                  "[generation, best, mean, std] entries")
+        out[name] = [GenerationStats(int(s[0]), *(None if v is None else float(v) for v in s[1:])) for s in entries]
     return out
-
-
-def _clone_state(state: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of a population state whose tensors do not alias the live adapters."""
-    return {k: ([t.clone() for t in v] if k in ("downs", "ups") else v.clone() if isinstance(v, Tensor) else v)
-            for k, v in state.items()}

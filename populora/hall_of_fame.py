@@ -12,14 +12,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import warnings
+
 import torch
-from torch import Tensor, nn  # noqa: F401 - nn is used by the doctests
+from torch import Tensor
 
 from .checkpoint import atomic_save, load_checkpoint
 from .checks import check_int, check_seed
 from .errors import CheckpointError, InvalidTypeError, InvalidValueError
 from .operators import Factors
-from .population import Population, _naming
+from .population import Population
+from .population_state import is_int, naming
 
 __all__ = ["Champion", "HallOfFame"]
 
@@ -146,7 +149,7 @@ class HallOfFame:
         """
         name = self._name(population)
         generation = check_int("generation", generation, low=0)
-        champion = self._capture(name, self.populations[name].check_fitnesses(fitnesses), generation)
+        champion = self._capture(name, self.populations[name].validate_fitnesses(fitnesses), generation)
         self._append(champion)
         return champion
 
@@ -225,9 +228,9 @@ class HallOfFame:
         route = {"individual": 0} if single else {"all_individuals": True, "broadcast": broadcast}
         return pop.forward_factors(stacks, *args, **route, **kwargs)
 
-    # ------------------------------------------------------------------ save / load
+    # ------------------------------------------------------------------ state
 
-    def state(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """The archive and the generator (tensors and plain values).
 
         A snapshot: every tensor is a CPU copy sharing no storage with the
@@ -247,8 +250,8 @@ class HallOfFame:
             },
         }
 
-    def load_state(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state`: all or nothing.
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`: all or nothing.
 
         Everything is checked first (format, keys, the tracked populations,
         every champion's entries, factor shapes and dtypes, the generator
@@ -257,6 +260,10 @@ class HallOfFame:
         Raises:
             CheckpointError: naming the missing or wrong key; the hall is unchanged.
         """
+        self._write(self._check_state(state))
+
+    def _check_state(self, state: Any) -> tuple[torch.Generator, int | None, int, dict[str, list[Champion]]]:
+        """``state`` checked and parsed into (generator, capacity, seed, archive); nothing written."""
         if not isinstance(state, Mapping) or state.get("format") != _FORMAT:
             got = state.get("format") if isinstance(state, Mapping) else type(state).__name__
             raise CheckpointError(f"not a populora hall-of-fame state: got {got!r}, expected format {_FORMAT!r}")
@@ -264,45 +271,16 @@ class HallOfFame:
         if missing:
             raise CheckpointError(f"the hall-of-fame state lacks the key(s) {missing}")
         capacity, seed = state["capacity"], state["seed"]
-        if capacity is not None and (not _is_int(capacity) or capacity < 1):
+        if capacity is not None and (not is_int(capacity) or capacity < 1):
             raise CheckpointError(f"the hall-of-fame state's 'capacity' must be None or an int >= 1, got {capacity!r}")
-        if not _is_int(seed):
+        if not is_int(seed):
             raise CheckpointError(f"the hall-of-fame state's 'seed' must be an int, got {seed!r}")
         champions = state["champions"]
         if not isinstance(champions, Mapping) or set(champions) != set(self.populations):
             got = sorted(champions) if isinstance(champions, Mapping) else type(champions).__name__
             raise CheckpointError(f"checkpoint archives {got}, this hall tracks {sorted(self.populations)}")
-        archive: dict[str, list[Champion]] = {}
-        for name, entries in champions.items():
-            pop = self.populations[name]
-            shapes = [(tuple(f.down.shape[1:]), tuple(f.up.shape[1:])) for f in pop.factors()]
-            if not isinstance(entries, (list, tuple)):
-                raise CheckpointError(f"the hall-of-fame state's champions of {name!r} must be a list, got "
-                                      f"{type(entries).__name__}")
-            archive[name] = []
-            for j, e in enumerate(entries):
-                where = f"champion {j} of {name!r}"
-                keys = ("generation", "individual", "fitness", "downs", "ups")
-                if not isinstance(e, Mapping) or any(key not in e for key in keys):
-                    have = sorted(e) if isinstance(e, Mapping) else type(e).__name__
-                    raise CheckpointError(f"the hall-of-fame state's {where} must hold {list(keys)}, got {have}")
-                if not (_is_int(e["generation"]) and _is_int(e["individual"]) and isinstance(e["fitness"], (int, float))
-                        and not isinstance(e["fitness"], bool)):
-                    raise CheckpointError(f"the hall-of-fame state's {where} has a non-numeric generation, "
-                                          "individual or fitness")
-                tensors = [*e["downs"], *e["ups"]] if isinstance(e["downs"], (list, tuple)) and isinstance(
-                    e["ups"], (list, tuple)) else None
-                if tensors is None or not all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in tensors):
-                    raise CheckpointError(f"the hall-of-fame state's {where} must hold lists of floating-point "
-                                          "tensors under 'downs' and 'ups'")
-                got = [(tuple(d.shape), tuple(u.shape)) for d, u in zip(e["downs"], e["ups"])]
-                if len(e["downs"]) != len(e["ups"]) or got != shapes:
-                    raise CheckpointError(f"checkpoint champion of {name!r} has factor shapes {got}, the population "
-                                          f"has {shapes}")
-                factors = tuple(Factors(d.to(pop.device, copy=True), u.to(pop.device, copy=True))
-                                for d, u in zip(e["downs"], e["ups"]))
-                archive[name].append(Champion(name, int(e["generation"]), int(e["individual"]), float(e["fitness"]),
-                                              factors))
+        archive = {name: [self._champion(name, j, e) for j, e in enumerate(_entries(name, entries))]
+                   for name, entries in champions.items()}
         generator = torch.Generator()
         saved = state["generator"]
         try:
@@ -311,18 +289,54 @@ class HallOfFame:
             generator.set_state(saved)
         except (RuntimeError, TypeError) as err:
             raise CheckpointError(f"the hall-of-fame state's 'generator' is not a CPU generator state: {err}") from None
-        self.generator = generator
-        self.capacity = capacity
-        self.seed = seed
-        self._archive = archive
+        return generator, capacity, seed, archive
+
+    def _champion(self, name: str, j: int, e: Any) -> Champion:
+        """Entry ``j`` of ``name``'s archived champions, checked against the population's factor shapes."""
+        pop = self.populations[name]
+        shapes = [(tuple(f.down.shape[1:]), tuple(f.up.shape[1:])) for f in pop.factors()]  # (d, r_t), (e, r_t)
+        where = f"champion {j} of {name!r}"
+        keys = ("generation", "individual", "fitness", "downs", "ups")
+        if not isinstance(e, Mapping) or any(key not in e for key in keys):
+            have = sorted(e) if isinstance(e, Mapping) else type(e).__name__
+            raise CheckpointError(f"the hall-of-fame state's {where} must hold {list(keys)}, got {have}")
+        if not (is_int(e["generation"]) and is_int(e["individual"]) and isinstance(e["fitness"], (int, float))
+                and not isinstance(e["fitness"], bool)):
+            raise CheckpointError(f"the hall-of-fame state's {where} has a non-numeric generation, "
+                                  "individual or fitness")
+        lists = isinstance(e["downs"], (list, tuple)) and isinstance(e["ups"], (list, tuple))
+        if not lists or not all(isinstance(t, Tensor) and t.is_floating_point() for t in [*e["downs"], *e["ups"]]):
+            raise CheckpointError(f"the hall-of-fame state's {where} must hold lists of floating-point "
+                                  "tensors under 'downs' and 'ups'")
+        got = [(tuple(d.shape), tuple(u.shape)) for d, u in zip(e["downs"], e["ups"])]
+        if len(e["downs"]) != len(e["ups"]) or got != shapes:
+            raise CheckpointError(f"checkpoint champion of {name!r} has factor shapes {got}, the population "
+                                  f"has {shapes}")
+        factors = tuple(Factors(d.to(pop.device, copy=True), u.to(pop.device, copy=True))
+                        for d, u in zip(e["downs"], e["ups"]))
+        return Champion(name, int(e["generation"]), int(e["individual"]), float(e["fitness"]), factors)
+
+    def _write(self, checked: tuple[torch.Generator, int | None, int, dict[str, list[Champion]]]) -> None:
+        self.generator, self.capacity, self.seed, self._archive = checked
+
+    def state(self) -> dict[str, Any]:
+        """Deprecated: use :meth:`state_dict`."""
+        warnings.warn("`HallOfFame.state()` is deprecated; use `state_dict()`", DeprecationWarning, stacklevel=2)
+        return self.state_dict()
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Deprecated: use :meth:`load_state_dict`."""
+        warnings.warn("`HallOfFame.load_state()` is deprecated; use `load_state_dict()`", DeprecationWarning,
+                      stacklevel=2)
+        self.load_state_dict(state)
 
     def save(self, path: str | Path) -> Path:
-        """Write :meth:`state` atomically (temp file + rename).
+        """Write :meth:`state_dict` atomically (temp file + rename).
 
         Returns:
             The ``Path`` written.
         """
-        return atomic_save(self.state(), path, kind="HallOfFame")
+        return atomic_save(self.state_dict(), path, kind="HallOfFame")
 
     def load(self, path: str | Path) -> None:
         """Restore a hall saved by :meth:`save`.
@@ -334,9 +348,12 @@ class HallOfFame:
                 the hall is unchanged.
         """
         state = load_checkpoint(path, kind="HallOfFame")
-        with _naming(path):
-            self.load_state(state)
+        with naming(path):
+            self.load_state_dict(state)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _entries(name: str, entries: Any) -> list[Any]:
+    if not isinstance(entries, (list, tuple)):
+        raise CheckpointError(f"the hall-of-fame state's champions of {name!r} must be a list, got "
+                              f"{type(entries).__name__}")
+    return list(entries)

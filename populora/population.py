@@ -11,24 +11,24 @@ Higher fitness is better, everywhere.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
-import numbers
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from types import MethodType
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from . import fitness as _fitness
 from . import operators as ops
+from . import population_state as pstate
 from .checkpoint import atomic_save, load_checkpoint
 from .checks import check_bool, check_float, check_index, check_int, check_one_of, check_seed
-from .distributed import resolve_device
+from .distributed import resolve_device, sync_population_
 from .errors import (
     CheckpointError,
     FitnessError,
@@ -39,33 +39,19 @@ from .errors import (
     SpentPopulationError,
 )
 from .operators import Factors
+from .operators.selection import SelectionResult
 from .routing import Adapter, RoutedModel, Router, RoutingTarget
+from .stats import GenerationStats
 from .targets import find_targets, layer_dims
 
 __all__ = ["Population", "SelectionResult"]
 
-NAN_POLICIES = ("raise", "worst")
-_FORMAT = "populora.population/1"
-_STATE_KEYS = ("config", "downs", "ups", "generator", "generation", "eval_seed")
-_CONFIG_KEYS = ("pop_size", "low_rank", "lora_targets")
+_FORMAT = pstate.FORMAT
+NAN_POLICIES = pstate.NAN_POLICIES
 
 # The live (not merged, not closed) populations on each base model: the first records the user's
 # requires_grad flags, the last one to close gives them back (see Population.close).
 _LIVE: weakref.WeakKeyDictionary[nn.Module, weakref.WeakSet] = weakref.WeakKeyDictionary()
-
-
-class SelectionResult(NamedTuple):
-    """Result of :meth:`Population.select` (all int64 population ids).
-
-    Attributes:
-        selected_in_indices: survivors ``(S*G,)``, elites first.
-        selected_out_indices: culled ids ``(P - S*G,)``, ascending: the slots children replace.
-        elite_indices: elites ``(E*G,)``, a subset of the survivors, never modified by ``evolve_``.
-    """
-
-    selected_in_indices: Tensor
-    selected_out_indices: Tensor
-    elite_indices: Tensor
 
 
 class Population(nn.Module, RoutedModel):
@@ -177,6 +163,7 @@ class Population(nn.Module, RoutedModel):
         self.device = resolve_device(device, model)
         self.generation = 0
         self.eval_seed = seed
+        self.history: list[GenerationStats] = []  # one entry per evolve_, see evolve_
         self.model = model.to(self.device)
         self.target_names = list(targets)
         self._targets = targets
@@ -188,7 +175,7 @@ class Population(nn.Module, RoutedModel):
         # Linear down (P, r, d), Embedding down (P, V, r), up (P, r, e). factors() gives (P, d, r) / (P, e, r) views.
         self._downs, self._ups = nn.ParameterList(), nn.ParameterList()
         self._embedding = [isinstance(m, nn.Embedding) for m in targets.values()]
-        self.ranks: list[int] = []  # effective rank per target
+        self.effective_ranks: list[int] = []  # min(low_rank, d, e) per target
         # reference weight RMS per target: rms(W), floored at the fan-in scale 1/sqrt(d) (rms(W x) >= rms(x))
         self.weight_scales: list[float] = []
         for module, embedding in zip(targets.values(), self._embedding):
@@ -201,13 +188,13 @@ class Population(nn.Module, RoutedModel):
             up = torch.zeros(pop_size, low_rank, e, **like)
             self._downs.append(nn.Parameter(down, requires_grad=requires_grad))
             self._ups.append(nn.Parameter(up, requires_grad=requires_grad))
-            self.ranks.append(rank)
+            self.effective_ranks.append(rank)
             self.weight_scales.append(weight_scale)
         self._down_list: list[nn.Parameter] = []  # plain lists, cheap per forward; checked by _stacks()
         self._up_list: list[nn.Parameter] = []
         self._full_rank_adapters: list[Adapter] | None = None
         with torch.no_grad():
-            for (down, up), rank, weight_scale in zip(self._full_factors(), self.ranks, self.weight_scales):
+            for (down, up), rank, weight_scale in zip(self._full_factors(), self.effective_ranks, self.weight_scales):
                 noise = torch.randn(pop_size, down.shape[1] + up.shape[1], rank, generator=self.generator,
                                     device=self.device)
                 scale = math.sqrt(weight_scale / math.sqrt(rank))  # balanced: rms(up down^T) = init_scale * w
@@ -301,7 +288,7 @@ class Population(nn.Module, RoutedModel):
             a is not b for a, b in zip(self._up_list, ups)
         ):
             self._down_list, self._up_list = list(downs), list(ups)
-            full = all(r == self.low_rank for r in self.ranks)
+            full = all(r == self.low_rank for r in self.effective_ranks)
             self._full_rank_adapters = [Adapter(d, u) for d, u in zip(self._down_list, self._up_list)] if full else None
         return self._down_list, self._up_list
 
@@ -312,7 +299,7 @@ class Population(nn.Module, RoutedModel):
             return self._full_rank_adapters
         return [
             Adapter(down, up) if r == self.low_rank else Adapter(down[..., :r] if emb else down[:, :r], up[:, :r])
-            for down, up, r, emb in zip(downs, ups, self.ranks, self._embedding)
+            for down, up, r, emb in zip(downs, ups, self.effective_ranks, self._embedding)
         ]
 
     def _full_factors(self) -> list[Factors]:
@@ -326,7 +313,7 @@ class Population(nn.Module, RoutedModel):
 
         Writing into them writes the population's adapters.
         """
-        return [Factors(d[..., :r], u[..., :r]) for (d, u), r in zip(self._full_factors(), self.ranks)]
+        return [Factors(d[..., :r], u[..., :r]) for (d, u), r in zip(self._full_factors(), self.effective_ranks)]
 
     def delta_weight(self, individual: int) -> dict[str, Tensor]:
         """``{target: dW}`` of one individual, each ``(e, d)`` for Linear, ``(V, e)`` for Embedding.
@@ -351,14 +338,16 @@ class Population(nn.Module, RoutedModel):
 
     # ------------------------------------------------------------------ fitness
 
-    def check_fitnesses(self, fitnesses: Any) -> Tensor:
-        """Validate and return fitnesses as a ``(P,)`` float tensor (higher is better), in their precision.
+    def validate_fitnesses(self, fitnesses: Any) -> Tensor:
+        """Fitnesses as a ``(P,)`` float tensor on the population's device (higher is better), in their precision.
 
-        A list, tuple or numpy array is converted. The precision is kept:
-        float64 input (and Python floats, integers) gives float64, float32
-        gives float32, float16 / bfloat16 give float32, booleans are refused
-        (float32 throughout on MPS, which has no float64); selection, parent
-        selection and the merge's argmax all run in it. NaN (and -inf) raise unless
+        The one check of a fitness vector (:func:`populora.fitness.validate_fitnesses`
+        with this population's size, ``nan_policy`` and device): ``evolve_``,
+        ``select``, ``select_parents``, ``crossover_`` and
+        ``select_and_merge_best_`` call it once and the operators trust the
+        result. A list, tuple or NumPy array is converted; float64 input (and
+        Python floats, integers) stays float64, float32 / float16 / bfloat16
+        give float32, booleans are refused. NaN (and -inf) raise unless
         ``nan_policy='worst'``, which maps them below the lowest finite
         fitness; +inf always raises.
 
@@ -366,64 +355,27 @@ class Population(nn.Module, RoutedModel):
             FitnessError: not numbers (the type is named), wrong shape (both
                 shapes named), non-finite values.
         """
-        from .fitness import as_fitnesses
+        return _fitness.validate_fitnesses(fitnesses, self.pop_size, nan_policy=self.nan_policy, device=self.device)
 
-        if fitnesses is None:
-            raise FitnessError(f"fitnesses are required: a ({self.pop_size},) tensor, higher is better")
-        f = as_fitnesses(fitnesses, "fitnesses")
-        if f.dtype == torch.bool:
-            raise FitnessError(f"fitnesses must be real numbers, got dtype {f.dtype}")
-        wide = f.dtype == torch.float64 or not f.is_floating_point()  # integers: float64 holds them exactly
-        dtype = torch.float64 if wide and self.device.type != "mps" else torch.float32
-        f = f.to(device=self.device, dtype=dtype)
-        if f.shape != (self.pop_size,):
-            raise FitnessError(f"fitnesses must have shape ({self.pop_size},), got {tuple(f.shape)}")
-        bad = ~torch.isfinite(f)
-        if bad.any():
-            ids = bad.nonzero().flatten().tolist()
-            if self.nan_policy == "raise" or bool((f == math.inf).any()) or bool(bad.all()):
-                raise FitnessError(
-                    f"fitnesses must be finite, got {f[bad].tolist()} at ids {ids}"
-                    + ("; pass nan_policy='worst' to treat NaN as the lowest fitness" if self.nan_policy == "raise" else "")
-                )
-            good = f[~bad]
-            worst = good.min() - torch.clamp(good.max() - good.min(), min=1.0)
-            f = torch.where(bad, worst, f)
-        return f
+    def check_fitnesses(self, fitnesses: Any) -> Tensor:
+        """Deprecated: renamed :meth:`validate_fitnesses` (same result)."""
+        warnings.warn("`Population.check_fitnesses` is deprecated; use `Population.validate_fitnesses`",
+                      DeprecationWarning, stacklevel=2)
+        return self.validate_fitnesses(fitnesses)
 
     # ------------------------------------------------------------------ evaluation
 
     def sync_from_main_rank_(self, sync_base_model: bool = False, *, name: str | None = None) -> None:
         """Make every rank hold rank 0's population (once; a no-op without torch.distributed).
 
-        Broadcasts the adapters, generator state, generation, eval seed and
-        weight scales from rank 0; the base model is compared by checksum
-        and, where ranks differ (e.g. each process seeded differently), rank
-        0's weights are broadcast with a warning. ``sync_base_model=True``
-        broadcasts the base model without checking; ``name`` labels the
-        population in warnings and errors. Called by
-        :meth:`evaluate_distributed` and by the layers built on it.
+        See :func:`populora.distributed.sync_population_`: the adapters,
+        generator state, generation, eval seed and weight scales come from
+        rank 0; a differing base model is repaired with a warning
+        (``sync_base_model=True`` broadcasts it unchecked); ``name`` labels
+        the population in warnings and errors.
         """
-        from .distributed import broadcast_object, broadcast_tensors_, is_distributed, sync_if_different_
-
         self._check_alive()
-        if self._synced or not is_distributed():
-            return
-        of = f" of population {name!r}" if name else ""
-        with torch.no_grad():
-            broadcast_tensors_([p for stack in self._stacks() for p in stack], what=f"adapters{of} (pop_size, low_rank and "
-                               "lora_targets must match on every rank)")
-            base = [*self.model.parameters(), *self.model.buffers()]
-            if sync_base_model:
-                broadcast_tensors_(base, what=f"base model parameters{of}")
-            else:
-                sync_if_different_(base, f"base model parameters{of}")
-        # weight scales come from the base weights at construction: rank 0's, like the weights
-        state = broadcast_object((self.generation, self.eval_seed, self.generator.get_state(), self.weight_scales))
-        self.generation, self.eval_seed = state[0], state[1]
-        self.generator.set_state(state[2])
-        self.weight_scales = list(state[3])
-        self._synced = True
+        sync_population_(self, sync_base_model, name=name)
 
     def evaluate_distributed(self, fn: Callable[..., Any], sync_base_model: bool = False) -> Tensor:
         """Evaluate every individual, each rank its share of ids; ``(P,)`` fitness on every rank.
@@ -436,36 +388,10 @@ class Population(nn.Module, RoutedModel):
         Before the first evaluation, :meth:`sync_from_main_rank_` makes every
         rank hold rank 0's population (and repairs a differing base model).
         """
-        from .fitness import evaluate
-
         self.sync_from_main_rank_(sync_base_model)
-        return evaluate(fn, self, self.pop_size).to(self.device)
+        return _fitness.evaluate(fn, self, self.pop_size).to(self.device)
 
     # ------------------------------------------------------------------ selection
-
-    def _num_groups(self, num_groups: Any) -> int:
-        num_groups = check_int("num_groups", num_groups, low=1)
-        if self.pop_size % num_groups:
-            raise InvalidValueError(f"`num_groups` must be an int >= 1 dividing pop_size={self.pop_size}, "
-                                    f"got {num_groups!r}")
-        return num_groups
-
-    def _group_sizes(self, survive_frac: float, elite_frac: float, num_groups: int) -> tuple[int, int, int]:
-        num_groups = self._num_groups(num_groups)
-        survive_frac = check_float("survive_frac", survive_frac, low=0, high=1, low_open=True, high_open=True)
-        elite_frac = check_float("elite_frac", elite_frac, low=0, high=1, high_open=True)
-        m = self.pop_size // num_groups
-        survivors = max(1, math.floor(m * survive_frac))
-        elites = math.floor(m * elite_frac)
-        if elite_frac > 0:
-            elites = max(1, elites)
-        if survivors >= m:
-            raise InvalidValueError(f"`survive_frac={survive_frac}` keeps all {m} individuals of each group; "
-                                    "nothing would be replaced (lower it)")
-        if elites > survivors:
-            raise InvalidValueError(f"`elite_frac={elite_frac}` gives {elites} elites per group but "
-                                    f"`survive_frac={survive_frac}` keeps only {survivors} survivors; elites must survive")
-        return m, survivors, elites
 
     def select(
         self,
@@ -482,26 +408,15 @@ class Population(nn.Module, RoutedModel):
         ``S = max(1, floor(m * survive_frac))`` survivors, of which the top
         ``E = floor(m * elite_frac)`` (at least 1 when ``elite_frac > 0``) are
         elites; the other ``S - E`` are chosen by ``selection_type`` among the
-        rest. Options of the selection type go in ``type_kwargs``.
+        rest (:func:`populora.operators.selection.select_survivors`). Options
+        of the selection type go in ``type_kwargs``.
         """
         self._check_alive()
         fn = ops.get_operator("selection", selection_type)
         ops.check_options("selection", selection_type, type_kwargs)
-        f = self.check_fitnesses(fitnesses)
-        m, survivors, elites = self._group_sizes(survive_frac, elite_frac, num_groups)
-        g = self.pop_size // m
-        grouped = f.view(g, m)
-        order = torch.argsort(grouped, dim=1, descending=True, stable=True)  # (g, m)
-        elite_local, rest = order[:, :elites], order[:, elites:]
-        if survivors > elites:
-            picked = fn(grouped.gather(1, rest), survivors - elites, generator=self.generator, **type_kwargs)
-            chosen = torch.cat([elite_local, rest.gather(1, picked.to(rest.device))], dim=1)
-        else:
-            chosen = elite_local
-        base = (torch.arange(g, device=f.device) * m)[:, None]
-        keep = torch.zeros(g, m, dtype=torch.bool, device=f.device).scatter_(1, chosen, True)
-        culled = (~keep).flatten().nonzero().flatten()
-        return SelectionResult((chosen + base).flatten(), culled, (elite_local + base).flatten())
+        f = self.validate_fitnesses(fitnesses)
+        return ops.selection.select_survivors(f, fn, survive_frac, elite_frac, num_groups, generator=self.generator,
+                                              **type_kwargs)
 
     def select_parents(
         self,
@@ -518,46 +433,23 @@ class Population(nn.Module, RoutedModel):
         Returns ``(num_children, num_parents_per_child)`` int64 population
         ids, fittest parent first for tournament-style types. With islands
         (``num_groups > 1``), child ``j`` replaces ``culled[j]`` and its
-        parents come from that slot's island.
+        parents come from that slot's island
+        (:func:`populora.operators.parents.parents_for_slots`).
         """
         self._check_alive()
         fn = ops.get_operator("parent_selection", selection_type)
         ops.check_options("parent_selection", selection_type, type_kwargs)
-        f = self.check_fitnesses(fitnesses)
-        num_parents_per_child = check_int("num_parents_per_child", num_parents_per_child, low=1)
+        f = self.validate_fitnesses(fitnesses)
+        check_int("num_parents_per_child", num_parents_per_child, low=1)
+        return self._select_parents(fn, f, num_children, culled, num_parents_per_child, num_groups, type_kwargs)
+
+    def _select_parents(self, fn: Callable, f: Tensor, num_children: Any, culled: Any, num_parents: Any,
+                        num_groups: Any, options: dict) -> Tensor:
         culled_ids = self._ids(culled if culled is not None else [], "culled", allow_empty=True)
         if num_children is None:
             num_children = culled_ids.numel()
-        num_children = check_int("num_children", num_children, low=0)
-        num_groups = self._num_groups(num_groups)
-        g, m = num_groups, self.pop_size // num_groups
-        alive = torch.ones(self.pop_size, dtype=torch.bool, device=self.device)
-        alive[culled_ids] = False
-        per_group = alive.view(g, m).sum(1)
-        if int(per_group.min()) == 0:
-            raise InvalidValueError("no survivors left to be parents: `culled` covers a whole "
-                                    + ("island" if g > 1 else "population"))
-        if g > 1 and int(per_group.max()) != int(per_group.min()):
-            raise InvalidValueError(f"with num_groups={g} every island needs the same number of survivors, got "
-                                    f"{per_group.tolist()}")
-        if g > 1 and num_children != culled_ids.numel():
-            raise InvalidValueError(f"with num_groups={g}, child j replaces culled[j]: `num_children` must equal "
-                                    f"len(culled)={culled_ids.numel()}, got {num_children}")
-        survivors = alive.view(g, m).nonzero()[:, 1].view(g, -1)  # (g, s) local ids
-        base = (torch.arange(g, device=self.device) * m)[:, None]
-        surv_fit = f.view(g, m).gather(1, survivors)
-        if g == 1:
-            local = fn(surv_fit, num_children, num_parents_per_child, generator=self.generator, **type_kwargs)[0]
-            return (survivors + base)[0][local]
-        child_group = culled_ids // m
-        count = torch.bincount(child_group, minlength=g)
-        local = fn(surv_fit, int(count.max()), num_parents_per_child, generator=self.generator, **type_kwargs)
-        rank_in_group = torch.zeros_like(child_group)
-        for grp in range(g):  # islands are few; children of each island take its first rows
-            mask = child_group == grp
-            rank_in_group[mask] = torch.arange(int(mask.sum()), device=self.device)
-        ids = (survivors + base).gather(1, local.flatten(1)).view_as(local)  # (g, c, k) population ids
-        return ids[child_group, rank_in_group]
+        return ops.parents.parents_for_slots(f, fn, culled_ids, num_children, num_parents, num_groups,
+                                             generator=self.generator, **options)
 
     # ------------------------------------------------------------------ variation
 
@@ -592,8 +484,8 @@ class Population(nn.Module, RoutedModel):
                                     f"{parents_t.shape[0]} rows")
         if torch.unique(child_ids).numel() != child_ids.numel():
             raise InvalidValueError(f"`children` must be distinct slots, got {child_ids.tolist()}")
-        num_groups = self._num_groups(num_groups)
-        f = None if fitnesses is None else self.check_fitnesses(fitnesses)
+        num_groups = ops.check_num_groups(self.pop_size, num_groups)
+        f = None if fitnesses is None else self.validate_fitnesses(fitnesses)
         if child_ids.numel() == 0:
             return
         with self._undo_on_error(child_ids):
@@ -601,8 +493,9 @@ class Population(nn.Module, RoutedModel):
 
     def _crossover(self, fn: Callable, parents: Tensor, children: Tensor, fitnesses: Tensor | None, num_groups: int,
                    options: dict) -> None:
-        new = fn(self.factors(), parents, fitnesses=fitnesses, generator=self.generator, num_groups=num_groups,
-                 **options)
+        with ops.trusted_fitnesses():  # validated once, by the caller
+            new = fn(self.factors(), parents, fitnesses=fitnesses, generator=self.generator, num_groups=num_groups,
+                     **options)
         self._write(children, new)
 
     @torch.no_grad()
@@ -704,7 +597,9 @@ class Population(nn.Module, RoutedModel):
 
         Higher fitness is better. Elites are never modified; survivors keep
         their ids (ids are slots). Every option is validated before anything
-        changes. Advances ``generation`` and ``eval_seed`` by one.
+        changes. Advances ``generation`` and ``eval_seed`` by one and appends
+        ``GenerationStats(generation, best, mean, std)`` of ``fitnesses`` (after
+        the NaN policy; ``std`` with ``correction=0``) to :attr:`history`.
 
         All or nothing: if any step raises (a user-registered operator, say),
         the adapters, the generator, ``generation`` and ``eval_seed`` are
@@ -719,24 +614,29 @@ class Population(nn.Module, RoutedModel):
             ops.check_options(kind, name, options or {})
         epsilon = _check_epsilon(epsilon)
         num_parents_per_child = check_int("num_parents_per_child", num_parents_per_child, low=1)
-        f = self.check_fitnesses(fitnesses)
-        self._group_sizes(survive_frac, elite_frac, num_groups)
-        num_groups = self._num_groups(num_groups)
+        f = self.validate_fitnesses(fitnesses)  # the one validation of this generation's fitnesses
+        ops.selection.group_sizes(self.pop_size, survive_frac, elite_frac, num_groups)
+        num_groups = ops.check_num_groups(self.pop_size, num_groups)
 
         generator_state = self.generator.get_state()
         try:  # selection writes no adapter, only draws
-            result = self.select(selection_type, f, survive_frac, elite_frac, num_groups, **(selection_kwargs or {}))
+            result = ops.selection.select_survivors(f, ops.get_operator("selection", selection_type), survive_frac,
+                                                    elite_frac, num_groups, generator=self.generator,
+                                                    **(selection_kwargs or {}))
         except BaseException:
             self.generator.set_state(generator_state)
             raise
         culled = result.selected_out_indices
         with self._undo_on_error(culled, generator_state):  # e.g. a crossover needing another parent count
-            parents = self.select_parents(parent_selection_type, f, culled.numel(), culled, num_parents_per_child,
-                                          num_groups, **(parent_kwargs or {}))
+            parents = self._select_parents(ops.get_operator("parent_selection", parent_selection_type), f,
+                                           culled.numel(), culled, num_parents_per_child, num_groups,
+                                           parent_kwargs or {})
             if culled.numel():
                 self._crossover(ops.get_operator("crossover", crossover_type), parents, culled, f, num_groups,
                                 crossover_kwargs or {})
             self._mutate(ops.get_operator("mutation", mutation_type), culled, epsilon, mutation_kwargs or {})
+        self.history.append(GenerationStats(self.generation, float(f.max()), float(f.mean()),
+                                            float(f.std(correction=0))))
         self.generation += 1
         self.eval_seed += 1
         return result
@@ -791,79 +691,158 @@ class Population(nn.Module, RoutedModel):
     def select_and_merge_best_(self, fitnesses: Any) -> nn.Module:
         """Merge ``argmax(fitnesses)`` (higher is better) and return the plain model."""
         self._check_alive()
-        f = self.check_fitnesses(fitnesses)
+        f = self.validate_fitnesses(fitnesses)
         return self.merge_(int(torch.argmax(f)))
 
-    # ------------------------------------------------------------------ save / load
+    # ------------------------------------------------------------------ state
 
-    def state(self) -> dict[str, Any]:
-        """Everything an exact resume needs, except the base model (tensors and plain values).
+    def get_extra_state(self) -> dict[str, Any]:
+        """What :meth:`state_dict` holds besides tensors of modules: config, generator, counters, history.
 
-        A snapshot: every tensor is a CPU copy that shares no storage with the
-        live adapters, so ``saved = pop.state(); pop.mutate_(...);
-        pop.load_state(saved)`` restores the population exactly.
-        Stacks are in the stored layout: ``downs[t]`` ``(P, r, d)`` for
-        Linear, ``(P, V, r)`` for Embedding; ``ups[t]`` ``(P, r, e)``.
+        ``{'format', 'config', 'generator' (uint8 state), 'generation',
+        'eval_seed', 'weight_scales', 'history' ([generation, best, mean, std]
+        per entry)}``; the generator state is a copy.
         """
-        self._check_alive()
         return {
             "format": _FORMAT,
             "config": {"pop_size": self.pop_size, "low_rank": self.low_rank, "seed": self.seed,
                        "init_scale": self.init_scale, "nan_policy": self.nan_policy,
                        "lora_targets": list(self.target_names)},
-            "downs": [d.detach().to("cpu", copy=True) for d in self._downs],
-            "ups": [u.detach().to("cpu", copy=True) for u in self._ups],
             "generator": self.generator.get_state().clone(),
             "generation": self.generation,
             "eval_seed": self.eval_seed,
+            "weight_scales": list(self.weight_scales),
+            "history": [list(s) for s in self.history],
         }
 
-    def load_state(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state`: all or nothing.
+    def set_extra_state(self, state: Any) -> None:
+        """Restore :meth:`get_extra_state` (checked first; called by ``load_state_dict``)."""
+        self._write_extra(self._check_extra(state))
 
-        The whole state is checked first (format, every key, the config
-        against this population, every stack's shape and dtype, the counters
-        and the generator state); only then is anything written.
+    def state_dict(self, *args: Any, destination: Any = None, prefix: str = "", keep_vars: bool = False,
+                   include_model: bool = True) -> dict[str, Any]:
+        """torch's state dict: base weights, adapters and (``_extra_state``) generator and counters.
 
-        Raises:
-            CheckpointError: naming the missing or wrong key and what was
-                expected; the population is unchanged.
+        Like every module's, it holds references to the live tensors (copy it,
+        or use :meth:`save`, to keep a snapshot): the base model's under
+        ``model.``, the adapter stacks under ``_downs.<t>`` / ``_ups.<t>`` in
+        the stored layout (Linear ``down (P, r, d)``, Embedding ``down (P, V, r)``,
+        ``up (P, r, e)``; :meth:`factors` gives the public ``(P, d, r)`` /
+        ``(P, e, r)`` views), and under ``_extra_state`` the config, the
+        generator state, ``generation``, ``eval_seed``, the weight scales and
+        :attr:`history`, so ``pop.load_state_dict(other.state_dict())``
+        resumes ``other``'s run bit for bit.
+
+        Args:
+            include_model: ``False`` leaves out the ``model.`` keys (what a
+                checkpoint file holds: the adapters and counters).
         """
         self._check_alive()
-        _check_state(state)
-        config = state["config"]
+        out = super().state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
+        if not include_model:
+            for key in [k for k in out if k.startswith(prefix + "model.")]:
+                del out[key]
+        return out
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
+        """Restore :meth:`state_dict` (with or without the ``model.`` keys): all or nothing.
+
+        Everything is checked first (the keys, every tensor's shape, the
+        config against this population, the counters and the generator
+        state); only then is anything written. A dict without any ``model.``
+        key (a checkpoint file's, ``state_dict(include_model=False)``) leaves
+        the base model as it is. Version 0.1's ``state()`` dicts are read too.
+
+        Raises:
+            CheckpointError: naming the missing, unexpected or wrong key and
+                what was expected (shapes in the public layout of
+                :meth:`factors`); the population is unchanged.
+        """
+        self._check_alive()
+        if isinstance(state_dict, Mapping) and "format" in state_dict:
+            state_dict = pstate.from_legacy(state_dict)
+        if not isinstance(state_dict, Mapping):
+            raise CheckpointError(f"a population state must be a dict (from Population.state_dict()), got "
+                                  f"{type(state_dict).__name__}")
+        own = self.state_dict(keep_vars=True, include_model=any(k.startswith("model.") for k in state_dict))
+        missing = [k for k in own if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in own]
+        if strict and (missing or unexpected):
+            raise CheckpointError(f"the population state lacks the key(s) {missing}" if missing else
+                                  f"the population state has unexpected key(s) {unexpected}")
+        extra = self._check_extra(state_dict[pstate.EXTRA_KEY]) if pstate.EXTRA_KEY in state_dict else None
+        stacks = {f"_{kind}.{t}": (kind[:-1], name, emb) for kind in ("downs", "ups")
+                  for t, (name, emb) in enumerate(zip(self.target_names, self._embedding))}
+        for key, value in state_dict.items():
+            if key not in own or key == pstate.EXTRA_KEY:
+                continue
+            if key in stacks:
+                kind, name, emb = stacks[key]
+                pstate.check_stack(f"the state's {kind} adapter of {name!r}", value, self.pop_size)
+            elif not isinstance(value, Tensor):
+                raise CheckpointError(f"the state's {key!r} must be a tensor, got {type(value).__name__}")
+            if value.shape != own[key].shape:
+                if key in stacks:
+                    raise CheckpointError(f"checkpoint {kind} adapter of {name!r} has shape "
+                                          f"{pstate.public_shape(kind, value.shape, emb)}, expected "
+                                          f"{pstate.public_shape(kind, own[key].shape, emb)}")
+                raise CheckpointError(f"checkpoint {key!r} has shape {tuple(value.shape)}, expected "
+                                      f"{tuple(own[key].shape)}")
+        tensors = {k: v for k, v in state_dict.items() if k != pstate.EXTRA_KEY}
+        result = super().load_state_dict(tensors, strict=False, assign=assign)
+        if extra is not None:
+            self._write_extra(extra)
+        return result
+
+    def _check_extra(self, extra: Any) -> dict[str, Any]:
+        """The extra state checked against this population, with its generator rebuilt (nothing written)."""
+        pstate.check_extra(extra)
+        config = extra["config"]
         mine = {"pop_size": self.pop_size, "low_rank": self.low_rank, "lora_targets": list(self.target_names)}
         for key, value in mine.items():
-            if config[key] != value:
+            if (list(config[key]) if key == "lora_targets" else config[key]) != value:
                 raise CheckpointError(f"checkpoint has {key}={config[key]!r}, this population has {value!r}")
-        for kind, params in (("downs", self._downs), ("ups", self._ups)):
-            saved_list = state[kind]
-            if len(saved_list) != len(params):
-                raise CheckpointError(f"checkpoint `{kind}` holds {len(saved_list)} stacks, this population has "
-                                      f"{len(params)} targets")
-            for name, param, saved in zip(self.target_names, params, saved_list):
-                if saved.shape != param.shape:
-                    raise CheckpointError(f"checkpoint {kind[:-1]} adapter of {name!r} has shape "
-                                          f"{tuple(saved.shape)}, expected {tuple(param.shape)}")
-        generator = _restore_generator(state["generator"], self.device)
-        with torch.no_grad():
-            for param, saved in zip([*self._downs, *self._ups], [*state["downs"], *state["ups"]]):
-                param.copy_(saved)
-        self.generator = generator
-        self.generation = int(state["generation"])
-        self.eval_seed = int(state["eval_seed"])
-        self.nan_policy = config.get("nan_policy", self.nan_policy)
+        return {**extra, "generator": pstate.restore_generator(extra["generator"], self.device)}
+
+    def _write_extra(self, extra: Mapping[str, Any]) -> None:
+        self.generator = extra["generator"]
+        self.generation = int(extra["generation"])
+        self.eval_seed = int(extra["eval_seed"])
+        self.nan_policy = extra["config"].get("nan_policy", self.nan_policy)
+        if extra.get("weight_scales") is not None:
+            self.weight_scales = [float(s) for s in extra["weight_scales"]]
+        if extra.get("history") is not None:
+            self.history = [GenerationStats(int(s[0]), *map(float, s[1:])) for s in extra["history"]]
+
+    def state(self) -> dict[str, Any]:
+        """Deprecated: use :meth:`state_dict` (or :meth:`save`); the 0.1 snapshot layout, CPU copies."""
+        warnings.warn("`Population.state()` is deprecated; use `state_dict()` (or `save(path)` for a file)",
+                      DeprecationWarning, stacklevel=2)
+        self._check_alive()
+        extra = self.get_extra_state()
+        return {"format": _FORMAT, "config": extra["config"],
+                "downs": [d.detach().to("cpu", copy=True) for d in self._downs],
+                "ups": [u.detach().to("cpu", copy=True) for u in self._ups],
+                **{k: extra[k] for k in ("generator", "generation", "eval_seed")}}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Deprecated: use :meth:`load_state_dict` (or :meth:`load`), which reads these dicts too."""
+        warnings.warn("`Population.load_state()` is deprecated; use `load_state_dict()` (or `load(path)`)",
+                      DeprecationWarning, stacklevel=2)
+        self.load_state_dict(state)
 
     def save(self, path: str | Path) -> Path:
-        """Write a checkpoint atomically (temp file + rename); the base model is not saved.
+        """Write the adapters and counters (``state_dict(include_model=False)``) atomically; no base model.
 
         Returns:
             The ``Path`` written.
         """
-        return atomic_save(self.state(), path, kind="Population")
+        snapshot = {k: v.detach().to("cpu", copy=True) if isinstance(v, Tensor) else v
+                    for k, v in self.state_dict(include_model=False).items()}
+        return atomic_save(snapshot, path, kind="Population")
 
     def load(self, path: str | Path) -> None:
-        """Resume from :meth:`save`'s checkpoint: adapters, generator, generation, eval seed.
+        """Resume from :meth:`save`'s checkpoint: adapters, generator, generation, eval seed, history.
 
         Raises:
             FileNotFoundError: nothing at ``path``.
@@ -872,8 +851,8 @@ class Population(nn.Module, RoutedModel):
                 named); the population is unchanged.
         """
         state = load_checkpoint(path, kind="Population")
-        with _naming(path):
-            self.load_state(state)
+        with pstate.naming(path):
+            self.load_state_dict(state)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, model: nn.Module, **kwargs: Any) -> Population:
@@ -889,14 +868,18 @@ class Population(nn.Module, RoutedModel):
                 fit ``model`` (the file is named).
         """
         state = load_checkpoint(path, kind="Population")
-        with _naming(path):
-            _check_state(state)
-        config = dict(state["config"])
+        with pstate.naming(path):
+            if isinstance(state, Mapping) and "format" in state:
+                state = pstate.from_legacy(state)
+            if not isinstance(state, Mapping) or pstate.EXTRA_KEY not in state:
+                raise CheckpointError(f"the population state lacks the key(s) {[pstate.EXTRA_KEY]}")
+            pstate.check_extra(state[pstate.EXTRA_KEY])
+        config = dict(state[pstate.EXTRA_KEY]["config"])
         config.update(kwargs)
         pop = cls(model, config.pop("pop_size"), config.pop("low_rank"), config.pop("lora_targets"), **config)
         try:
-            with _naming(path):
-                pop.load_state(state)
+            with pstate.naming(path):
+                pop.load_state_dict(state)
         except BaseException:
             pop.close()
             raise
@@ -952,11 +935,30 @@ class Population(nn.Module, RoutedModel):
         """Deprecated: the per-target factor scale ``sqrt(w / sqrt(r))`` of :attr:`weight_scales`."""
         warnings.warn("`Population.floors` is deprecated; use `weight_scales` (the reference weight RMS per "
                       "target; the old floor is sqrt(weight_scale / sqrt(rank)))", DeprecationWarning, stacklevel=2)
-        return [math.sqrt(w / math.sqrt(r)) for w, r in zip(self.weight_scales, self.ranks)]
+        return [math.sqrt(w / math.sqrt(r)) for w, r in zip(self.weight_scales, self.effective_ranks)]
 
-    def extra_repr(self) -> str:
-        return (f"pop_size={self.pop_size}, low_rank={self.low_rank}, targets={self.target_names}, "
+    @property
+    def ranks(self) -> list[int]:
+        """Deprecated: :attr:`effective_ranks` (``min(low_rank, d, e)`` per target)."""
+        warnings.warn("`Population.ranks` is deprecated; use `effective_ranks` (the effective rank "
+                      "min(low_rank, d, e) of each target)", DeprecationWarning, stacklevel=2)
+        return list(self.effective_ranks)
+
+    def __repr__(self) -> str:
+        """The public layout: per target the :meth:`factors` shapes ``down (P, d, r_t)``, ``up (P, e, r_t)``.
+
+        The base model is not printed (``pop.model`` is); a merged or closed
+        population says so.
+        """
+        head = (f"{type(self).__name__}(pop_size={self.pop_size}, low_rank={self.low_rank}, "
                 f"generation={self.generation}")
+        if self._spent:
+            return head + ", spent: merged or closed)"
+        lines = [head + ", targets={"]
+        for name, (down, up), module in zip(self.target_names, self.factors(), self._targets.values()):
+            lines.append(f"  {name!r}: {type(module).__name__} down {tuple(down.shape)}, up {tuple(up.shape)}, "
+                         f"{down.dtype},")
+        return "\n".join(lines) + "\n})"
 
 
 def _merge_dtype(adapter: torch.dtype, weight: torch.dtype) -> torch.dtype:
@@ -989,113 +991,6 @@ def _unwind(modules: Any) -> None:
                 del module.forward
             else:
                 module.forward = inner
-
-
-@contextlib.contextmanager
-def _naming(path: str | Path) -> Iterator[None]:
-    """Re-raise a CheckpointError about a loaded state with the file it came from."""
-    try:
-        yield
-    except CheckpointError as err:
-        raise CheckpointError(f"checkpoint {str(path)!r}: {err}") from err
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _check_state(state: Any) -> None:
-    """Everything in a :meth:`Population.state` dict that can be checked without a population.
-
-    Raises:
-        CheckpointError: naming the missing or wrong key.
-    """
-    if not isinstance(state, Mapping):
-        raise CheckpointError(f"a population state must be a dict (from Population.state()), got "
-                              f"{type(state).__name__}")
-    if state.get("format") != _FORMAT:
-        raise CheckpointError(f"not a populora population state: 'format' is {state.get('format')!r}, "
-                              f"expected {_FORMAT!r}")
-    missing = [key for key in _STATE_KEYS if key not in state]
-    if missing:
-        raise CheckpointError(f"the population state lacks the key(s) {missing} (a complete state has "
-                              f"{list(_STATE_KEYS)})")
-    config = state["config"]
-    if not isinstance(config, Mapping):
-        raise CheckpointError(f"the state's 'config' must be a dict, got {type(config).__name__}")
-    missing = [key for key in _CONFIG_KEYS if key not in config]
-    if missing:
-        raise CheckpointError(f"the state's 'config' lacks the key(s) {missing}")
-    for key, low in (("pop_size", 2), ("low_rank", 1)):
-        if not _is_int(config[key]) or config[key] < low:
-            raise CheckpointError(f"the state's config {key!r} must be an int >= {low}, got {config[key]!r}")
-    targets = config["lora_targets"]
-    if not isinstance(targets, (list, tuple)) or not targets or not all(isinstance(t, str) for t in targets):
-        raise CheckpointError(f"the state's config 'lora_targets' must be a non-empty list of str, got {targets!r}")
-    try:
-        if "seed" in config:
-            check_seed("seed", config["seed"])
-        if "init_scale" in config:
-            check_float("init_scale", config["init_scale"], low=0.0)
-        if "nan_policy" in config:
-            check_one_of("nan_policy", config["nan_policy"], NAN_POLICIES)
-    except PopuloraError as err:
-        raise CheckpointError(f"the state's config: {err}") from None
-    for kind in ("downs", "ups"):
-        stacks = state[kind]
-        if not isinstance(stacks, (list, tuple)) or len(stacks) != len(targets):
-            raise CheckpointError(f"the state's {kind!r} must be a list of one tensor per target "
-                                  f"({len(targets)}), got {type(stacks).__name__}"
-                                  + (f" of {len(stacks)}" if isinstance(stacks, (list, tuple)) else ""))
-        for name, t in zip(targets, stacks):
-            if not isinstance(t, Tensor) or not t.is_floating_point() or t.dim() != 3:
-                got = f"{t.dtype} tensor of shape {tuple(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
-                raise CheckpointError(f"the state's {kind!r} entry of {name!r} must be a 3-D floating-point "
-                                      f"tensor, got {got}")
-            if t.shape[0] != config["pop_size"]:
-                raise CheckpointError(f"the state's {kind!r} entry of {name!r} holds {t.shape[0]} individuals, "
-                                      f"its config says pop_size={config['pop_size']}")
-    for key in ("generation", "eval_seed"):
-        if not _is_int(state[key]) or (key == "generation" and state[key] < 0):
-            raise CheckpointError(f"the state's {key!r} must be an int" + (" >= 0" if key == "generation" else "")
-                                  + f", got {state[key]!r}")
-    generator = state["generator"]
-    if not isinstance(generator, Tensor) or generator.dtype != torch.uint8 or generator.dim() != 1:
-        got = f"{generator.dtype} tensor of shape {tuple(generator.shape)}" if isinstance(generator, Tensor) else (
-            type(generator).__name__)
-        raise CheckpointError(f"the state's 'generator' must be a 1-D uint8 tensor (torch.Generator.get_state()), "
-                              f"got {got}")
-
-
-_CUDA_GENERATOR_STATE_BYTES = 16  # Philox: seed (8 bytes) and offset (8 bytes)
-
-
-def _restore_generator(saved: Tensor, device: torch.device) -> torch.Generator:
-    """A generator on ``device`` in the saved state; the state is checked, never trusted.
-
-    A state saved on another device type cannot be set; the generator is then
-    seeded from a hash of it (deterministic, with a warning). A state of no
-    known size (truncated or damaged) raises.
-    """
-    generator = torch.Generator(device=device)
-    own = generator.get_state().numel()
-    if saved.numel() == own:
-        try:
-            generator.set_state(saved.cpu())
-        except (RuntimeError, TypeError) as err:
-            raise CheckpointError(f"the state's 'generator' is not a valid {device.type} generator state: "
-                                  f"{err}") from None
-        return generator
-    other = {torch.Generator().get_state().numel(), _CUDA_GENERATOR_STATE_BYTES} - {own}
-    if saved.numel() not in other:
-        raise CheckpointError(f"the state's 'generator' holds {saved.numel()} bytes, which is no generator state "
-                              f"(a {device.type} generator's has {own}): it is truncated or damaged")
-    seed = int.from_bytes(hashlib.sha256(saved.cpu().numpy().tobytes()).digest()[:8], "little")
-    generator.manual_seed(seed)
-    warnings.warn(f"the checkpoint's generator state ({saved.numel()} bytes) is for another device type than "
-                  f"{device}; reseeded from it, so the run continues deterministically but not bit-identically",
-                  stacklevel=3)
-    return generator
 
 
 def _check_epsilon(epsilon: Any) -> float:

@@ -1,4 +1,8 @@
-"""Per-generation statistics shared by every history in populora."""
+"""GenerationStats: one generation's fitness summary, the entry type of populora's histories.
+
+``Population.history``, ``evolve_with_env``'s history, ``Coevolve.history``
+and the ES histories hold these; :func:`populora.plot_history` draws them.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +12,19 @@ __all__ = ["GenerationStats"]
 
 
 class GenerationStats(NamedTuple):
-    """Best and mean fitness of one generation (higher fitness is better).
+    """Best, mean and spread of one generation's fitness (higher fitness is better).
 
     Attributes:
         generation: the generation whose individuals were evaluated.
         best: the highest fitness of that generation.
         mean: the mean fitness of that generation.
+        std: the standard deviation of its fitnesses (``correction=0``), or
+            ``None`` where the history does not record it. Defaulted, so
+            ``GenerationStats(g, best, mean)`` and unpacking the first three
+            fields keep working.
     """
 
     generation: int
     best: float
     mean: float
+    std: float | None = None

@@ -69,7 +69,7 @@ class TestConstruction:
 
     def test_effective_rank(self):
         pop = Population(nn.Sequential(nn.Linear(32, 2)), pop_size=4, low_rank=16)
-        assert pop.ranks == [2] and pop.factors()[0].down.shape == (4, 32, 2)
+        assert pop.effective_ranks == [2] and pop.factors()[0].down.shape == (4, 32, 2)
         down, up = pop._full_factors()[0]  # (4, 32, 16), (4, 2, 16): surplus columns are zero
         assert torch.count_nonzero(down[..., 2:]) == 0 and torch.count_nonzero(up[..., 2:]) == 0
         pop.evolve_(torch.arange(4.0), mutation_type="full_gaussian")
@@ -96,15 +96,15 @@ class TestFitness:
         import numpy as np
 
         pop, _ = make()
-        assert pop.check_fitnesses(list(range(8))).is_floating_point()  # the dtype rules: see test_fitness.py
-        assert pop.check_fitnesses(np.arange(8.0)).tolist() == list(range(8))
+        assert pop.validate_fitnesses(list(range(8))).is_floating_point()  # the dtype rules: see test_fitness.py
+        assert pop.validate_fitnesses(np.arange(8.0)).tolist() == list(range(8))
 
     def test_wrong_shape_names_both(self):
         pop, _ = make()
         with pytest.raises(FitnessError, match=r"must have shape \(8,\), got \(4,\)"):
-            pop.check_fitnesses(torch.zeros(4))
+            pop.validate_fitnesses(torch.zeros(4))
         with pytest.raises(FitnessError, match=r"must have shape \(8,\), got \(8, 1\)"):
-            pop.check_fitnesses(torch.zeros(8, 1))
+            pop.validate_fitnesses(torch.zeros(8, 1))
 
     def test_nan_raises_by_default(self):
         pop, _ = make()
@@ -119,7 +119,7 @@ class TestFitness:
         pop, _ = make(nan_policy="worst")
         f = torch.arange(8.0)
         f[7] = float("nan")  # would be the best if it counted
-        checked = pop.check_fitnesses(f)
+        checked = pop.validate_fitnesses(f)
         assert checked[7] < checked[:7].min()
         result = pop.select(fitnesses=f, elite_frac=0.25)
         assert 7 in result.selected_out_indices.tolist() and 7 not in result.elite_indices.tolist()
@@ -127,7 +127,7 @@ class TestFitness:
     def test_inf_always_raises(self):
         pop, _ = make(nan_policy="worst")
         with pytest.raises(FitnessError, match=r"must be finite, got \[inf\] at ids \[0\]"):
-            pop.check_fitnesses(torch.tensor([float("inf")] + [0.0] * 7))
+            pop.validate_fitnesses(torch.tensor([float("inf")] + [0.0] * 7))
 
 
 class TestMerge:
@@ -190,7 +190,7 @@ class TestCheckpoint:
         assert written == tmp_path / "ckpt" / "pop.pt" and isinstance(written, Path)
         assert [p.name for p in (tmp_path / "ckpt").iterdir()] == ["pop.pt"]
         state = load_checkpoint(written, kind="Population")  # the payload is read with weights_only=True
-        assert state["config"]["pop_size"] == 8
+        assert state["_extra_state"]["config"]["pop_size"] == 8
 
     def test_failed_save_keeps_previous_checkpoint(self, tmp_path, monkeypatch):
         pop, _ = make()
@@ -251,11 +251,13 @@ class TestRegressions:
 
     def test_failed_load_changes_nothing(self, tmp_path):
         pop, _ = make()
-        state = pop.state()
-        state["ups"] = [torch.zeros(8, 2, 5)] + state["ups"][1:]  # wrong up shape for target '0'
+        state = pop.state_dict(include_model=False)
+        state["_ups.0"] = torch.zeros(8, 2, 5)  # wrong up shape for target '0' (stored layout (P, r, e))
         before = [(f.down.clone(), f.up.clone()) for f in pop.factors()]
-        with pytest.raises(ValueError, match=r"checkpoint up adapter of '0' has shape \(8, 2, 5\), expected \(8, 2, 16\)"):
-            pop.load_state(state)
+        # the error quotes the public layout of factors(): up (P, e, r)
+        with pytest.raises(ValueError, match=r"checkpoint up adapter of '0' has shape \(8, 5, 2\), "
+                                             r"expected \(8, 16, 2\)"):
+            pop.load_state_dict(state)
         assert all(torch.equal(d, f.down) and torch.equal(u, f.up) for (d, u), f in zip(before, pop.factors()))
 
     def test_evolve_error_leaves_generator_untouched(self):

@@ -181,7 +181,7 @@ class TestDamagedFiles:
         model[2].weight.requires_grad_(False)
         expected = flags(model)
         with pytest.raises(CheckpointError, match=rf"checkpoint {re.escape(repr(str(path)))}: checkpoint up adapter "
-                                                  r"of '2' has shape \(8, 2, 3\), expected \(8, 2, 4\)"):
+                                                  r"of '2' has shape \(8, 3, 2\), expected \(8, 4, 2\)"):
             Population.from_checkpoint(path, model)
         assert flags(model) == expected and plain(model)
 
@@ -193,85 +193,162 @@ class TestDamagedFiles:
 # ---------------------------------------------------------------- issue 10.2: all-or-nothing load_state
 
 
+def adapters_and_counters(pop):
+    """A snapshot in the state_dict layout without the base model (what a checkpoint file holds)."""
+    return copy.deepcopy(pop.state_dict(include_model=False))
+
+
+def legacy_state(pop):
+    """Version 0.1's ``state()`` layout (downs / ups lists), still readable by load_state_dict."""
+    with pytest.warns(DeprecationWarning, match=r"Population.state\(\)` is deprecated"):
+        return pop.state()
+
+
 class TestLoadStateAllOrNothing:
-    @pytest.mark.parametrize("key", ["generation", "eval_seed", "generator", "downs", "ups", "config"])
-    def test_missing_key_raises_naming_it_before_any_write(self, key):
+    @pytest.mark.parametrize("key, where", [("generation", "_extra_state"), ("eval_seed", "_extra_state"),
+                                            ("generator", "_extra_state"), ("config", "_extra_state"),
+                                            ("_downs.0", None), ("_ups.1", None), ("_extra_state", None)])
+    def test_missing_key_raises_naming_it_before_any_write(self, key, where):
         source, _ = make(seed=1)
         source.evolve_(torch.arange(8.0))
-        state = source.state()
+        state = adapters_and_counters(source)
+        del (state[where] if where else state)[key]
+        pop, _ = make(seed=0)
+        before = snapshot(pop)
+        with pytest.raises(CheckpointError, match=rf"lacks the key\(s\) \['{key}'\]"):
+            pop.load_state_dict(state)
+        assert_same(snapshot(pop), before)
+
+    @pytest.mark.parametrize("key", ["generation", "eval_seed", "generator", "downs", "ups", "config"])
+    def test_legacy_layout_missing_key_raises_naming_it(self, key):
+        source, _ = make(seed=1)
+        state = legacy_state(source)
         del state[key]
         pop, _ = make(seed=0)
         before = snapshot(pop)
         with pytest.raises(CheckpointError, match=rf"lacks the key\(s\) \['{key}'\]"):
-            pop.load_state(state)
+            pop.load_state_dict(state)
         assert_same(snapshot(pop), before)
 
     @pytest.mark.parametrize(
         "edit, message",
         [
-            (lambda s: s.update(generation="3"), r"'generation' must be an int >= 0, got '3'"),
-            (lambda s: s.update(eval_seed=1.5), r"'eval_seed' must be an int, got 1.5"),
-            (lambda s: s["downs"].__setitem__(1, s["downs"][1].long()),
-             r"'downs' entry of '2' must be a 3-D floating-point tensor, got torch.int64"),
-            (lambda s: s["ups"].pop(), r"'ups' must be a list of one tensor per target \(2\), got list of 1"),
-            (lambda s: s["config"].pop("low_rank"), r"'config' lacks the key\(s\) \['low_rank'\]"),
-            (lambda s: s["config"].update(nan_policy="ignore"), r"`nan_policy` must be one of"),
-            (lambda s: s.update(generator=s["generator"][:100]),
+            (lambda s: s["_extra_state"].update(generation="3"), r"'generation' must be an int >= 0, got '3'"),
+            (lambda s: s["_extra_state"].update(eval_seed=1.5), r"'eval_seed' must be an int, got 1.5"),
+            (lambda s: s.update({"_downs.1": s["_downs.1"].long()}),
+             r"down adapter of '2' must be a 3-D floating-point tensor, got torch.int64"),
+            (lambda s: s.update({"_ups.0": s["_ups.0"][:, :1]}),
+             r"checkpoint up adapter of '0' has shape \(8, 16, 1\), expected \(8, 16, 2\)"),
+            (lambda s: s.update(extra=torch.zeros(1)), r"unexpected key\(s\) \['extra'\]"),
+            (lambda s: s["_extra_state"]["config"].pop("low_rank"), r"'config' lacks the key\(s\) \['low_rank'\]"),
+            (lambda s: s["_extra_state"]["config"].update(low_rank=3), r"checkpoint has low_rank=3, this population "
+                                                                        r"has 2"),
+            (lambda s: s["_extra_state"]["config"].update(nan_policy="ignore"), r"`nan_policy` must be one of"),
+            (lambda s: s["_extra_state"].update(generator=s["_extra_state"]["generator"][:100]),
              r"'generator' holds 100 bytes, which is no generator state \(a cpu generator's has 5056\): it is "
              r"truncated or damaged"),
-            (lambda s: s.update(generator=s["generator"].float()), r"'generator' must be a 1-D uint8 tensor"),
-            (lambda s: s.update(format="populora.population/0"), r"'format' is 'populora.population/0'"),
+            (lambda s: s["_extra_state"].update(generator=s["_extra_state"]["generator"].float()),
+             r"'generator' must be a 1-D uint8 tensor"),
+            (lambda s: s["_extra_state"].update(format="populora.population/0"),
+             r"'format' is 'populora.population/0'"),
+            (lambda s: s["_extra_state"].update(history=[[0, 1.0]]), r"'history' must be a list of \[generation, "),
+            (lambda s: s["_extra_state"].update(weight_scales=[1.0]), r"'weight_scales' must be a list of one "
+                                                                       r"positive float per target \(2\)"),
         ],
     )
     def test_bad_values_raise_before_any_write(self, edit, message):
         source, _ = make(seed=1)
         source.evolve_(torch.arange(8.0))
-        state = source.state()
+        state = adapters_and_counters(source)
         edit(state)
         pop, _ = make(seed=0)
         before = snapshot(pop)
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # a truncated generator state is an error, not a warning
             with pytest.raises(CheckpointError, match=message):
-                pop.load_state(state)
+                pop.load_state_dict(state)
+        assert_same(snapshot(pop), before)
+
+    def test_a_bad_base_weight_in_a_full_state_dict_writes_no_adapter(self):
+        """torch's own load copies every matching tensor before it reports a mismatch; this one checks first."""
+        source, _ = make(seed=1)
+        source.evolve_(torch.arange(8.0))
+        state = dict(source.state_dict())
+        state["model.2.weight"] = torch.zeros(5, 5)
+        pop, _ = make(seed=0)
+        before = snapshot(pop)
+        with pytest.raises(CheckpointError, match=r"checkpoint 'model.2.weight' has shape \(5, 5\), expected"):
+            pop.load_state_dict(state)
+        assert_same(snapshot(pop), before)
+
+    @pytest.mark.parametrize(
+        "edit, message",
+        [
+            (lambda s: s.update(generation="3"), r"'generation' must be an int >= 0, got '3'"),
+            (lambda s: s["downs"].__setitem__(1, s["downs"][1].long()),
+             r"'downs' entry of '2' must be a 3-D floating-point tensor, got torch.int64"),
+            (lambda s: s["ups"].pop(), r"'ups' must be a list of one tensor per target \(2\), got list of 1"),
+            (lambda s: s.update(format="populora.population/0"), r"'format' is 'populora.population/0'"),
+        ],
+    )
+    def test_legacy_layout_bad_values_raise_before_any_write(self, edit, message):
+        source, _ = make(seed=1)
+        state = legacy_state(source)
+        edit(state)
+        pop, _ = make(seed=0)
+        before = snapshot(pop)
+        with pytest.raises(CheckpointError, match=message):
+            pop.load_state_dict(state)
         assert_same(snapshot(pop), before)
 
     def test_not_a_dict(self):
         pop, _ = make()
         with pytest.raises(CheckpointError, match="a population state must be a dict"):
-            pop.load_state([1, 2])
+            pop.load_state_dict([1, 2])
 
 
 # ---------------------------------------------------------------- issue 10.3: state() is a snapshot
 
 
 class TestSnapshot:
-    def test_state_shares_no_storage_and_restores_after_mutation(self):
+    def test_state_alias_warns_shares_no_storage_and_restores_after_mutation(self):
         pop, _ = make()
         before = snapshot(pop)
-        saved = pop.state()
+        saved = legacy_state(pop)
         live = {p.untyped_storage().data_ptr() for p in [*pop._downs, *pop._ups]}
         assert not live & {t.untyped_storage().data_ptr() for t in [*saved["downs"], *saved["ups"]]}
         pop.mutate_("full_gaussian", all_individuals=True, epsilon=1.0)
         pop.generation += 1
         assert not torch.equal(saved["downs"][0], pop._downs[0])  # the snapshot did not follow the mutation
-        pop.load_state(saved)
+        with pytest.warns(DeprecationWarning, match=r"load_state\(\)` is deprecated; use `load_state_dict\(\)"):
+            pop.load_state(saved)
+        assert_same(snapshot(pop), before)
+
+    def test_state_dict_holds_references_like_torch_and_a_copy_restores(self):
+        pop, _ = make()
+        before = snapshot(pop)
+        live = pop.state_dict()
+        assert live["_downs.0"].data_ptr() == pop._downs[0].data_ptr()  # torch's semantics: references
+        saved = copy.deepcopy(live)
+        pop.mutate_("full_gaussian", all_individuals=True, epsilon=1.0)
+        pop.generation += 1
+        pop.load_state_dict(saved)
         assert_same(snapshot(pop), before)
 
     def test_hall_of_fame_state_is_a_snapshot(self):
         pop, _ = make()
         hall = HallOfFame(dict(p=pop))
         champion = hall.add_champion("p", torch.arange(8.0), generation=0)
-        state = hall.state()
+        state = hall.state_dict()
         entry = state["champions"]["p"][0]
         entry["downs"][0].zero_()
         assert champion.factors[0].down.abs().sum() > 0  # the archive is untouched
         restored = HallOfFame(dict(p=pop))
-        restored.load_state(hall.state())
+        restored.load_state_dict(hall.state_dict())
         state["champions"]["p"][0]["ups"][0].zero_()
         again = restored.champions("p")[0]
         assert torch.equal(again.factors[0].down, champion.factors[0].down)
-        restored_state = restored.state()
+        restored_state = restored.state_dict()
         restored_state["champions"]["p"][0]["ups"][0].zero_()
         assert torch.equal(restored.champions("p")[0].factors[0].up, champion.factors[0].up)
 
@@ -505,7 +582,7 @@ class TestHallOfFameArguments:
         hall = HallOfFame(dict(p=pop), seed=0)
         for g in range(2):
             hall.add_champion("p", torch.arange(8.0), generation=g)
-        good = hall.state()
+        good = hall.state_dict()
         fresh = HallOfFame(dict(p=pop), seed=1)
         fresh.add_champion("p", torch.arange(8.0), generation=7)
         generator = fresh.generator.get_state()
@@ -517,10 +594,10 @@ class TestHallOfFameArguments:
             (lambda s: s.update(capacity=0), r"'capacity' must be None or an int >= 1, got 0"),
         ]
         for edit, message in edits:
-            state = hall.state()
+            state = hall.state_dict()
             edit(state)
             with pytest.raises(CheckpointError, match=message):
-                fresh.load_state(state)
+                fresh.load_state_dict(state)
             assert [c.generation for c in fresh.champions()] == [7] and torch.equal(fresh.generator.get_state(), generator)
-        fresh.load_state(good)
+        fresh.load_state_dict(good)
         assert [c.generation for c in fresh.champions()] == [0, 1]

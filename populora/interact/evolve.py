@@ -210,7 +210,7 @@ def _checkpoint(population: Any, interactor: EnvInteractor, history: list[Genera
                 base_sum: list[int]) -> dict[str, Any]:
     return {
         "format": _FORMAT,
-        "population": population.state(),
+        "population": population.state_dict(include_model=False),
         "normalizer": interactor.normalizer_state(),
         "history": [tuple(h) for h in history],
         "base_checksum": base_sum,
@@ -245,12 +245,13 @@ def _check_evolve_values(population: Population, options: dict[str, Any]) -> Non
     """
     if not options:  # the defaults are valid by construction
         return
-    saved = tree_map(lambda v: v.clone() if isinstance(v, Tensor) else copy.deepcopy(v), population.state())
+    saved = tree_map(lambda v: v.clone() if isinstance(v, Tensor) else copy.deepcopy(v),
+                     population.state_dict(include_model=False))
     fitnesses = torch.arange(population.pop_size, dtype=torch.float32, device=population.device)
     try:
         population.evolve_(fitnesses, **options)
     finally:
-        population.load_state(saved)
+        population.load_state_dict(saved)
 
 
 def _resume(path: Path, population: Any, interactor: EnvInteractor, base_sum: list[int]) -> list[GenerationStats]:
@@ -269,11 +270,13 @@ def _resume(path: Path, population: Any, interactor: EnvInteractor, base_sum: li
     if (state["normalizer"] is None) != (interactor.normalizer_state() is None):
         raise CheckpointError(f"{where} was written with normalize_obs={state['normalizer'] is not None}")
     try:
-        history = [GenerationStats(int(g), float(b), float(m)) for g, b, m in state["history"]]
+        history = [GenerationStats(int(h[0]), float(h[1]), float(h[2]),
+                                   None if len(h) < 4 or h[3] is None else float(h[3]))
+                   for h in state["history"]]
     except (TypeError, ValueError) as error:
         raise CheckpointError(f"{where} has a damaged history: {error}") from None
     try:
-        population.load_state(state["population"])
+        population.load_state_dict(state["population"])
         interactor.load_normalizer_state(state["normalizer"])
     except CheckpointError:
         raise

@@ -1,0 +1,202 @@
+"""Checking a population's state before anything is written (the all-or-nothing rule).
+
+:meth:`Population.state_dict` is torch's: the base model's tensors under
+``model.``, the adapter stacks under ``_downs.<t>`` / ``_ups.<t>`` (in the
+stored layout: Linear ``down (P, r, d)``, Embedding ``down (P, V, r)``,
+``up (P, r, e)``) and, under ``_extra_state``, the *extra state*: the config,
+the generator state, ``generation``, ``eval_seed``, the weight scales and the
+history. A population's checkpoint file holds the same dict without the
+``model.`` keys. Version 0.1's ``Population.state()`` dicts (the *legacy*
+layout: ``downs`` / ``ups`` lists beside the counters) are still read.
+
+Everything here checks plain values and tensors; nothing needs a population.
+Error messages quote shapes in the public layout of
+:meth:`Population.factors`: ``down (P, d, r)``, ``up (P, e, r)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import numbers
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .checks import check_float, check_one_of, check_seed
+from .errors import CheckpointError, PopuloraError
+
+__all__: list[str] = []
+
+FORMAT = "populora.population/1"
+NAN_POLICIES = ("raise", "worst")
+EXTRA_KEY = "_extra_state"
+_LEGACY_KEYS = ("config", "downs", "ups", "generator", "generation", "eval_seed")
+_EXTRA_KEYS = ("config", "generator", "generation", "eval_seed")
+_CONFIG_KEYS = ("pop_size", "low_rank", "lora_targets")
+_CUDA_GENERATOR_STATE_BYTES = 16  # Philox: seed (8 bytes) and offset (8 bytes)
+
+
+def is_int(value: Any) -> bool:
+    """A Python or NumPy integer, not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+@contextlib.contextmanager
+def naming(path: str | Path) -> Iterator[None]:
+    """Re-raise a CheckpointError about a loaded state with the file it came from."""
+    try:
+        yield
+    except CheckpointError as err:
+        raise CheckpointError(f"checkpoint {str(path)!r}: {err}") from err
+
+
+def public_shape(kind: str, shape: torch.Size | tuple[int, ...], embedding: bool) -> tuple[int, ...]:
+    """A stored stack's shape in the layout of :meth:`Population.factors`.
+
+    ``kind`` is ``'down'`` or ``'up'``: Linear ``down (P, r, d) -> (P, d, r)``,
+    Embedding ``down (P, V, r)`` as it is, ``up (P, r, e) -> (P, e, r)``.
+    """
+    shape = tuple(shape)
+    if len(shape) != 3 or (kind == "down" and embedding):
+        return shape
+    return (shape[0], shape[2], shape[1])
+
+
+def from_legacy(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A legacy ``Population.state()`` dict, checked, in the ``state_dict`` layout (no ``model.`` keys)."""
+    check_legacy(state)
+    out: dict[str, Any] = {}
+    for kind in ("downs", "ups"):
+        for t, stack in enumerate(state[kind]):
+            out[f"_{kind}.{t}"] = stack
+    out[EXTRA_KEY] = {key: value for key, value in state.items() if key not in ("downs", "ups")}
+    return out
+
+
+def check_legacy(state: Any) -> None:
+    """Everything in a legacy ``Population.state()`` dict that can be checked without a population.
+
+    Raises:
+        CheckpointError: naming the missing or wrong key.
+    """
+    if not isinstance(state, Mapping):
+        raise CheckpointError(f"a population state must be a dict (from Population.state_dict()), got "
+                              f"{type(state).__name__}")
+    _check_format(state)
+    missing = [key for key in _LEGACY_KEYS if key not in state]
+    if missing:
+        raise CheckpointError(f"the population state lacks the key(s) {missing} (a complete state has "
+                              f"{list(_LEGACY_KEYS)})")
+    check_extra(state)
+    targets = state["config"]["lora_targets"]
+    for kind in ("downs", "ups"):
+        stacks = state[kind]
+        if not isinstance(stacks, (list, tuple)) or len(stacks) != len(targets):
+            raise CheckpointError(f"the state's {kind!r} must be a list of one tensor per target "
+                                  f"({len(targets)}), got {type(stacks).__name__}"
+                                  + (f" of {len(stacks)}" if isinstance(stacks, (list, tuple)) else ""))
+        for name, t in zip(targets, stacks):
+            check_stack(f"the state's {kind!r} entry of {name!r}", t, state["config"]["pop_size"])
+
+
+def check_stack(where: str, t: Any, pop_size: int) -> None:
+    """``t`` is a 3-D floating-point ``(pop_size, ., .)`` tensor."""
+    if not isinstance(t, Tensor) or not t.is_floating_point() or t.dim() != 3:
+        got = f"{t.dtype} tensor of shape {tuple(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
+        raise CheckpointError(f"{where} must be a 3-D floating-point tensor, got {got}")
+    if t.shape[0] != pop_size:
+        raise CheckpointError(f"{where} holds {t.shape[0]} individuals, its config says pop_size={pop_size}")
+
+
+def _check_format(state: Mapping[str, Any]) -> None:
+    if state.get("format") != FORMAT:
+        raise CheckpointError(f"not a populora population state: 'format' is {state.get('format')!r}, "
+                              f"expected {FORMAT!r}")
+
+
+def check_extra(extra: Any) -> None:
+    """The extra state (config, counters, generator, weight scales, history), each value checked.
+
+    Raises:
+        CheckpointError: naming the missing or wrong key.
+    """
+    if not isinstance(extra, Mapping):
+        raise CheckpointError(f"the population's extra state must be a dict, got {type(extra).__name__}")
+    _check_format(extra)
+    missing = [key for key in _EXTRA_KEYS if key not in extra]
+    if missing:
+        raise CheckpointError(f"the population state lacks the key(s) {missing}")
+    config = extra["config"]
+    if not isinstance(config, Mapping):
+        raise CheckpointError(f"the state's 'config' must be a dict, got {type(config).__name__}")
+    missing = [key for key in _CONFIG_KEYS if key not in config]
+    if missing:
+        raise CheckpointError(f"the state's 'config' lacks the key(s) {missing}")
+    for key, low in (("pop_size", 2), ("low_rank", 1)):
+        if not is_int(config[key]) or config[key] < low:
+            raise CheckpointError(f"the state's config {key!r} must be an int >= {low}, got {config[key]!r}")
+    targets = config["lora_targets"]
+    if not isinstance(targets, (list, tuple)) or not targets or not all(isinstance(t, str) for t in targets):
+        raise CheckpointError(f"the state's config 'lora_targets' must be a non-empty list of str, got {targets!r}")
+    try:
+        if "seed" in config:
+            check_seed("seed", config["seed"])
+        if "init_scale" in config:
+            check_float("init_scale", config["init_scale"], low=0.0)
+        if "nan_policy" in config:
+            check_one_of("nan_policy", config["nan_policy"], NAN_POLICIES)
+    except PopuloraError as err:
+        raise CheckpointError(f"the state's config: {err}") from None
+    for key in ("generation", "eval_seed"):
+        if not is_int(extra[key]) or (key == "generation" and extra[key] < 0):
+            raise CheckpointError(f"the state's {key!r} must be an int" + (" >= 0" if key == "generation" else "")
+                                  + f", got {extra[key]!r}")
+    generator = extra["generator"]
+    if not isinstance(generator, Tensor) or generator.dtype != torch.uint8 or generator.dim() != 1:
+        got = f"{generator.dtype} tensor of shape {tuple(generator.shape)}" if isinstance(generator, Tensor) else (
+            type(generator).__name__)
+        raise CheckpointError(f"the state's 'generator' must be a 1-D uint8 tensor (torch.Generator.get_state()), "
+                              f"got {got}")
+    scales = extra.get("weight_scales")
+    if scales is not None and (not isinstance(scales, (list, tuple)) or len(scales) != len(targets) or not all(
+            isinstance(s, (int, float)) and not isinstance(s, bool) and s > 0 for s in scales)):
+        raise CheckpointError(f"the state's 'weight_scales' must be a list of one positive float per target "
+                              f"({len(targets)}), got {scales!r}")
+    history = extra.get("history")
+    if history is not None and (not isinstance(history, (list, tuple)) or not all(
+            isinstance(s, (list, tuple)) and len(s) in (3, 4) and is_int(s[0])
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in s[1:]) for s in history)):
+        raise CheckpointError("the state's 'history' must be a list of [generation, best, mean, std] entries")
+
+
+def restore_generator(saved: Tensor, device: torch.device) -> torch.Generator:
+    """A generator on ``device`` in the saved state; the state is checked, never trusted.
+
+    A state saved on another device type cannot be set; the generator is then
+    seeded from a hash of it (deterministic, with a warning). A state of no
+    known size (truncated or damaged) raises.
+    """
+    generator = torch.Generator(device=device)
+    own = generator.get_state().numel()
+    if saved.numel() == own:
+        try:
+            generator.set_state(saved.cpu())
+        except (RuntimeError, TypeError) as err:
+            raise CheckpointError(f"the state's 'generator' is not a valid {device.type} generator state: "
+                                  f"{err}") from None
+        return generator
+    other = {torch.Generator().get_state().numel(), _CUDA_GENERATOR_STATE_BYTES} - {own}
+    if saved.numel() not in other:
+        raise CheckpointError(f"the state's 'generator' holds {saved.numel()} bytes, which is no generator state "
+                              f"(a {device.type} generator's has {own}): it is truncated or damaged")
+    seed = int.from_bytes(hashlib.sha256(saved.cpu().numpy().tobytes()).digest()[:8], "little")
+    generator.manual_seed(seed)
+    warnings.warn(f"the checkpoint's generator state ({saved.numel()} bytes) is for another device type than "
+                  f"{device}; reseeded from it, so the run continues deterministically but not bit-identically",
+                  stacklevel=4)
+    return generator
