@@ -22,14 +22,14 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from .. import distributed as pd
-from ..checks import check_bool, check_float, check_index, check_int, check_seed
+from ..checks import check_bool, check_float, check_int, check_seed
 from ..errors import InvalidTypeError, InvalidValueError
 from ..fitness import evaluate as evaluate_fitness
 from ..routing import Adapter, RoutingTarget, split_rows
@@ -37,8 +37,9 @@ from ..stats import GenerationStats
 from .factors import MemberFactors, compute_dtype
 from .members import ESRouter, Fallback, Individuals, _leading, deprecated_keyword, individual_losses, map_tensors
 from .noise import PairNoise
-from .params import ESParam, select_params
+from .params import ESParam, make_optimizer, select_params
 from .shaping import FITNESS_SHAPINGS, check_es_fitnesses, group_table, shape_fitness
+from .materialised import MaterialisedIndividuals
 from .state import ESState
 
 __all__ = ["ESStats", "EggrollES"]
@@ -62,7 +63,7 @@ class ESStats(NamedTuple):
     grad_norm: float
 
 
-class EggrollES(ESState):
+class EggrollES(MaterialisedIndividuals, ESState):
     """Evolution strategies with low-rank (EggRoll) perturbations, evaluated in one routed forward.
 
     The model is trained in place. Higher fitness is better; a loss is
@@ -203,7 +204,7 @@ class EggrollES(ESState):
         self.antithetic, self.fitness_shaping, self.group_size = antithetic, fitness_shaping, group_size
         self.noise_reuse, self.perturb_vectors, self.perturb_unroutable = noise_reuse, perturb_vectors, perturb_unroutable
         self.pairs = pop_size // 2 if antithetic else pop_size
-        self.optimizer = self._make_optimizer(optimizer, lr)  # may raise: before the model moves
+        self.optimizer = make_optimizer(params, optimizer, lr)  # may raise: before the model moves
         self.device = pd.resolve_device(device, model)
         self.model = model.to(self.device)
         self.generation = 0
@@ -223,27 +224,6 @@ class EggrollES(ESState):
         self._targets = dict(sorted(targets.items(), key=lambda kv: order[kv[0]]))
         self._factors = MemberFactors(self._params, self._targets, pop_size, antithetic, self.device)
         self._router = ESRouter(self._targets)
-
-    # ------------------------------------------------------------------ construction helpers
-
-    def _make_optimizer(self, optimizer: Any, lr: float | None) -> torch.optim.Optimizer:
-        params = [p.param for p in self._params]
-        if optimizer is None:
-            return torch.optim.SGD(params, lr=lr)
-        if lr is not None:
-            warnings.warn(f"`lr={lr}` is ignored because `optimizer` was given; set the learning rate on the "
-                          "optimizer (and pass lr=None)", UserWarning, stacklevel=3)
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            optimizer = optimizer(params)
-            if not isinstance(optimizer, torch.optim.Optimizer):
-                raise InvalidTypeError(f"`optimizer` factory must return a torch.optim.Optimizer, got "
-                                f"{type(optimizer).__name__}")
-        held = {id(q) for group in optimizer.param_groups for q in group["params"]}
-        missing = [p.name for p in self._params if id(p.param) not in held]
-        if missing:
-            raise InvalidValueError(f"`optimizer` does not hold the selected parameters {missing}; build it over "
-                             "model.parameters() or pass a factory `lambda params: torch.optim.Adam(params, lr=...)`")
-        return optimizer
 
     # ------------------------------------------------------------------ public views
 
@@ -506,67 +486,6 @@ class EggrollES(ESState):
         if self.debug_sync:
             self.check_sync()
         return stats
-
-    # ------------------------------------------------------------------ materialised individuals (on request only)
-
-    def individual_params(self, individual: int) -> dict[str, Tensor]:
-        """``{name: W + sigma * E_i}`` of one individual ``i`` of the current generation (materialised).
-
-        Raises:
-            InvalidIndexError: (an ``IndexError``) ``individual`` outside ``[0, pop_size)``.
-        """
-        individual = check_index("individual", individual, self.pop_size)
-        return {name: stack[0] for name, stack in self.population_params([individual]).items()}
-
-    def member_params(self, member: int) -> dict[str, Tensor]:
-        """Deprecated name of :meth:`individual_params`."""
-        warnings.warn("EggrollES.member_params is deprecated: use individual_params", DeprecationWarning, stacklevel=2)
-        return self.individual_params(member)
-
-    @torch.no_grad()
-    def perturbations(self, individuals: Sequence[int] | None = None, *,
-                      members: Sequence[int] | None = None) -> dict[str, Tensor]:
-        """``{name: (m, *shape)}``: ``sigma * E_i`` of the given individuals (default all ``N``), materialised.
-
-        For inspection and tests; the routed forward never forms these.
-        Individual ``i + N/2`` is exactly ``-1`` times individual ``i`` when
-        antithetic. ``members=`` is the deprecated name of ``individuals=``.
-        """
-        ids = self._ids(deprecated_keyword("members", members, "individuals", individuals, None))
-        noises, sigma = self._noises(), self._sigma_now()
-        return {p.name: self._factors.perturbation(p, noises[p.name], sigma, ids) for p in self._params}
-
-    def _ids(self, individuals: Sequence[int] | None) -> Tensor:
-        if individuals is None:
-            return torch.arange(self.pop_size)
-        if isinstance(individuals, Tensor):
-            individuals = individuals.tolist()
-        return torch.tensor([check_index("individual", i, self.pop_size) for i in individuals], dtype=torch.long)
-
-    @torch.no_grad()
-    def _fallback_values(self, ids: Tensor) -> dict[str, Tensor]:
-        """``{name: (m, *shape)}`` members' values of the unroutable parameters (the fallback forward's)."""
-        noises, sigma = self._noises(), self._sigma_now()
-        out = {}
-        for p in self._fallback:
-            delta = self._factors.perturbation(p, noises[p.name], sigma, ids)
-            out[p.name] = (p.param.detach().to(delta.dtype) + delta).to(p.param.dtype)
-        return out
-
-    @torch.no_grad()
-    def population_params(self, individuals: Sequence[int] | None = None, *,
-                          members: Sequence[int] | None = None) -> dict[str, Tensor]:
-        """``{name: (m, *shape)}`` perturbed parameters ``W + sigma * E_i`` (default all ``N`` individuals).
-
-        Materialises ``m`` copies of every evolved parameter: for inspection,
-        tests and the torcheggroll API, never used by the routed forward.
-        Computed in float64 for a float64 parameter (float32 otherwise), then
-        cast to the parameter's dtype.
-        """
-        params = {p.name: p.param for p in self._params}
-        return {name: (params[name].detach().to(delta.dtype) + delta).to(params[name].dtype)
-                for name, delta in self.perturbations(
-                    deprecated_keyword("members", members, "individuals", individuals, None)).items()}
 
     def close(self) -> None:
         """Give the target layers back their own forward (undo the router); the model keeps its trained weights."""

@@ -21,15 +21,18 @@ routable, else through the fallback as a whole.
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+import torch
 from torch import nn
 
 from ..errors import InvalidTypeError, InvalidValueError
 from ..targets import unroutable_reason
 
-__all__ = ["ESParam", "Owner", "call_filter", "select_params"]
+__all__ = ["ESParam", "Owner", "call_filter", "make_optimizer", "select_params"]
 
 
 @dataclass(frozen=True)
@@ -168,3 +171,29 @@ def select_params(
             "grad, or is a 1-D parameter frozen by `perturb_vectors=False`"
         )
     return chosen
+
+
+def make_optimizer(params: list[ESParam], optimizer: Any, lr: float | None) -> torch.optim.Optimizer:
+    """The ES optimizer: ``SGD(lr)`` over ``params`` by default, else ``optimizer`` (or ``optimizer(params)``).
+
+    Raises:
+        InvalidTypeError: a factory that does not return a ``torch.optim.Optimizer``.
+        InvalidValueError: an optimizer that does not hold every selected parameter (they are named).
+    """
+    tensors = [p.param for p in params]
+    if optimizer is None:
+        return torch.optim.SGD(tensors, lr=lr)
+    if lr is not None:
+        warnings.warn(f"`lr={lr}` is ignored because `optimizer` was given; set the learning rate on the "
+                      "optimizer (and pass lr=None)", UserWarning, stacklevel=3)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        optimizer = optimizer(tensors)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise InvalidTypeError(f"`optimizer` factory must return a torch.optim.Optimizer, got "
+                                   f"{type(optimizer).__name__}")
+    held = {id(q) for group in optimizer.param_groups for q in group["params"]}
+    missing = [p.name for p in params if id(p.param) not in held]
+    if missing:
+        raise InvalidValueError(f"`optimizer` does not hold the selected parameters {missing}; build it over "
+                                "model.parameters() or pass a factory `lambda params: torch.optim.Adam(params, lr=...)`")
+    return optimizer
