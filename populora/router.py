@@ -35,26 +35,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from .adapters import Adapter
 from .errors import RouteError
 
 __all__ = ["Adapter", "Route", "Router", "gather_budget"]
-
-
-class Adapter(NamedTuple):
-    """Stacked low-rank factors of one target layer, in the layout the hot path reads.
-
-    Attributes:
-        down: ``(p, r, d)`` for ``nn.Linear`` (``down`` transposed, so each
-            individual's rows are contiguous for the batched matmul);
-            ``(p, V, r)`` for ``nn.Embedding`` (a table gathered by token).
-        up: ``(p, r, e)`` (``up`` transposed).
-        bias: optional ``(p, e)``, added to every row of its individual (ES
-            perturbs biases this way).
-    """
-
-    down: Tensor
-    up: Tensor
-    bias: Tensor | None = None
 
 
 Index = Tensor | slice | None

@@ -17,7 +17,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..routing import Adapter
+from ..adapters import Adapter
 from .noise import PairNoise, _signs, draw_noise
 from .params import ESParam
 

@@ -27,24 +27,14 @@ import difflib
 import inspect
 import math
 import warnings
-from typing import Callable, Mapping, NamedTuple, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
+from ..adapters import Factors
 from ..checks import check_float, check_int
 from ..errors import InvalidTypeError, InvalidValueError
-
-
-class Factors(NamedTuple):
-    """The two LoRA factors of one target layer.
-
-    ``down`` is ``(p, d, r)`` and ``up`` is ``(p, e, r)``: individual ``i``
-    adds ``dW_i = up[i] @ down[i].T`` (shape ``(e, d)``) to the layer.
-    """
-
-    down: Tensor
-    up: Tensor
 
 
 OperatorFn = Callable[..., object]
