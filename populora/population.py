@@ -38,9 +38,9 @@ from .errors import (
     PopuloraError,
     SpentPopulationError,
 )
-from .operators import Factors
+from .adapters import Adapter, Factors, to_adapter, to_factors
 from .operators.selection import SelectionResult
-from .routing import Adapter, RoutedModel, Router, RoutingTarget
+from .routing import RoutedModel, Router, RoutingTarget
 from .stats import GenerationStats
 from .targets import find_targets, layer_dims
 
@@ -274,8 +274,7 @@ class Population(nn.Module, RoutedModel):
         if len(factors) != len(self.target_names):
             raise InvalidValueError(f"`factors` must hold one entry per target ({len(self.target_names)}), "
                                     f"got {len(factors)}")
-        adapters = [Adapter(down if emb else down.transpose(1, 2), up.transpose(1, 2))
-                    for (down, up), emb in zip(factors, self._embedding)]
+        adapters = [to_adapter(f, emb) for f, emb in zip(factors, self._embedding)]
         target = RoutingTarget(self.model, self._router, adapters, factors[0].down.shape[0], self.device)
         return self._route(args, kwargs, target=target, individual=individual, individuals=individuals,
                            all_individuals=all_individuals, broadcast=broadcast, split=split)
@@ -303,10 +302,7 @@ class Population(nn.Module, RoutedModel):
         ]
 
     def _full_factors(self) -> list[Factors]:
-        return [
-            Factors(down if emb else down.transpose(1, 2), up.transpose(1, 2))
-            for down, up, emb in zip(*self._stacks(), self._embedding)
-        ]
+        return [to_factors(Adapter(down, up), emb) for down, up, emb in zip(*self._stacks(), self._embedding)]
 
     def factors(self) -> list[Factors]:
         """Per-target factors cut to the effective rank ``r_t``: views ``down (P, d, r_t)``, ``up (P, e, r_t)``.
