@@ -177,8 +177,10 @@ class HallOfFame:
             replace: draw with replacement (then ``k`` may exceed the archive).
 
         Raises:
-            ValueError: ``k < 1``, an empty archive, or ``k`` larger than the
-                archive without ``replace``.
+            InvalidTypeError: ``k`` is not an integer.
+            InvalidValueError: ``k < 1``, an empty archive, or ``k`` larger
+                than the archive without ``replace``.
+            KeyError: a population name the hall does not track.
         """
         name = self._name(population)
         archive = self._archive[name]
@@ -211,7 +213,9 @@ class HallOfFame:
             disables it, in the mode the user left the model in.
 
         Raises:
-            ValueError: champions of different or untracked populations.
+            InvalidTypeError: ``champions`` is not a Champion or a non-empty
+                sequence of them.
+            InvalidValueError: champions of different or untracked populations.
             RouteError: a batch that does not fit ``k``.
         """
         single = isinstance(champions, Champion)

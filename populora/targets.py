@@ -4,7 +4,8 @@ A target is an ``nn.Linear`` (``delta(x) = (x @ down) @ up.T``) or an
 ``nn.Embedding`` (row ``t`` of the table moves by ``down[t] @ up.T``).
 ``lora_targets`` entries are dotted module paths (``'encoder.0.q'``) or glob
 patterns (``'*.q'``, ``'layers.*.mlp.*'``); ``None`` selects every
-``nn.Linear`` that a forward hook can route.
+``nn.Linear`` whose own forward runs (routing wraps that forward, see
+:mod:`populora.routing`), so ``nn.MultiheadAttention``'s ``out_proj`` is left out.
 
 Tied weights: a layer whose weight is also a parameter of another module
 (an LM's ``lm_head.weight is embed_tokens.weight``) is never a target. Merging

@@ -47,9 +47,19 @@ def _forward_fitness(population, individuals):
     return [-(population(X, individual=i) - 0.5).pow(2).sum().item() for i in individuals]
 
 
+def _flat_state(pop: Population) -> dict:
+    """``pop.state_dict(include_model=False)`` as ``downs`` / ``ups`` lists beside the counters (copies)."""
+    state = pop.state_dict(include_model=False)
+    extra = state["_extra_state"]
+    n = len(pop.target_names)
+    return {"downs": [state[f"_downs.{t}"].detach().clone() for t in range(n)],
+            "ups": [state[f"_ups.{t}"].detach().clone() for t in range(n)],
+            "generator": extra["generator"], "generation": extra["generation"], "eval_seed": extra["eval_seed"]}
+
+
 def _state_sum(pop: Population) -> torch.Tensor:
-    """Bit-exact fingerprint of everything ``pop.state()`` holds (adapters, generator, counters)."""
-    state = pop.state()
+    """Bit-exact fingerprint of everything the population's state dict holds but the base model."""
+    state = _flat_state(pop)
     counters = torch.tensor([state["generation"], state["eval_seed"]])
     return pd.checksum([*state["downs"], *state["ups"], state["generator"], counters])
 
@@ -117,7 +127,7 @@ def _lockstep(rank: int, res: dict) -> None:
         pop.evolve_(f)
         res["lock_states"].append(_state_sum(pop))
     res["lock_seen_seeds"] = seen
-    res["lock_state"] = pop.state()
+    res["lock_state"] = _flat_state(pop)
 
 
 def _base_mismatch(rank: int, res: dict) -> None:
@@ -316,7 +326,10 @@ for gen in range(3):
 # Appended after the verbatim block: each rank saves what the test compares.
 SAVE_STATE = """
 import os as _os
-torch.save({"state": pop.state(), "model": model.state_dict(), "x": x, "fitnesses": fitnesses},
+_state = pop.state_dict(include_model=False)
+_state = {"downs": [v for k, v in _state.items() if k.startswith("_downs.")],
+          "ups": [v for k, v in _state.items() if k.startswith("_ups.")], **_state["_extra_state"]}
+torch.save({"state": _state, "model": model.state_dict(), "x": x, "fitnesses": fitnesses},
            _os.path.join(_os.environ["POPULORA_TEST_OUT"], f"rank{_os.environ['RANK']}.pt"))
 """
 
