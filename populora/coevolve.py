@@ -26,17 +26,14 @@ through ``coevolve.hall_of_fame``.
 from __future__ import annotations
 
 import keyword
-import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from . import distributed as pd
-from .checkpoint import atomic_save, load_checkpoint
 from .coevolve_distributed import probe_distributed, sync_from_main_rank
 from .coevolve_specs import (
     SPEC_KEYS,
@@ -53,7 +50,8 @@ from .coevolve_specs import (
 from .errors import CheckpointError, FitnessError, InvalidTypeError, InvalidValueError
 from .hall_of_fame import HallOfFame
 from .population import Population
-from .population_state import is_int, naming
+from .population_state import is_int
+from .snapshots import Snapshot
 from .stats import GenerationStats
 
 __all__ = ["Coevolve"]
@@ -61,7 +59,7 @@ __all__ = ["Coevolve"]
 _FORMAT = "populora.coevolve/1"
 
 
-class Coevolve:
+class Coevolve(Snapshot):
     """Several populations, each scored from the others' outputs, evolved together.
 
     Args:
@@ -92,6 +90,12 @@ class Coevolve:
         generation: number of completed steps.
         order: population names in the order their probes run.
 
+    Checkpoints: :meth:`state_dict` / :meth:`load_state_dict` (a snapshot of
+    everything but the base models) and ``save(path)`` / ``load(path)``, so
+    the next step after a load is the one that would have followed. Under
+    torchrun every rank holds the same state: save on the main rank
+    (``populora.is_main_rank()``) or give each rank its own path.
+
     Raises:
         TypeError: a spec is not a dict with exactly ``population``,
             ``probe`` and ``fitness``; a population is not a ``Population``;
@@ -121,6 +125,8 @@ class Coevolve:
         >>> len(co.history['b'])
         1
     """
+
+    _checkpoint_kind = "Coevolve"
 
     def __init__(
         self,
@@ -394,40 +400,6 @@ class Coevolve:
         self.history = history
         self.generation = int(state["generation"])
         self._evolve_checked = False
-
-    def state(self) -> dict[str, Any]:
-        """Deprecated: use :meth:`state_dict`."""
-        warnings.warn("`Coevolve.state()` is deprecated; use `state_dict()`", DeprecationWarning, stacklevel=2)
-        return self.state_dict()
-
-    def load_state(self, state: Mapping[str, Any]) -> None:
-        """Deprecated: use :meth:`load_state_dict`."""
-        warnings.warn("`Coevolve.load_state()` is deprecated; use `load_state_dict()`", DeprecationWarning,
-                      stacklevel=2)
-        self.load_state_dict(state)
-
-    def save(self, path: str | Path) -> Path:
-        """Write :meth:`state_dict` atomically (temp file + rename); the base models are not saved.
-
-        Under torchrun every rank holds the same state; call it on the main
-        rank (``populora.is_main_rank()``) or give each rank its own path.
-
-        Returns:
-            The ``Path`` written.
-        """
-        return atomic_save(self.state_dict(), path, kind="Coevolve")
-
-    def load(self, path: str | Path) -> None:
-        """Resume from :meth:`save`'s checkpoint: the next step is the one that would have followed.
-
-        Raises:
-            FileNotFoundError: nothing at ``path``.
-            CheckpointError: the file is damaged, of another kind, or does not
-                fit this Coevolve (the file is named); nothing has changed.
-        """
-        state = load_checkpoint(path, kind="Coevolve")
-        with naming(path):
-            self.load_state_dict(state)
 
 
 # ---------------------------------------------------------------------------- helpers

@@ -9,20 +9,18 @@ population's own model with :meth:`HallOfFame.run`. Higher fitness is better.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, NamedTuple
 
-import warnings
 
 import torch
 from torch import Tensor
 
-from .checkpoint import atomic_save, load_checkpoint
 from .checks import check_int, check_seed
 from .errors import CheckpointError, InvalidTypeError, InvalidValueError
 from .operators import Factors
 from .population import Population
-from .population_state import is_int, naming
+from .population_state import is_int
+from .snapshots import Snapshot
 
 __all__ = ["Champion", "HallOfFame"]
 
@@ -48,7 +46,7 @@ class Champion(NamedTuple):
     factors: tuple[Factors, ...]
 
 
-class HallOfFame:
+class HallOfFame(Snapshot):
     """An archive of past champions per population, to score against past opponents.
 
     Coevolving populations can cycle (rock beats scissors beats paper ...);
@@ -70,6 +68,8 @@ class HallOfFame:
     which is saved with it; under ``step(distributed=True)`` sample outside
     the probes (every rank then draws the same), for example after each
     step, and let the probes read the sample through a closure.
+    :meth:`state_dict` / :meth:`load_state_dict` and ``save(path)`` /
+    ``load(path)`` keep the archive and the generator.
 
     Example:
         >>> import torch
@@ -83,6 +83,8 @@ class HallOfFame:
         >>> hall.run(hall.sample(1), torch.ones(3, 2)).shape
         torch.Size([3, 1])
     """
+
+    _checkpoint_kind = "HallOfFame"
 
     def __init__(self, populations: Mapping[str, Population], capacity: int | None = None, *, seed: int = 0):
         if not isinstance(populations, Mapping):
@@ -322,38 +324,6 @@ class HallOfFame:
 
     def _write(self, checked: tuple[torch.Generator, int | None, int, dict[str, list[Champion]]]) -> None:
         self.generator, self.capacity, self.seed, self._archive = checked
-
-    def state(self) -> dict[str, Any]:
-        """Deprecated: use :meth:`state_dict`."""
-        warnings.warn("`HallOfFame.state()` is deprecated; use `state_dict()`", DeprecationWarning, stacklevel=2)
-        return self.state_dict()
-
-    def load_state(self, state: Mapping[str, Any]) -> None:
-        """Deprecated: use :meth:`load_state_dict`."""
-        warnings.warn("`HallOfFame.load_state()` is deprecated; use `load_state_dict()`", DeprecationWarning,
-                      stacklevel=2)
-        self.load_state_dict(state)
-
-    def save(self, path: str | Path) -> Path:
-        """Write :meth:`state_dict` atomically (temp file + rename).
-
-        Returns:
-            The ``Path`` written.
-        """
-        return atomic_save(self.state_dict(), path, kind="HallOfFame")
-
-    def load(self, path: str | Path) -> None:
-        """Restore a hall saved by :meth:`save`.
-
-        Raises:
-            FileNotFoundError: nothing at ``path``.
-            CheckpointError: the file is empty, truncated, corrupted, of
-                another kind, or does not fit this hall (the file is named);
-                the hall is unchanged.
-        """
-        state = load_checkpoint(path, kind="HallOfFame")
-        with naming(path):
-            self.load_state_dict(state)
 
 
 def _entries(name: str, entries: Any) -> list[Any]:
