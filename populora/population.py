@@ -10,11 +10,10 @@ Higher fitness is better, everywhere.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from types import MethodType
@@ -23,12 +22,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from . import fitness as _fitness
-from . import operators as ops
 from . import population_state as pstate
 from .checkpoint import atomic_save, load_checkpoint
 from .checks import check_bool, check_float, check_index, check_int, check_one_of, check_seed
-from .distributed import resolve_device, sync_population_
+from .distributed import resolve_device
 from .errors import (
     CheckpointError,
     FitnessError,
@@ -39,6 +36,7 @@ from .errors import (
     SpentPopulationError,
 )
 from .adapters import Adapter, Factors, to_adapter, to_factors
+from .genetic import Evolvable
 from .operators.selection import SelectionResult
 from .routing import RoutedModel, Router, RoutingTarget
 from .stats import GenerationStats
@@ -54,7 +52,7 @@ NAN_POLICIES = pstate.NAN_POLICIES
 _LIVE: weakref.WeakKeyDictionary[nn.Module, weakref.WeakSet] = weakref.WeakKeyDictionary()
 
 
-class Population(nn.Module, RoutedModel):
+class Population(nn.Module, RoutedModel, Evolvable):
     """A population of ``pop_size`` individuals: rank-``low_rank`` adapters on shared layers.
 
     Args:
@@ -331,311 +329,6 @@ class Population(nn.Module, RoutedModel):
             dw = up[i].to(dtype) @ down[i].to(dtype).T  # (e, d)
             out[name] = dw.T if isinstance(module, nn.Embedding) else dw
         return out
-
-    # ------------------------------------------------------------------ fitness
-
-    def validate_fitnesses(self, fitnesses: Any) -> Tensor:
-        """Fitnesses as a ``(P,)`` float tensor on the population's device (higher is better), in their precision.
-
-        The one check of a fitness vector (:func:`populora.fitness.validate_fitnesses`
-        with this population's size, ``nan_policy`` and device): ``evolve_``,
-        ``select``, ``select_parents``, ``crossover_`` and
-        ``select_and_merge_best_`` call it once and the operators trust the
-        result. A list, tuple or NumPy array is converted; float64 input (and
-        Python floats, integers) stays float64, float32 / float16 / bfloat16
-        give float32, booleans are refused. NaN (and -inf) raise unless
-        ``nan_policy='worst'``, which maps them below the lowest finite
-        fitness; +inf always raises.
-
-        Raises:
-            FitnessError: not numbers (the type is named), wrong shape (both
-                shapes named), non-finite values.
-        """
-        return _fitness.validate_fitnesses(fitnesses, self.pop_size, nan_policy=self.nan_policy, device=self.device)
-
-    def check_fitnesses(self, fitnesses: Any) -> Tensor:
-        """Deprecated: renamed :meth:`validate_fitnesses` (same result)."""
-        warnings.warn("`Population.check_fitnesses` is deprecated; use `Population.validate_fitnesses`",
-                      DeprecationWarning, stacklevel=2)
-        return self.validate_fitnesses(fitnesses)
-
-    # ------------------------------------------------------------------ evaluation
-
-    def sync_from_main_rank_(self, sync_base_model: bool = False, *, name: str | None = None) -> None:
-        """Make every rank hold rank 0's population (once; a no-op without torch.distributed).
-
-        See :func:`populora.distributed.sync_population_`: the adapters,
-        generator state, generation, eval seed and weight scales come from
-        rank 0; a differing base model is repaired with a warning
-        (``sync_base_model=True`` broadcasts it unchecked); ``name`` labels
-        the population in warnings and errors.
-        """
-        self._check_alive()
-        sync_population_(self, sync_base_model, name=name)
-
-    def evaluate_distributed(self, fn: Callable[..., Any], sync_base_model: bool = False) -> Tensor:
-        """Evaluate every individual, each rank its share of ids; ``(P,)`` fitness on every rank.
-
-        ``fn`` has one of three signatures (see :mod:`populora.fitness`):
-        ``fn(population, individuals=ids)``, ``fn(population, idx)`` or
-        ``fn(population)`` (run on the main rank, result broadcast). Higher is
-        better; NaNs are returned as they are (``evolve_`` applies the NaN
-        policy). Works unchanged without torchrun (one rank does everything).
-        Before the first evaluation, :meth:`sync_from_main_rank_` makes every
-        rank hold rank 0's population (and repairs a differing base model).
-        """
-        self.sync_from_main_rank_(sync_base_model)
-        return _fitness.evaluate(fn, self, self.pop_size).to(self.device)
-
-    # ------------------------------------------------------------------ selection
-
-    def select(
-        self,
-        selection_type: str = "deterministic",
-        fitnesses: Any = None,
-        survive_frac: float = 0.5,
-        elite_frac: float = 0.1,
-        num_groups: int = 1,
-        **type_kwargs: Any,
-    ) -> SelectionResult:
-        """Choose survivors, culled and elites (higher fitness is better).
-
-        Per group (``num_groups`` contiguous equal islands of ``m = P/G``):
-        ``S = max(1, floor(m * survive_frac))`` survivors, of which the top
-        ``E = floor(m * elite_frac)`` (at least 1 when ``elite_frac > 0``) are
-        elites; the other ``S - E`` are chosen by ``selection_type`` among the
-        rest (:func:`populora.operators.selection.select_survivors`). Options
-        of the selection type go in ``type_kwargs``.
-        """
-        self._check_alive()
-        fn = ops.get_operator("selection", selection_type)
-        ops.check_options("selection", selection_type, type_kwargs)
-        f = self.validate_fitnesses(fitnesses)
-        return ops.selection.select_survivors(f, fn, survive_frac, elite_frac, num_groups, generator=self.generator,
-                                              **type_kwargs)
-
-    def select_parents(
-        self,
-        selection_type: str = "tournament",
-        fitnesses: Any = None,
-        num_children: int | None = None,
-        culled: Sequence[int] | Tensor | None = None,
-        num_parents_per_child: int = 2,
-        num_groups: int = 1,
-        **type_kwargs: Any,
-    ) -> Tensor:
-        """Draw parents among the survivors (everyone not in ``culled``).
-
-        Returns ``(num_children, num_parents_per_child)`` int64 population
-        ids, fittest parent first for tournament-style types. With islands
-        (``num_groups > 1``), child ``j`` replaces ``culled[j]`` and its
-        parents come from that slot's island
-        (:func:`populora.operators.parents.parents_for_slots`).
-        """
-        self._check_alive()
-        fn = ops.get_operator("parent_selection", selection_type)
-        ops.check_options("parent_selection", selection_type, type_kwargs)
-        f = self.validate_fitnesses(fitnesses)
-        check_int("num_parents_per_child", num_parents_per_child, low=1)
-        return self._select_parents(fn, f, num_children, culled, num_parents_per_child, num_groups, type_kwargs)
-
-    def _select_parents(self, fn: Callable, f: Tensor, num_children: Any, culled: Any, num_parents: Any,
-                        num_groups: Any, options: dict) -> Tensor:
-        culled_ids = self._ids(culled if culled is not None else [], "culled", allow_empty=True)
-        if num_children is None:
-            num_children = culled_ids.numel()
-        return ops.parents.parents_for_slots(f, fn, culled_ids, num_children, num_parents, num_groups,
-                                             generator=self.generator, **options)
-
-    # ------------------------------------------------------------------ variation
-
-    @torch.no_grad()
-    def crossover_(
-        self,
-        crossover_type: str,
-        parents: Sequence[Sequence[int]] | Tensor,
-        children: Sequence[int] | Tensor,
-        fitnesses: Any = None,
-        num_groups: int = 1,
-        **type_kwargs: Any,
-    ) -> None:
-        """Write child ``j`` into slot ``children[j]``, bred from ``parents[j]`` (in place).
-
-        Args:
-            parents: ``(c, k)`` population ids.
-            children: ``(c,)`` slots to overwrite (distinct).
-            fitnesses: ``(P,)``, needed by fitness-aware types (``xes``,
-                ``extrapolative``); higher is better.
-
-        All or nothing: if the operator raises, the children's slots and the
-        generator are as they were.
-        """
-        self._check_alive()
-        fn = ops.get_operator("crossover", crossover_type)
-        ops.check_options("crossover", crossover_type, type_kwargs)
-        parents_t = self._ids(parents, "parents", allow_empty=True, dim=2)
-        child_ids = self._ids(children, "children", allow_empty=True)
-        if child_ids.numel() != parents_t.shape[0]:
-            raise InvalidValueError(f"`children` has {child_ids.numel()} slots but `parents` has "
-                                    f"{parents_t.shape[0]} rows")
-        if torch.unique(child_ids).numel() != child_ids.numel():
-            raise InvalidValueError(f"`children` must be distinct slots, got {child_ids.tolist()}")
-        num_groups = ops.check_num_groups(self.pop_size, num_groups)
-        f = None if fitnesses is None else self.validate_fitnesses(fitnesses)
-        if child_ids.numel() == 0:
-            return
-        with self._undo_on_error(child_ids):
-            self._crossover(fn, parents_t, child_ids, f, num_groups, type_kwargs)
-
-    def _crossover(self, fn: Callable, parents: Tensor, children: Tensor, fitnesses: Tensor | None, num_groups: int,
-                   options: dict) -> None:
-        with ops.trusted_fitnesses():  # validated once, by the caller
-            new = fn(self.factors(), parents, fitnesses=fitnesses, generator=self.generator, num_groups=num_groups,
-                     **options)
-        self._write(children, new)
-
-    @torch.no_grad()
-    def mutate_(
-        self,
-        mutation_type: str = "full_gaussian",
-        *,
-        individual: int | None = None,
-        individuals: Sequence[int] | Tensor | None = None,
-        all_individuals: bool = False,
-        epsilon: float = 0.1,
-        **type_kwargs: Any,
-    ) -> None:
-        """Mutate the given individuals in place (exactly one of the three selectors).
-
-        For the additive types (``full_gaussian``, ``layer_selective_gaussian``,
-        ``neftune_style``) ``epsilon`` is the expected relative change of each
-        mutated layer's output (relative to ``max(rms(W x), rms(x))`` for
-        unit-variance inputs ``x``), whatever the adapter's size; the SVD types
-        cannot move a zero adapter (see :mod:`populora.operators.mutation`).
-        NumPy scalars are accepted.
-
-        Raises:
-            InvalidTypeError: ``epsilon`` (or an option) of the wrong type.
-            InvalidValueError: ``epsilon < 0``, an unknown type, or a bad option value.
-        All or nothing: if the operator raises, the adapters and the
-        generator are as they were.
-        """
-        self._check_alive()
-        fn = ops.get_operator("mutation", mutation_type)
-        ops.check_options("mutation", mutation_type, type_kwargs)
-        epsilon = _check_epsilon(epsilon)
-        given = (individual is not None) + (individuals is not None) + bool(all_individuals)
-        if given != 1:
-            raise InvalidValueError("pass exactly one of `individual=`, `individuals=` and `all_individuals=True`")
-        if all_individuals:
-            ids = torch.arange(self.pop_size, device=self.device)
-        elif individual is not None:
-            ids = torch.tensor([self._check_id(individual)], device=self.device)
-        else:
-            ids = self._ids(individuals, "individuals", allow_empty=True)
-        with self._undo_on_error(torch.unique(ids)):
-            self._mutate(fn, ids, epsilon, type_kwargs)
-
-    def _mutate(self, fn: Callable, ids: Tensor, epsilon: float, options: dict) -> None:
-        ids = torch.unique(ids)
-        if ids.numel() == 0:
-            return
-        chosen = [Factors(d[ids], u[ids]) for d, u in self.factors()]
-        self._write(ids, ops.call_mutation(fn, chosen, epsilon=epsilon, weight_scales=self.weight_scales,
-                                           generator=self.generator, **options))
-
-    def _write(self, ids: Tensor, new: Sequence[Factors]) -> None:
-        for (down, up), (new_down, new_up) in zip(self.factors(), new):
-            down[ids] = new_down.to(down.dtype)  # in place (no .data): a graph built before sees the change
-            up[ids] = new_up.to(up.dtype)
-
-    @contextlib.contextmanager
-    def _undo_on_error(self, ids: Tensor, generator_state: Tensor | None = None) -> Iterator[None]:
-        """If the body raises, put back the adapters of ``ids``, the generator and the counters.
-
-        ``generator_state``: the state to roll back to (default: the state on entry).
-        """
-        if generator_state is None:
-            generator_state = self.generator.get_state()
-        counters = (self.generation, self.eval_seed)
-        saved = [(down[ids].clone(), up[ids].clone()) for down, up in self._full_factors()]
-        try:
-            yield
-        except BaseException:
-            with torch.no_grad():
-                for (down, up), (old_down, old_up) in zip(self._full_factors(), saved):
-                    down[ids] = old_down
-                    up[ids] = old_up
-            self.generator.set_state(generator_state)
-            self.generation, self.eval_seed = counters
-            raise
-
-    @torch.no_grad()
-    def evolve_(
-        self,
-        fitnesses: Any,
-        *,
-        survive_frac: float = 0.5,
-        elite_frac: float = 0.1,
-        selection_type: str = "deterministic",
-        parent_selection_type: str = "tournament",
-        crossover_type: str = "average",
-        mutation_type: str = "full_gaussian",
-        epsilon: float = 0.1,
-        num_groups: int = 1,
-        num_parents_per_child: int = 2,
-        selection_kwargs: dict | None = None,
-        parent_kwargs: dict | None = None,
-        crossover_kwargs: dict | None = None,
-        mutation_kwargs: dict | None = None,
-    ) -> SelectionResult:
-        """One generation: select -> parents -> crossover into the culled -> mutate children.
-
-        Higher fitness is better. Elites are never modified; survivors keep
-        their ids (ids are slots). Every option is validated before anything
-        changes. Advances ``generation`` and ``eval_seed`` by one and appends
-        ``GenerationStats(generation, best, mean, std)`` of ``fitnesses`` (after
-        the NaN policy; ``std`` with ``correction=0``) to :attr:`history`.
-
-        All or nothing: if any step raises (a user-registered operator, say),
-        the adapters, the generator, ``generation`` and ``eval_seed`` are
-        exactly as before the call, so a retry (or an untouched twin) gives
-        the same generation bit for bit.
-        """
-        self._check_alive()
-        kinds = (("selection", selection_type, selection_kwargs), ("parent_selection", parent_selection_type, parent_kwargs),
-                 ("crossover", crossover_type, crossover_kwargs), ("mutation", mutation_type, mutation_kwargs))
-        for kind, name, options in kinds:
-            ops.get_operator(kind, name)
-            ops.check_options(kind, name, options or {})
-        epsilon = _check_epsilon(epsilon)
-        num_parents_per_child = check_int("num_parents_per_child", num_parents_per_child, low=1)
-        f = self.validate_fitnesses(fitnesses)  # the one validation of this generation's fitnesses
-        ops.selection.group_sizes(self.pop_size, survive_frac, elite_frac, num_groups)
-        num_groups = ops.check_num_groups(self.pop_size, num_groups)
-
-        generator_state = self.generator.get_state()
-        try:  # selection writes no adapter, only draws
-            result = ops.selection.select_survivors(f, ops.get_operator("selection", selection_type), survive_frac,
-                                                    elite_frac, num_groups, generator=self.generator,
-                                                    **(selection_kwargs or {}))
-        except BaseException:
-            self.generator.set_state(generator_state)
-            raise
-        culled = result.selected_out_indices
-        with self._undo_on_error(culled, generator_state):  # e.g. a crossover needing another parent count
-            parents = self._select_parents(ops.get_operator("parent_selection", parent_selection_type), f,
-                                           culled.numel(), culled, num_parents_per_child, num_groups,
-                                           parent_kwargs or {})
-            if culled.numel():
-                self._crossover(ops.get_operator("crossover", crossover_type), parents, culled, f, num_groups,
-                                crossover_kwargs or {})
-            self._mutate(ops.get_operator("mutation", mutation_type), culled, epsilon, mutation_kwargs or {})
-        self.history.append(GenerationStats(self.generation, float(f.max()), float(f.mean()),
-                                            float(f.std(correction=0))))
-        self.generation += 1
-        self.eval_seed += 1
-        return result
 
     # ------------------------------------------------------------------ merge
 
@@ -987,8 +680,3 @@ def _unwind(modules: Any) -> None:
                 del module.forward
             else:
                 module.forward = inner
-
-
-def _check_epsilon(epsilon: Any) -> float:
-    """``epsilon`` as a float >= 0: the same check (and error class) as the mutation operators'."""
-    return ops.mutation.check_epsilon(epsilon)
