@@ -24,7 +24,13 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from populora import Population  # noqa: E402
-from populora.errors import CheckpointError, InvalidIndexError, InvalidValueError  # noqa: E402
+from populora.errors import (  # noqa: E402
+    CheckpointError,
+    InvalidIndexError,
+    InvalidTypeError,
+    InvalidValueError,
+    SpentPopulationError,
+)
 from populora.llm import load_peft_, to_peft  # noqa: E402
 
 ATTN = ["model.layers.*.self_attn.q_proj", "model.layers.*.self_attn.v_proj"]
@@ -83,7 +89,7 @@ def _peft_logits(path, x: torch.Tensor, tied: bool = False) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------- lazy import
 
 def test_import_populora_imports_no_hf_package():
-    code = ("import populora, populora.llm, sys; "
+    code = ("import populora, populora.llm, populora.llm.peft, sys; "
             "bad = [m for m in ('transformers', 'peft', 'safetensors') if m in sys.modules]; "
             "assert not bad, bad")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -176,7 +182,7 @@ def _toy_peft(path) -> nn.Module:
 
 def test_export_of_a_plain_module_with_per_target_ranks(tmp_path):
     pop = Population(_toy(), pop_size=3, low_rank=4, lora_targets=["fc", "sub.fc"], init_scale=1.0)
-    assert pop.ranks == [2, 4]
+    assert [d.shape[-1] for d, _ in pop.factors()] == [2, 4]  # effective ranks
     x = torch.randn(5, 8, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         routed = pop(x, individual=1)
@@ -250,6 +256,31 @@ def test_round_trip_is_bitwise(tmp_path):
         assert torch.equal(d[1:], d0[1:]) and torch.equal(u[1:], u0[1:])  # the others untouched
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_round_trip_keeps_the_adapters_dtype_and_grad_flags(tmp_path, dtype):
+    pop = Population(_llama(), pop_size=3, low_rank=4, lora_targets=ATTN, init_scale=1.0, dtype=dtype,
+                     requires_grad=True)
+    to_peft(pop, 0, tmp_path / "a")
+    assert {t.dtype for t in load_file(str(tmp_path / "a" / "adapter_model.safetensors")).values()} == {dtype}
+    load_peft_(pop, 2, tmp_path / "a")  # in place under no_grad: fine on leaves that require grad
+    for d, u in pop.factors():
+        assert d.dtype == u.dtype == dtype and torch.equal(d[2], d[0]) and torch.equal(u[2], u[0])
+    assert all(p.requires_grad for p in pop.parameters() if p.dim() == 3)
+
+
+def test_spent_population_and_not_a_population(tmp_path):
+    pop = _population(ATTN)
+    to_peft(pop, 0, tmp_path / "a")
+    pop.merge_(1)
+    with pytest.raises(SpentPopulationError):
+        to_peft(pop, 0, tmp_path / "b")
+    with pytest.raises(SpentPopulationError):
+        load_peft_(pop, 0, tmp_path / "a")
+    with pytest.raises(InvalidTypeError, match="must be a populora Population, got Linear"):
+        to_peft(nn.Linear(2, 2), 0, tmp_path / "b")
+    assert not (tmp_path / "b").exists()
+
+
 def _peft_adapter(path, *, r: int, alpha: float, targets=("q_proj", "v_proj"), **config) -> torch.Tensor:
     """An adapter made by PEFT itself (random non-zero A and B), saved; returns its logits on `_tokens(5)`."""
     model = get_peft_model(_llama(), LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets),
@@ -281,6 +312,28 @@ def test_peft_made_adapter_routes_like_peft(tmp_path, rslora):
         b = tensors[f"base_model.model.{name}.lora_B.weight"]
         assert torch.equal(down[1, :, :2], a.T) and torch.allclose(up[1, :, :2], b * scaling, rtol=1e-6, atol=0)
         assert not down[1, :, 2:].any() and not up[1, :, 2:].any()  # rank 2 < low_rank 4: zero-padded
+
+
+def test_peft_made_adapter_with_an_embedding_target(tmp_path):
+    expected = _peft_adapter(tmp_path / "a", r=3, alpha=5, targets=("embed_tokens", "o_proj"))
+    pop = _population(["model.embed_tokens", "model.layers.*.self_attn.o_proj"], low_rank=4)
+    load_peft_(pop, 0, tmp_path / "a")
+    with torch.no_grad():
+        routed = pop(_tokens(5), individual=0).logits
+    assert (routed - expected).abs().max() < TOL
+    (down, up), = pop.factors()[:1]  # the embedding: down (P, V, r), up (P, e, r)
+    a = load_file(str(tmp_path / "a" / "adapter_model.safetensors"))["base_model.model.model.embed_tokens.lora_embedding_A"]
+    assert torch.equal(down[0, :, :3], a.T) and not down[0, :, 3:].any()
+    # PEFT saved a copy of the embedding table: accepted because it is the base model's, refused if it is not
+    key = "base_model.model.model.embed_tokens.base_layer.weight"
+    assert key in load_file(str(tmp_path / "a" / "adapter_model.safetensors"))
+    _edit_tensors(tmp_path / "a", add={key: torch.zeros(128, 64)})
+    before = _snapshot(pop)
+    with pytest.raises(InvalidValueError, match="a copy of the base layer 'model.embed_tokens' that differs"):
+        load_peft_(pop, 1, tmp_path / "a")
+    assert _same(pop, before)
+    load_peft_(pop, 1, tmp_path / "a", strict=False)
+    assert all(torch.equal(d[0], d[1]) and torch.equal(u[0], u[1]) for d, u in pop.factors())
 
 
 def test_adapter_rank_above_low_rank_raises(tmp_path):
@@ -324,6 +377,10 @@ BAD = {
     "bias": (lambda f: _edit_config(f, bias="all"), InvalidValueError, "bias='all'"),
     "lora_bias": (lambda f: _edit_config(f, lora_bias=True), InvalidValueError, "lora_bias=True"),
     "fan_in_fan_out": (lambda f: _edit_config(f, fan_in_fan_out=True), InvalidValueError, "fan_in_fan_out=True"),
+    "alora": (lambda f: _edit_config(f, alora_invocation_tokens=[5, 6]), InvalidValueError,
+              r"alora_invocation_tokens=\[5, 6\]: a LoRA variant"),
+    "target_parameters": (lambda f: _edit_config(f, target_parameters=["experts.w"]), InvalidValueError,
+                          "target_parameters"),
     "not_lora": (lambda f: _edit_config(f, peft_type="IA3"), InvalidValueError, "'IA3' adapter; only peft_type"),
     "missing_keys": (lambda f: _edit_tensors(f, drop=[f"{V1}.lora_A.weight", f"{V1}.lora_B.weight"]),
                      InvalidValueError, r"targets missing from the file: \['model.layers.1.self_attn.v_proj'\]"),

@@ -58,6 +58,10 @@ WEIGHTS_NAME = "adapter_model.safetensors"
 _PREFIX = "base_model.model."
 _LINEAR_KEYS = ("lora_A.weight", "lora_B.weight")
 _EMBEDDING_KEYS = ("lora_embedding_A", "lora_embedding_B")
+# PEFT 0.21's LoRA variants (fields marked `is_lora_variant`) and the options that change what the
+# tensors mean or where they apply; DoRA, bias, lora_bias, fan_in_fan_out, layer_replication are checked apart
+_VARIANTS = ("velora_config", "alora_invocation_tokens", "monteclora_config", "use_bdlora", "arrow_config",
+             "kasa_config", "use_qalora", "target_parameters", "trainable_token_indices")
 _TASK_TYPES = ("SEQ_CLS", "SEQ_2_SEQ_LM", "CAUSAL_LM", "TOKEN_CLS", "QUESTION_ANS", "FEATURE_EXTRACTION")
 
 
@@ -245,11 +249,14 @@ def load_peft_(pop: Any, individual: int, path: str | Path, *, strict: bool = Tr
             ``adapter_model.safetensors`` (as ``save_pretrained`` writes it).
         strict: every target must be in the file and every tensor in the
             file must belong to a target (PEFT itself only warns about
-            missing keys and leaves those layers a silent no-op). With
-            ``strict=False`` the tensors of modules that are not targets are
-            ignored, and the targets the file does not hold get a zero adapter
-            (the base layer, as under PEFT), so individual ``i`` computes
-            what ``PeftModel`` computes on the targets it shares.
+            missing keys and leaves those layers a silent no-op); a copy of
+            a target's base weight (``<path>.base_layer.weight``, which
+            PEFT saves for the embedding layers it adapts) must equal the
+            base model's. With ``strict=False`` the tensors of modules that
+            are not targets (and differing base-weight copies) are ignored,
+            and the targets the file does not hold get a zero adapter (the
+            base layer, as under PEFT), so individual ``i`` computes what
+            ``PeftModel`` computes on the targets it shares.
 
     Raises:
         FileNotFoundError: ``path`` is not a folder holding both files.
@@ -259,7 +266,10 @@ def load_peft_(pop: Any, individual: int, path: str | Path, *, strict: bool = Tr
         InvalidValueError: the adapter is not one populora can represent:
             ``peft_type`` other than ``'LORA'``, ``use_dora``,
             ``bias != 'none'``, ``lora_bias``, ``fan_in_fan_out``,
-            ``layer_replication``; a rank above the target's ``r_t``; shapes
+            ``layer_replication``, the other LoRA variants of PEFT 0.21
+            (aLoRA, VeLoRA, MonteCLoRA, BD-LoRA, Arrow, KaSA, QALoRA,
+            MiCA), ``target_parameters``, ``trainable_token_indices``;
+            a rank above the target's ``r_t``; shapes
             that are not the target's; non-finite values; missing or
             unexpected keys under ``strict=True``.
         InvalidIndexError: ``individual`` outside ``[0, P)``.
@@ -275,7 +285,7 @@ def load_peft_(pop: Any, individual: int, path: str | Path, *, strict: bool = Tr
     factors = pop.factors()
     targets = {name: (_is_embedding(pop, name), down.shape[1:], up.shape[1:])
                for name, (down, up) in zip(pop.target_names, factors)}
-    found, unexpected = _match_keys(tensors, targets, where)
+    found, unexpected = _match_keys(tensors, targets, pop.model, strict, where)
     missing = [name for name in targets if name not in found]
     if strict and (missing or unexpected):
         parts = []
@@ -338,6 +348,14 @@ def _read_config(path: Path) -> dict[str, Any]:
     for key, (value, wanted, why) in refused.items():
         if value != wanted and not (wanted is False and value is None):
             raise InvalidValueError(f"{where} has {key}={value!r}, expected {wanted!r}: {why}")
+    for key in _VARIANTS:
+        if config.get(key) not in (None, False, {}, [], ""):
+            raise InvalidValueError(f"{where} sets {key}={config[key]!r}: a LoRA variant or option whose forward is "
+                                    "not plain LoRA's base(x) + B A x * scaling; only plain LoRA can be loaded")
+    init = config.get("init_lora_weights", True)
+    if isinstance(init, str) and init.startswith("mica"):
+        raise InvalidValueError(f"{where} sets init_lora_weights={init!r} (PEFT's MiCA variant); only plain LoRA "
+                                "can be loaded")
     for key in ("r", "lora_alpha"):
         if not _is_number(config.get(key)):
             raise CheckpointError(f"{where}: {CONFIG_NAME} has {key}={config.get(key)!r}, expected a number")
@@ -371,9 +389,13 @@ def _read_tensors(path: Path) -> dict[str, Tensor]:
     return tensors
 
 
-def _match_keys(tensors: Mapping[str, Tensor], targets: Mapping[str, tuple], where: str
-                ) -> tuple[dict[str, tuple[str, str]], list[str]]:
-    """``{target: (A key, B key)}`` for the targets the file holds, and the keys that fit no target."""
+def _match_keys(tensors: Mapping[str, Tensor], targets: Mapping[str, tuple], model: nn.Module, strict: bool,
+                where: str) -> tuple[dict[str, tuple[str, str]], list[str]]:
+    """``{target: (A key, B key)}`` for the targets the file holds, and the keys that fit no target.
+
+    A target's ``base_layer.weight`` (PEFT saves the embedding layers it adapts) fits if it equals the
+    base model's weight.
+    """
     found: dict[str, tuple[str, str]] = {}
     used: set[str] = set()
     for name, (embedding, _, _) in targets.items():
@@ -384,6 +406,17 @@ def _match_keys(tensors: Mapping[str, Tensor], targets: Mapping[str, tuple], whe
         elif a in tensors or b in tensors:
             have, lacking = (a, b) if a in tensors else (b, a)
             raise CheckpointError(f"{where} holds {have!r} but not {lacking!r}: the adapter of {name!r} is incomplete")
+        # PEFT's save_pretrained also saves the embedding layers it adapts: a copy of the base weight
+        copy = f"{_PREFIX}{name}.base_layer.weight"
+        if copy in tensors:
+            weight = model.get_submodule(name).weight.detach()
+            if tensors[copy].shape == weight.shape and torch.equal(tensors[copy], weight.to("cpu", tensors[copy].dtype)):
+                used.add(copy)
+            elif strict:
+                raise InvalidValueError(f"{where} holds {copy!r}, a copy of the base layer {name!r} that differs from "
+                                        f"the base model's (shape {tuple(tensors[copy].shape)} vs {tuple(weight.shape)}"
+                                        "; a resized vocabulary?): a population keeps its base weights; pass "
+                                        "strict=False to ignore the copy")
     return found, sorted(k for k in tensors if k not in used)
 
 
