@@ -405,8 +405,9 @@ def test_evolved_policy_acts_as_during_evolution():
 
 def test_target_fitness_stops_early_and_return_history_false():
     log: list = []
-    policy = evolve_with_env([SeededLengthEnv(log)], tiny_net(), 4, 2, num_generations=10, horizon=2,
-                             target_fitness=2.0, return_history=False)
+    with pytest.warns(DeprecationWarning, match=r"return_history=False.*EvolveResult"):  # deprecated in 0.2
+        policy = evolve_with_env([SeededLengthEnv(log)], tiny_net(), 4, 2, num_generations=10, horizon=2,
+                                 target_fitness=2.0, return_history=False)
     assert isinstance(policy, nn.Module) and not isinstance(policy, tuple)
     assert len(log) == 4  # one generation of 4 individuals x 1 episode
 
@@ -509,7 +510,7 @@ def test_nan_reward_raises_or_scores_worst(kind):
     pop = interactor.population(tiny_net(), 3, 2, nan_policy="worst")
     fitness = interactor.evaluate(pop, horizon=10)
     assert math.isnan(fitness[1]) and not math.isnan(fitness[0])
-    assert int(pop.check_fitnesses(fitness).argmin()) == 1
+    assert int(pop.validate_fitnesses(fitness).argmin()) == 1
     pop.evolve_(fitness)  # evolve_ applies the worst policy
 
 
@@ -596,13 +597,13 @@ def test_same_env_object_repeated_becomes_copies_with_one_warning():
     assert len(messages) == 1 and "deep copy" in messages[0] and "(4 slot(s) from 4 entries)" in messages[0]
     assert mine[0].filename == __file__  # the warning points at the caller's line
     assert interactor.num_slots == 4
-    sources = interactor._slots.sources
-    assert sources[0].raw is env and len({id(s.raw) for s in sources}) == 4
+    raws = [interactor._slots.raw_env(slot) for slot in range(4)]
+    assert raws[0] is env and len({id(raw) for raw in raws}) == 4
     pop = interactor.population(tiny_net(), 6, 2, seed=3)
     fitness = interactor.evaluate(pop, horizon=50, num_episodes=2)
     distinct = interact_with_env([SeededLengthEnv() for _ in range(4)])
     assert torch.equal(fitness, distinct.evaluate(pop, horizon=50, num_episodes=2))  # same shapes, same rollouts
-    assert all(s.raw.steps > 0 for s in sources)  # every copy played
+    assert all(raw.steps > 0 for raw in raws)  # every copy played
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert interact_with_env([gym.make("CartPole-v1") for _ in range(3)]).num_slots == 3

@@ -208,7 +208,7 @@ def test_a_negative_inf_reward_raises_with_advice_that_works():
     worst = interactor.population(tiny(), 3, 2, nan_policy="worst")
     fitness = interactor.evaluate(worst, horizon=8)
     assert fitness[1] == -math.inf and fitness[0] == 8.0
-    assert int(worst.check_fitnesses(fitness).argmin()) == 1
+    assert int(worst.validate_fitnesses(fitness).argmin()) == 1
     worst.evolve_(fitness)
     with pytest.raises(FitnessError, match=r"-inf reward at slot 1 \(individual 1"):
         evolve_with_env(slots_with(-math.inf), tiny(), pop_size=3, low_rank=1, num_generations=1, horizon=8)

@@ -1,10 +1,10 @@
 """evolve_with_env: evolve a model against an environment in one call.
 
 Each generation: evaluate every individual (:meth:`EnvInteractor.evaluate`),
-record ``GenerationStats(generation, best, mean)``, stop if the best reached
-``target_fitness`` or this was the last generation, otherwise ``evolve_``
-and write a checkpoint. The best individual of the last evaluated generation
-is merged into the model and returned. Higher fitness is better.
+record ``GenerationStats(generation, best, mean, std)``, stop if the best
+reached ``target_fitness`` or this was the last generation, otherwise
+``evolve_`` and write a checkpoint. The best individual of the last evaluated
+generation is merged into the model and returned. Higher fitness is better.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from __future__ import annotations
 import copy
 import difflib
 import inspect
-import math
+import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
-from torch.utils._pytree import tree_map
 
 from ..checkpoint import atomic_save, load_checkpoint
 from ..checks import check_float, check_int
@@ -34,7 +34,8 @@ from .interactor import EnvInteractor, interact_with_env
 __all__ = ["CHECKPOINT_NAME", "EvolveResult", "evolve_with_env"]
 
 CHECKPOINT_NAME = "evolve_with_env.pt"
-_FORMAT = "populora.evolve_with_env/1"
+_FORMAT = "populora.evolve_with_env/2"
+_FORMATS = ("populora.evolve_with_env/1", _FORMAT)  # /1: 0.1's population state() and normalizer_state()
 
 
 class EvolveResult(NamedTuple):
@@ -49,6 +50,19 @@ class EvolveResult(NamedTuple):
 
     policy: nn.Module
     history: list[GenerationStats]
+
+
+@dataclass(frozen=True)
+class _Run:
+    """The checked options of one call, grouped as the docstring of :func:`evolve_with_env` groups them."""
+
+    num_generations: int
+    target_fitness: float | None
+    progress: bool
+    episodes: dict[str, Any]  # EnvInteractor.evaluate's: action, horizon, num_episodes, fitness, to_range
+    evolve: dict[str, Any]  # Population.evolve_'s
+    checkpoint: Path | None
+    resume: bool
 
 
 def evolve_with_env(
@@ -76,7 +90,7 @@ def evolve_with_env(
     num_envs: int | None = None,
     device: str | torch.device | None = None,
     population_kwargs: dict[str, Any] | None = None,
-) -> EvolveResult | nn.Module:
+) -> EvolveResult:
     """Evolve ``model`` against ``envs`` with a LoRA population and return the best policy.
 
     Higher fitness is better: by default the fitness of an individual is the
@@ -84,6 +98,19 @@ def evolve_with_env(
     individuals of a generation meet the same episodes). Under torchrun each
     rank plays its share of individuals on its own envs; every rank evolves
     in lockstep and returns the same policy.
+
+    The arguments, by group (the first twelve are the 0.1 signature, in order):
+
+    * what to evolve: ``envs``, ``model``, ``pop_size``, ``low_rank``,
+      ``lora_targets``, ``seed``, and ``population_kwargs`` for the rest of
+      the Population's arguments;
+    * how long: ``num_generations``, ``target_fitness``;
+    * the episodes: ``action``, ``horizon``, ``num_episodes``, ``to_range``,
+      or a custom ``fitness`` instead;
+    * the environments: ``num_envs``, ``flatten_obs``, ``normalize_obs``, ``device``;
+    * the evolution step: ``evolve_kwargs``;
+    * checkpoints: ``checkpoint_dir``, ``resume``;
+    * reporting: ``progress``, ``return_history``.
 
     Args:
         envs: one env, a list, a vector env, or a factory (see
@@ -99,8 +126,10 @@ def evolve_with_env(
         progress: tqdm bar over generations with best / mean fitness (main rank).
         target_fitness: stop after the first generation whose best fitness
             reaches it.
-        return_history: return ``EvolveResult(policy, history)``; ``False``
-            returns the policy alone.
+        return_history: ``True`` (the default): the result is
+            ``EvolveResult(policy, history)``. Deprecated ``False`` returns the
+            policy alone, with a ``DeprecationWarning``; from the next release
+            the result is always an ``EvolveResult`` (take ``.policy``).
         lora_targets: target layers; ``None`` targets every ``nn.Linear``.
         checkpoint_dir: write ``evolve_with_env.pt`` there atomically after
             every generation (main rank only; on resume every rank reads it,
@@ -128,7 +157,10 @@ def evolve_with_env(
             start; ``nan_policy``; ``dtype``; ...).
 
     Returns:
-        ``EvolveResult(policy, history)``, or the policy if ``return_history=False``.
+        ``EvolveResult(policy, history)``: a named tuple, so
+        ``policy, history = evolve_with_env(...)`` unpacks it; ``history``
+        holds one ``GenerationStats(generation, best, mean, std)`` per
+        evaluated generation (``std`` with ``correction=0``).
 
     Raises:
         InvalidValueError / InvalidTypeError: bad arguments, including
@@ -140,18 +172,13 @@ def evolve_with_env(
     On any error the model comes back unwrapped, its ``requires_grad`` flags
     restored.
     """
-    num_generations = check_int("num_generations", num_generations, low=1)
-    if evolve_kwargs is not None and not isinstance(evolve_kwargs, dict):
-        raise InvalidTypeError(f"`evolve_kwargs` must be a dict of Population.evolve_ arguments, got {evolve_kwargs!r}")
-    if population_kwargs is not None and not isinstance(population_kwargs, dict):
-        raise InvalidTypeError(f"`population_kwargs` must be a dict of Population arguments, got {population_kwargs!r}")
-    if target_fitness is not None:
-        target_fitness = check_float("target_fitness", target_fitness)
-    if resume and checkpoint_dir is None:
-        raise InvalidValueError("`resume=True` needs `checkpoint_dir`")
-    evolve_options = dict(evolve_kwargs or {})
-    _check_evolve_keys(evolve_options)
-    path = Path(checkpoint_dir) / CHECKPOINT_NAME if checkpoint_dir is not None else None
+    if not return_history:
+        warnings.warn("`evolve_with_env(return_history=False)` is deprecated: it returns the policy alone for now, "
+                      "and from the next release the result is always EvolveResult(policy, history); use "
+                      "`evolve_with_env(...).policy`", DeprecationWarning, stacklevel=2)
+    run = _check_options(num_generations, target_fitness, progress, checkpoint_dir, resume, evolve_kwargs,
+                         population_kwargs, dict(action=action, horizon=horizon, num_episodes=num_episodes,
+                                                 fitness=fitness, to_range=to_range))
     if num_envs is None and is_factory(envs):
         share = -(-check_int("pop_size", pop_size, low=1) // max(1, world_size()))
         num_envs = min(share, DEFAULT_NUM_ENVS)
@@ -161,57 +188,98 @@ def evolve_with_env(
     try:
         population = interactor.population(model, pop_size, low_rank, lora_targets, seed=seed,
                                            **(population_kwargs or {}))
-        run = dict(action=action, horizon=horizon, num_episodes=num_episodes, fitness=fitness, to_range=to_range)
-        bar = None
-        fitnesses = None
         try:
-            population.sync_from_main_rank_()  # every rank holds rank 0's base model before it is checksummed
-            base_sum = checksum([*population.model.parameters(), *population.model.buffers()]).tolist()
-            history: list[GenerationStats] = []
-            if resume and path is not None and path.is_file():
-                history = _resume(path, population, interactor, base_sum)
-            _check_evolve_values(population, evolve_options)  # before the first episode
-            if progress and is_main_rank():
-                from tqdm.auto import tqdm
-
-                bar = tqdm(total=num_generations, initial=len(history), desc="generations", unit="gen")
-                if history:
-                    bar.set_postfix(best=f"{history[-1].best:.4g}", mean=f"{history[-1].mean:.4g}")
-            for gen in range(len(history), num_generations):
-                fitnesses = population.validate_fitnesses(interactor.evaluate(population, **run))
-                stats = GenerationStats(population.generation, float(fitnesses.max()), float(fitnesses.mean()))
-                history.append(stats)
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(best=f"{stats.best:.4g}", mean=f"{stats.mean:.4g}")
-                reached = target_fitness is not None and stats.best >= target_fitness
-                if reached or gen == num_generations - 1:
-                    break
-                population.evolve_(fitnesses, **evolve_options)
-                interactor.update_obs_stats(population)  # fold this generation's observations in (all ranks)
-                if path is not None and is_main_rank():
-                    atomic_save(_checkpoint(population, interactor, history, base_sum), path, kind="evolve_with_env")
-            if fitnesses is None:  # resumed a finished run: evaluate the last generation again
-                fitnesses = population.validate_fitnesses(interactor.evaluate(population, **run))
-            merged = population.select_and_merge_best_(fitnesses)
+            merged, history = _evolve(population, interactor, run)
         except BaseException:
             population.close()  # the user's model comes back unwrapped, its requires_grad flags restored
             raise
-        finally:
-            if bar is not None:
-                bar.close()
         policy = interactor.wrap_policy(merged)
     finally:
         interactor.close()
     return EvolveResult(policy, history) if return_history else policy
 
 
-def _checkpoint(population: Any, interactor: EnvInteractor, history: list[GenerationStats],
+def _check_options(num_generations: Any, target_fitness: Any, progress: Any, checkpoint_dir: Any, resume: Any,
+                   evolve_kwargs: Any, population_kwargs: Any, episodes: dict[str, Any]) -> _Run:
+    """The options that need no population checked (before any env is made), as a :class:`_Run`."""
+    num_generations = check_int("num_generations", num_generations, low=1)
+    if evolve_kwargs is not None and not isinstance(evolve_kwargs, dict):
+        raise InvalidTypeError(f"`evolve_kwargs` must be a dict of Population.evolve_ arguments, got {evolve_kwargs!r}")
+    if population_kwargs is not None and not isinstance(population_kwargs, dict):
+        raise InvalidTypeError(f"`population_kwargs` must be a dict of Population arguments, got {population_kwargs!r}")
+    if target_fitness is not None:
+        target_fitness = check_float("target_fitness", target_fitness)
+    if resume and checkpoint_dir is None:
+        raise InvalidValueError("`resume=True` needs `checkpoint_dir`")
+    evolve = dict(evolve_kwargs or {})
+    _check_evolve_keys(evolve)
+    path = Path(checkpoint_dir) / CHECKPOINT_NAME if checkpoint_dir is not None else None
+    return _Run(num_generations, target_fitness, bool(progress), episodes, evolve, path, bool(resume))
+
+
+def _stats(generation: int, fitnesses: Tensor) -> GenerationStats:
+    return GenerationStats(generation, float(fitnesses.max()), float(fitnesses.mean()),
+                           float(fitnesses.std(correction=0)))
+
+
+def _evolve(population: Population, interactor: EnvInteractor, run: _Run) -> tuple[nn.Module, list[GenerationStats]]:
+    """The generations of :func:`evolve_with_env`: the merged best model and the history."""
+    population.sync_from_main_rank_()  # every rank holds rank 0's base model before it is checksummed
+    base_sum = checksum([*population.model.parameters(), *population.model.buffers()]).tolist()
+    history: list[GenerationStats] = []
+    if run.resume and run.checkpoint is not None and run.checkpoint.is_file():
+        history = _resume(run.checkpoint, population, interactor, base_sum)
+    _check_evolve_values(population, run.evolve)  # before the first episode
+    bar = _progress_bar(run, history)
+    fitnesses = None
+    try:
+        for gen in range(len(history), run.num_generations):
+            fitnesses = population.validate_fitnesses(interactor.evaluate(population, **run.episodes))
+            stats = _stats(population.generation, fitnesses)
+            history.append(stats)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(best=f"{stats.best:.4g}", mean=f"{stats.mean:.4g}")
+            reached = run.target_fitness is not None and stats.best >= run.target_fitness
+            if reached or gen == run.num_generations - 1:
+                break
+            population.evolve_(fitnesses, **run.evolve)
+            interactor.update_obs_stats(population)  # fold this generation's observations in (all ranks)
+            if run.checkpoint is not None and is_main_rank():
+                atomic_save(_checkpoint(population, interactor, history, base_sum), run.checkpoint,
+                            kind="evolve_with_env")
+    finally:
+        if bar is not None:
+            bar.close()
+    if fitnesses is None:  # resumed a finished run: evaluate the last generation again
+        fitnesses = population.validate_fitnesses(interactor.evaluate(population, **run.episodes))
+    return population.select_and_merge_best_(fitnesses), history
+
+
+def _progress_bar(run: _Run, history: list[GenerationStats]) -> Any:
+    """A tqdm bar over the generations on the main rank (``None`` without ``progress``)."""
+    if not run.progress or not is_main_rank():
+        return None
+    from tqdm.auto import tqdm  # imported when asked: tqdm.auto takes about 0.1 s to import
+
+    bar = tqdm(total=run.num_generations, initial=len(history), desc="generations", unit="gen")
+    if history:
+        bar.set_postfix(best=f"{history[-1].best:.4g}", mean=f"{history[-1].mean:.4g}")
+    return bar
+
+
+def _snapshot(population: Population) -> dict[str, Any]:
+    """The population's adapters and counters (no base model), as CPU copies."""
+    return {k: v.detach().to("cpu", copy=True) if isinstance(v, Tensor) else copy.deepcopy(v)
+            for k, v in population.state_dict(include_model=False).items()}
+
+
+def _checkpoint(population: Population, interactor: EnvInteractor, history: list[GenerationStats],
                 base_sum: list[int]) -> dict[str, Any]:
     return {
         "format": _FORMAT,
-        "population": population.state_dict(include_model=False),
-        "normalizer": interactor.normalizer_state(),
+        "population": _snapshot(population),
+        "interactor": interactor.state_dict(),
         "history": [tuple(h) for h in history],
         "base_checksum": base_sum,
     }
@@ -245,8 +313,7 @@ def _check_evolve_values(population: Population, options: dict[str, Any]) -> Non
     """
     if not options:  # the defaults are valid by construction
         return
-    saved = tree_map(lambda v: v.clone() if isinstance(v, Tensor) else copy.deepcopy(v),
-                     population.state_dict(include_model=False))
+    saved = _snapshot(population)
     fitnesses = torch.arange(population.pop_size, dtype=torch.float32, device=population.device)
     try:
         population.evolve_(fitnesses, **options)
@@ -254,12 +321,15 @@ def _check_evolve_values(population: Population, options: dict[str, Any]) -> Non
         population.load_state_dict(saved)
 
 
-def _resume(path: Path, population: Any, interactor: EnvInteractor, base_sum: list[int]) -> list[GenerationStats]:
+def _resume(path: Path, population: Population, interactor: EnvInteractor,
+            base_sum: list[int]) -> list[GenerationStats]:
     where = f"checkpoint {str(path)!r}"
     state = load_checkpoint(path, kind="evolve_with_env")  # CheckpointError: damaged, foreign kind
-    if not isinstance(state, dict) or state.get("format") != _FORMAT:
+    if not isinstance(state, dict) or state.get("format") not in _FORMATS:
         raise CheckpointError(f"{where} is not an evolve_with_env checkpoint (format {_FORMAT!r})")
-    missing = [key for key in ("population", "normalizer", "history", "base_checksum") if key not in state]
+    if state["format"] == _FORMATS[0] and "normalizer" in state:  # 0.1: the interactor's state was its normaliser's
+        state = {**state, "interactor": {"obs_stats": state["normalizer"]}}
+    missing = [key for key in ("population", "interactor", "history", "base_checksum") if key not in state]
     if missing:
         raise CheckpointError(f"{where} lacks {missing}")
     if state["base_checksum"] != base_sum:
@@ -267,19 +337,27 @@ def _resume(path: Path, population: Any, interactor: EnvInteractor, base_sum: li
             f"the model passed differs from the one {where} was written with (checksum of its parameters); "
             "resuming needs the same base model (seed its construction)"
         )
-    if (state["normalizer"] is None) != (interactor.normalizer_state() is None):
-        raise CheckpointError(f"{where} was written with normalize_obs={state['normalizer'] is not None}")
+    saved = state["interactor"]
+    normalized = isinstance(saved, dict) and saved.get("obs_stats") is not None
+    if normalized != interactor.normalize_obs:
+        raise CheckpointError(f"{where} was written with normalize_obs={normalized}")
     try:
-        history = [GenerationStats(int(h[0]), float(h[1]), float(h[2]),
-                                   None if len(h) < 4 or h[3] is None else float(h[3]))
-                   for h in state["history"]]
+        history = [_history_entry(entry) for entry in state["history"]]
     except (TypeError, ValueError) as error:
         raise CheckpointError(f"{where} has a damaged history: {error}") from None
-    try:
+    try:  # both check everything before they write
+        interactor.load_state_dict(saved)
         population.load_state_dict(state["population"])
-        interactor.load_normalizer_state(state["normalizer"])
     except CheckpointError:
         raise
     except (ValueError, TypeError, KeyError, IndexError) as error:
         raise CheckpointError(f"{where} does not fit this run: {type(error).__name__}: {error}") from error
     return history
+
+
+def _history_entry(entry: Sequence[Any]) -> GenerationStats:
+    """``(generation, best, mean)`` (0.1) or ``(generation, best, mean, std)``; ``std`` may be ``None``."""
+    if len(entry) not in (3, 4):
+        raise ValueError(f"an entry has {len(entry)} values, expected 3 or 4")
+    std = entry[3] if len(entry) == 4 else None
+    return GenerationStats(int(entry[0]), float(entry[1]), float(entry[2]), None if std is None else float(std))

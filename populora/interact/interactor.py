@@ -43,77 +43,29 @@ step is ever taken inside an episode.
 
 from __future__ import annotations
 
-import math
-import time
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..errors import FitnessError, InvalidIndexError, InvalidTypeError, InvalidValueError
+from ..checks import check_seed
+from ..errors import CheckpointError, InvalidIndexError, InvalidTypeError, InvalidValueError
+from ..fitness import fitness_kind
 from ..population import Population
 from .actions import ActionFn, ActionFormat, check_to_range
 from .envs import EnvSlots, EnvStepError, SlotFailure, build_slots
 from .normalize import ObsNormalizer, ObsStatistics
-from .schedule import WorkQueue
+from .rollout import ONE_THREAD_WORK, play
+from .schedule import episode_seed, episode_seeds, vector_reset_seed
 
-__all__ = ["EnvInteractor", "episode_seed", "episode_seeds", "interact_with_env", "vector_reset_seed"]
-
-_MASK64 = (1 << 64) - 1
-
-ONE_THREAD_WORK = 1 << 22
-"""Largest ``parameters x slots`` whose rollouts run the forward on one CPU thread (see the module docstring)."""
+__all__ = ["ENV_INIT_SCALE", "ONE_THREAD_WORK", "EnvInteractor", "episode_seed", "episode_seeds", "interact_with_env",
+           "vector_reset_seed"]
 
 ENV_INIT_SCALE = 1.0
 """Default ``init_scale`` of populations built for environments (see :meth:`EnvInteractor.population`)."""
-
-
-def episode_seed(eval_seed: int, episode: int) -> int:
-    """Reset seed of episode ``episode`` in the generation whose eval seed is ``eval_seed``.
-
-    A splitmix64 mix of both numbers, cut to 31 bits (valid for gymnasium,
-    numpy and dm_control). Every individual of a generation meets the same
-    seeds; the next generation (``eval_seed + 1``) meets new ones.
-
-    Example:
-        >>> episode_seed(0, 0) == episode_seed(0, 0) != episode_seed(1, 0)
-        True
-    """
-    z = (int(eval_seed) * 0x9E3779B97F4A7C15 + (int(episode) + 1) * 0xD1B54A32D192ED03) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return (z ^ (z >> 31)) >> 33
-
-
-def _splitmix(z: int) -> int:
-    z &= _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
-
-
-def vector_reset_seed(eval_seed: int, round: int, vector: int = 0) -> int:
-    """Seed of the whole-env reset of round ``round`` of a vector env that cannot reset one slot.
-
-    ``vector`` numbers such vector envs in slot order (0 for a single one).
-    A splitmix64 mix of the three numbers cut to 31 bits, independent of
-    :func:`episode_seed`.
-
-    Example:
-        >>> vector_reset_seed(0, 0) == vector_reset_seed(0, 0) != vector_reset_seed(0, 1)
-        True
-    """
-    z = _splitmix(int(eval_seed) * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019)
-    z = _splitmix(z + (int(round) + 1) * 0xD1B54A32D192ED03)
-    z = _splitmix(z + (int(vector) + 1) * 0x8CB92BA72F3D8DD7)
-    return z >> 33
-
-
-def episode_seeds(eval_seed: int, num_episodes: int) -> list[int]:
-    """``[episode_seed(eval_seed, e) for e in range(num_episodes)]``."""
-    return [episode_seed(eval_seed, e) for e in range(num_episodes)]
 
 
 def _check_positive_int(name: str, value: Any, allow_none: bool = False) -> None:
@@ -207,18 +159,47 @@ class EnvInteractor:
         """The frozen observation normaliser in use (``None`` until the first episode, or when off)."""
         return None if self._stats is None else self._stats.normalizer
 
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """A snapshot (copies) of the state evaluation depends on: ``{'obs_stats': ...}``.
+
+        ``obs_stats`` is the observation statistics' state
+        (:meth:`~populora.interact.normalize.ObsStatistics.state_dict`), or
+        ``None`` without ``normalize_obs``. The envs and the ``counters`` are
+        not part of it.
+        """
+        return {"obs_stats": None if self._stats is None else self._stats.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`; everything is checked before anything is written.
+
+        Raises:
+            CheckpointError: not such a dict, statistics given to an
+                interactor without ``normalize_obs`` (or none to one with it),
+                or statistics of another observation size.
+        """
+        if not isinstance(state, Mapping) or "obs_stats" not in state:
+            raise CheckpointError(f"an EnvInteractor state must be a dict with 'obs_stats' (from state_dict()), "
+                                  f"got {state!r:.80}")
+        saved = state["obs_stats"]
+        if (saved is None) != (self._stats is None):
+            raise CheckpointError(f"the state holds {'no ' if saved is None else ''}observation statistics; this "
+                                  f"interactor has normalize_obs={self.normalize_obs}")
+        if saved is not None:
+            self._stats.load_state_dict(saved)  # checked first, then written
+
     def normalizer_state(self) -> dict[str, Any] | None:
-        """State of the observation statistics, for checkpoints (``None`` when not normalising)."""
-        return None if self._stats is None else self._stats.state_dict()
+        """Deprecated: ``state_dict()['obs_stats']``."""
+        warnings.warn("`EnvInteractor.normalizer_state()` is deprecated; use `state_dict()['obs_stats']`",
+                      DeprecationWarning, stacklevel=2)
+        return self.state_dict()["obs_stats"]
 
     def load_normalizer_state(self, state: dict[str, Any] | None) -> None:
-        """Restore :meth:`normalizer_state`."""
-        if state is None:
-            self._stats = None
-            return
-        mean = state["normalizer"]["mean"]
-        self._stats = ObsStatistics(mean.numel(), clip=state["clip"])
-        self._stats.load_state_dict(state)
+        """Deprecated: ``load_state_dict({'obs_stats': state})``."""
+        warnings.warn("`EnvInteractor.load_normalizer_state(s)` is deprecated; use "
+                      "`load_state_dict({'obs_stats': s})`", DeprecationWarning, stacklevel=2)
+        self.load_state_dict({"obs_stats": state})
 
     def wrap_policy(self, model: nn.Module) -> nn.Module:
         """``model`` itself, or ``nn.Sequential(frozen normaliser copy, model)`` when normalising."""
@@ -276,8 +257,6 @@ class EnvInteractor:
         """
         _check_population(population)
         if fitness is not None:
-            from ..fitness import fitness_kind
-
             fitness_kind(fitness)  # TypeError before anything runs
             self.update_obs_stats(population)
             return population.evaluate_distributed(fitness)
@@ -341,7 +320,7 @@ class EnvInteractor:
             raise InvalidTypeError(f"`policy` must be callable (an nn.Module), got {type(policy).__name__}")
         run = self._prepare(action, horizon, num_episodes, to_range)
         run["normalize"] = False
-        seed = _check_seed_arg(seed)
+        seed = check_seed("seed", seed)
         return self._play(policy, [0], seeds=episode_seeds(seed, num_episodes), base_seed=seed, **run)[0]
 
     def close(self) -> None:
@@ -359,202 +338,17 @@ class EnvInteractor:
         return {"action": action or self.action_format.default_action, "horizon": horizon,
                 "to_range": bounds, "normalize": self.normalize_obs}
 
-    def _play(
-        self,
-        model: Any,
-        individuals: Sequence[int],
-        *,
-        seeds: Sequence[int],
-        base_seed: int,
-        action: ActionFn,
-        horizon: int | None,
-        to_range: tuple[Tensor, Tensor] | None,
-        normalize: bool,
-    ) -> Tensor:
-        """Play every ``(individual, episode)`` item; ``(k, E)`` float64 returns (NaN: NaN reward).
-
-        ``base_seed`` seeds the whole-env resets of rounds (see the module
-        docstring) when a vector env cannot reset one slot.
-        """
-        routed = isinstance(model, Population)
-        k, num_ep = len(individuals), len(seeds)
-        returns = np.full((k, num_ep), np.nan)
-        if k == 0:
-            return torch.from_numpy(returns)
-        slots, fmt, n_slots = self._slots, self.action_format, self.num_slots
-        nan_raise = routed and model.nan_policy == "raise"
-        device = model.device if routed else _device_of(model)
-        ids_np = np.asarray(list(individuals), dtype=np.int64)
-        queue = WorkQueue(k, num_ep)
-        row = np.full(n_slots, -1, dtype=np.int64)  # row of `individuals` played by each slot, -1: idle
-        ep = np.zeros(n_slots, dtype=np.int64)
-        steps = np.zeros(n_slots, dtype=np.int64)
-        ret = np.zeros(n_slots, dtype=np.float64)
-        limit = horizon if horizon is not None else math.inf
-        bounded = horizon is not None
-        module = model.model if routed else model
-        modes = [(m, m.training) for m in module.modules()] if isinstance(module, nn.Module) else []
-        started = time.perf_counter()
-        env_steps = timesteps = 0
-
-        def who(slot: int, step: int | None) -> str:
-            if row[slot] < 0:
-                return f"slot {slot} (idle)"
-            what = f"individual {individuals[row[slot]]}" if routed else "the policy"
-            when = "" if step is None else f", step {step}"
-            return f"slot {slot} ({what}, episode {ep[slot]}{when})"
-
-        def fail(failure: SlotFailure) -> EnvStepError:
-            stepping = failure.what == "step"
-            shown = ", ".join(who(s, int(steps[s]) + 1 if stepping else None) for s in failure.slots[:4])
-            shown += " ..." if len(failure.slots) > 4 else ""
-            cause = failure.cause
-            return EnvStepError(f"env {failure.what} failed at {shown}: {type(cause).__name__}: {cause}")
-
-        round_based = slots.round_based
-        every_slot = np.arange(n_slots, dtype=np.int64)
-        rounds = 0
-
-        def start(free: np.ndarray) -> None:
-            """Give the next work items to slots ``free`` (idle if none left) and reset them.
-
-            With vector envs reset as a whole, freed slots idle until every
-            slot is free; then a new round starts on all of them.
-            """
-            nonlocal rounds
-            if round_based:
-                row[free] = -1
-                if (row >= 0).any():
-                    return
-                free = every_slot
-            new, new_seeds = [], []
-            for slot in free.tolist():
-                item = queue.take()
-                if item is None:
-                    row[slot] = -1
-                    continue
-                row[slot], ep[slot] = item
-                new.append(slot)
-                new_seeds.append(seeds[item[1]])
-            if new:
-                chosen = np.asarray(new, dtype=np.int64)
-                steps[chosen] = 0
-                ret[chosen] = 0.0
-                whole = None
-                if round_based:
-                    whole = [vector_reset_seed(base_seed, rounds, v) for v in range(len(slots.whole_sources))]
-                    rounds += 1
-                try:
-                    slots.reset(chosen, new_seeds, whole)
-                except SlotFailure as failure:
-                    raise fail(failure) from failure.cause
-
-        def playing() -> tuple[np.ndarray, dict[str, Any]]:
-            """The playing slots, grouped by individual, and the routing argument of their forward.
-
-            Grouped rows need no permutation in the routed forward, and rows of
-            one individual (the tail of long episodes) go through the cheaper
-            ``individual=i`` route (the same arithmetic). Recomputed only when
-            an episode ended: while the same slots play, the same array goes
-            back to the slots, which then hand back the observations of the
-            last step without touching their buffer.
-            """
-            active = np.flatnonzero(row >= 0)
-            if not routed or active.size == 0:
-                return active, {}
-            ids = ids_np[row[active]]
-            if active.size > 1 and (ids[1:] < ids[:-1]).any():
-                order = np.argsort(ids, kind="stable")
-                active, ids = active[order], ids[order]
-            if ids[0] == ids[-1]:
-                return active, {"individual": int(ids[0])}
-            return active, {"individuals": torch.from_numpy(ids)}
-
-        stats = self._stats if normalize else None
-        threads = torch.get_num_threads()
-        params = sum(p.numel() for p in module.parameters()) if isinstance(module, nn.Module) else 0
-        one_thread = device.type == "cpu" and threads > 1 and params * n_slots <= ONE_THREAD_WORK
-        try:
-            if one_thread:
-                torch.set_num_threads(1)
-            for m, _ in modes:
-                m.train(False)
-            with torch.inference_mode():  # env tensors too: the observation buffer is written in place
-                start(every_slot)
-                active, route = playing()
-                ret_a, steps_a = ret[active], steps[active]  # of the playing slots, in their order
-                while active.size:
-                    n_act = active.size
-                    obs = slots.take(active)
-                    if stats is not None:
-                        stats.observe(obs)
-                        obs = stats.normalizer(obs.to(device))
-                    if routed:
-                        out = model(obs, **route)
-                    else:
-                        out = model(obs.to(device) if isinstance(obs, Tensor) else obs)
-                    acts = fmt.convert(action(out), n_act, to_range)
-                    try:
-                        rewards, done = slots.step(acts, active)
-                    except SlotFailure as failure:
-                        steps[active] = steps_a
-                        raise fail(failure) from failure.cause
-                    timesteps += 1
-                    env_steps += n_act
-                    ret_a += rewards
-                    steps_a += 1
-                    finished = done | (steps_a >= limit) if bounded else done
-                    total = rewards.sum()  # one reduction to rule out NaN and inf rewards
-                    if not math.isfinite(total) and not (ok := np.isfinite(rewards)).all():
-                        finished = finished | self._bad_rewards(rewards, ok, active, steps_a, steps, who, nan_raise)
-                    if finished.any():
-                        ret[active], steps[active] = ret_a, steps_a
-                        ended = active[finished]
-                        returns[row[ended], ep[ended]] = ret_a[finished]
-                        for r in row[ended].tolist():
-                            queue.finish(r)
-                        start(ended)
-                        active, route = playing()
-                        ret_a, steps_a = ret[active], steps[active]
-        finally:
-            if one_thread:
-                torch.set_num_threads(threads)
-            for m, mode in modes:
-                m.train(mode)
-            self.counters["env_steps"] += env_steps
-            self.counters["timesteps"] += timesteps
-            self.counters["episodes"] += int(np.isfinite(returns).sum())
-            self.counters["seconds"] += time.perf_counter() - started
-        return torch.from_numpy(returns)
-
-    def _bad_rewards(self, rewards: np.ndarray, ok: np.ndarray, active: np.ndarray, steps_a: np.ndarray,
-                     steps: np.ndarray, who: Callable[[int, int | None], str], nan_raise: bool) -> np.ndarray:
-        """Handle NaN / inf rewards of one step: raise naming env, slot and individual, or end those episodes.
-
-        A NaN or -inf reward raises under ``nan_policy='raise'`` (``'worst'``
-        ranks such an individual lowest, so that advice works); with
-        ``'worst'`` the episode ends there, its return NaN or -inf. A +inf
-        reward always raises: no policy can rank an infinite fitness, so the
-        advice is to bound the env's rewards.
+    def _play(self, model: Any, individuals: Sequence[int], *, seeds: Sequence[int], base_seed: int,
+              action: ActionFn, horizon: int | None, to_range: tuple[Tensor, Tensor] | None,
+              normalize: bool) -> Tensor:
+        """Play every ``(individual, episode)`` item (see :class:`~populora.interact.rollout.Rollout`).
 
         Returns:
-            ``(n,)`` bool: the episodes that end because of their reward.
+            ``(k, E)`` float64 returns (NaN: a NaN reward).
         """
-        positive = rewards == math.inf
-        if positive.any() or nan_raise:
-            j = int(np.flatnonzero(positive)[0] if positive.any() else np.flatnonzero(~ok)[0])
-            slot = int(active[j])
-            steps[active] = steps_a
-            value = "+inf" if positive[j] else ("-inf" if rewards[j] == -math.inf else "NaN")
-            if positive[j]:
-                advice = ("an infinite fitness cannot be ranked under any nan_policy; bound the env's rewards, e.g. "
-                          "gymnasium.wrappers.ClipReward(env, min_reward, max_reward), or end the episode in the env")
-            else:
-                advice = ("pass nan_policy='worst' to the Population (population_kwargs=dict(nan_policy='worst') in "
-                          "evolve_with_env) to score such individuals lowest instead")
-            raise FitnessError(f"env {self._slots.describe(slot)} returned a {value} reward at "
-                               f"{who(slot, int(steps[slot]))}; {advice}")
-        return ~ok
+        return play(self._slots, self.action_format, model, individuals, self.counters, seeds=seeds,
+                    base_seed=base_seed, action=action, horizon=horizon, to_range=to_range,
+                    stats=self._stats if normalize else None)
 
     def update_obs_stats(self, population: Population) -> None:
         """Fold the observations of past generations into the normaliser if ``population.generation`` moved.
@@ -569,19 +363,6 @@ class EnvInteractor:
 def _check_population(population: Any) -> None:
     if not isinstance(population, Population):
         raise InvalidTypeError(f"`population` must be a populora Population, got {type(population).__name__}")
-
-
-def _check_seed_arg(seed: Any) -> int:
-    from ..checks import check_seed
-
-    return check_seed("seed", seed)
-
-
-def _device_of(model: Any) -> torch.device:
-    if isinstance(model, nn.Module):
-        for t in (*model.parameters(), *model.buffers()):
-            return t.device
-    return torch.device("cpu")
 
 
 def interact_with_env(

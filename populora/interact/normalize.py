@@ -8,10 +8,14 @@ fitness never depends on how episodes were scheduled.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from .. import distributed as dist
+from ..errors import CheckpointError
 
 __all__ = ["ObsNormalizer", "ObsStatistics"]
 
@@ -112,27 +116,64 @@ class ObsStatistics:
         self.generation = generation
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything an exact resume needs."""
+        """A snapshot (copies) of everything an exact resume needs.
+
+        ``{'normalizer': {'mean' (D,), 'var' (D,), 'count' ()}, 'clip',
+        'pending' (2D + 1,), 'generation'}``, tensors float64.
+        """
         return {
-            "normalizer": {k: v.clone() for k, v in self.normalizer.state_dict().items()},
+            "normalizer": {k: v.detach().clone() for k, v in self.normalizer.state_dict().items()},
             "clip": self.normalizer.clip,
             "pending": self.pending.clone(),
             "generation": self.generation,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`."""
-        self.normalizer.load_state_dict(state["normalizer"])
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` (copied in); everything is checked before anything is written.
+
+        Raises:
+            CheckpointError: a missing key, a tensor of another shape (``D``
+                is this object's observation size), a bad clip or generation.
+        """
+        dim = self.normalizer.mean.numel()
+        check_obs_state(state, dim)
+        self.normalizer.load_state_dict({k: v.to(torch.float64) for k, v in state["normalizer"].items()})
         self.normalizer.clip = float(state["clip"])
-        self.pending = state["pending"].clone().to(torch.float64)
-        self.generation = state["generation"]
+        self.pending = state["pending"].detach().to(torch.float64, copy=True)
+        self.generation = None if state["generation"] is None else int(state["generation"])
+
+
+def check_obs_state(state: Any, dim: int | None) -> int:
+    """Check an :meth:`ObsStatistics.state_dict` (of observation size ``dim``, any when ``None``); its ``D``."""
+    if not isinstance(state, Mapping):
+        raise CheckpointError(f"observation statistics state must be a dict, got {type(state).__name__}")
+    missing = [k for k in ("normalizer", "clip", "pending", "generation") if k not in state]
+    norm = state.get("normalizer")
+    if not missing and isinstance(norm, Mapping):
+        missing = [f"normalizer.{k}" for k in ("mean", "var", "count") if k not in norm]
+    if missing:
+        raise CheckpointError(f"observation statistics state lacks {missing}")
+    if not isinstance(norm, Mapping) or not all(isinstance(norm[k], Tensor) for k in ("mean", "var", "count")):
+        raise CheckpointError("observation statistics state's 'normalizer' must map mean / var / count to tensors")
+    size = norm["mean"].numel() if dim is None else dim
+    shapes = {"normalizer.mean": (norm["mean"], (size,)), "normalizer.var": (norm["var"], (size,)),
+              "normalizer.count": (norm["count"], ()), "pending": (state["pending"], (2 * size + 1,))}
+    for name, (t, shape) in shapes.items():
+        if not isinstance(t, Tensor) or tuple(t.shape) != shape:
+            got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise CheckpointError(f"observation statistics state's {name!r} has shape {got}, expected {shape} "
+                                  f"(observations of size {size})")
+    clip, gen = state["clip"], state["generation"]
+    if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip > 0:
+        raise CheckpointError(f"observation statistics state's 'clip' must be a number > 0, got {clip!r}")
+    if gen is not None and (isinstance(gen, bool) or not isinstance(gen, int)):
+        raise CheckpointError(f"observation statistics state's 'generation' must be an int or None, got {gen!r}")
+    return size
 
 
 def _sum_over_ranks(values: Tensor) -> Tensor:
-    from .. import distributed as dist
-
     if not dist.is_distributed():
         return values
-    world, me, n = dist.world_size(), dist.rank(), values.numel()
+    world, me, n = dist.world_size(), dist.process_rank(), values.numel()
     gathered = dist.all_gather_values(range(me * n, (me + 1) * n), values, world * n)
     return gathered.to(torch.float64).view(world, n).sum(0)

@@ -1,4 +1,9 @@
-"""The work queue: which (individual, episode) a free env slot plays next."""
+"""Which (individual, episode) a free env slot plays next, and the seed it starts from.
+
+:class:`WorkQueue` hands out the work items; :func:`episode_seed` and
+:func:`vector_reset_seed` are the seeding scheme described in
+:mod:`populora.interact.interactor`.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,52 @@ from collections import deque
 
 import numpy as np
 
-__all__ = ["WorkQueue"]
+__all__ = ["WorkQueue", "episode_seed", "episode_seeds", "vector_reset_seed"]
+
+_MASK64 = (1 << 64) - 1
+
+
+def episode_seed(eval_seed: int, episode: int) -> int:
+    """Reset seed of episode ``episode`` in the generation whose eval seed is ``eval_seed``.
+
+    A splitmix64 mix of both numbers, cut to 31 bits (valid for gymnasium,
+    numpy and dm_control). Every individual of a generation meets the same
+    seeds; the next generation (``eval_seed + 1``) meets new ones.
+
+    Example:
+        >>> episode_seed(0, 0) == episode_seed(0, 0) != episode_seed(1, 0)
+        True
+    """
+    return _splitmix(int(eval_seed) * 0x9E3779B97F4A7C15 + (int(episode) + 1) * 0xD1B54A32D192ED03) >> 33
+
+
+def _splitmix(z: int) -> int:
+    z &= _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def vector_reset_seed(eval_seed: int, round: int, vector: int = 0) -> int:
+    """Seed of the whole-env reset of round ``round`` of a vector env that cannot reset one slot.
+
+    ``vector`` numbers such vector envs in slot order (0 for a single one).
+    A splitmix64 mix of the three numbers cut to 31 bits, independent of
+    :func:`episode_seed`.
+
+    Example:
+        >>> vector_reset_seed(0, 0) == vector_reset_seed(0, 0) != vector_reset_seed(0, 1)
+        True
+    """
+    z = _splitmix(int(eval_seed) * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019)
+    z = _splitmix(z + (int(round) + 1) * 0xD1B54A32D192ED03)
+    z = _splitmix(z + (int(vector) + 1) * 0x8CB92BA72F3D8DD7)
+    return z >> 33
+
+
+def episode_seeds(eval_seed: int, num_episodes: int) -> list[int]:
+    """``[episode_seed(eval_seed, e) for e in range(num_episodes)]``."""
+    return [episode_seed(eval_seed, e) for e in range(num_episodes)]
 
 
 class WorkQueue:

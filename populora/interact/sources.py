@@ -1,0 +1,324 @@
+"""Slot sources: the environments behind a run of consecutive slots, all with one interface.
+
+:class:`~populora.interact.envs.EnvSlots` numbers its slots ``0..N-1`` and
+hands each run of them to a source (:class:`SlotSource`); a source resets and
+steps any subset of its slots and returns their observations batched as
+torch tensors. Three kinds:
+
+* :class:`SingleEnvs`: consecutive single envs, one slot each, adapted by
+  env-ssl-wrapper's ``StandardizeWrapper`` only, reset with
+  ``env_ssl_wrapper.reset_env`` (gymnasium's ``reset(seed=)`` or dm_control's
+  task random state); their observations are batched here, once per step for
+  all of them (the per-env AutoBatched + Tensor layers cost several times a
+  cheap env's step);
+* :class:`SubEnvSource`: a plain gymnasium ``SyncVectorEnv``, whose sub-envs
+  are stepped and reset one by one, only those playing (see its docstring);
+* :class:`~populora.interact.vector.VectorSource`: any other vector env,
+  which steps every slot at once (see :mod:`populora.interact.vector`).
+
+A source raises :class:`SlotFailure` naming the slots an env failed in;
+configuration errors (observations of another size) pass through as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ..errors import InvalidTypeError, InvalidValueError
+
+__all__ = ["SingleEnvs", "SlotFailure", "SlotSource", "SubEnvSource", "as_batch", "describe_env",
+           "every_slot_in_order", "plain_sync_vector_env"]
+
+
+class SlotFailure(Exception):
+    """Internal: an env failed; carries the (global) slots involved, ``'reset'`` or ``'step'``, and the cause."""
+
+    def __init__(self, slots: Sequence[int], what: str, cause: BaseException):
+        super().__init__(what)
+        self.slots = list(slots)
+        self.what = what
+        self.cause = cause
+
+
+def describe_env(env: Any) -> str:
+    """``repr(env)`` (its class name without a repr of its own), cut to 80 characters."""
+    text = repr(env) if type(env).__repr__ is not object.__repr__ else type(env).__name__
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def every_slot_in_order(slots: np.ndarray, num: int) -> bool:
+    """``slots`` is ``0, 1, .., num - 1`` (distinct slots of ``[0, num)``, increasing)."""
+    return slots.size == num and bool((slots[1:] > slots[:-1]).all())
+
+
+# ---------------------------------------------------------------------- batching observations
+
+
+def _as_float(t: Tensor) -> Tensor:
+    """float32 for every observation leaf but booleans, as env-ssl-wrapper's TensorWrapper does."""
+    return t if t.dtype in (torch.float32, torch.bool) else t.to(torch.float32)
+
+
+def _leaf_array(leaf: Any) -> np.ndarray:
+    if isinstance(leaf, Tensor):
+        return leaf.detach().cpu().numpy()
+    return np.asarray(leaf)
+
+
+def as_batch(obs: Any, rows: int, flatten: bool) -> Any:
+    """A batched observation (array, tensor or pytree of them, ``rows`` first) as torch tensors.
+
+    ``flatten``: one ``(rows, D)`` float32 tensor of every leaf; otherwise the
+    structure is kept, every leaf float32 (booleans kept).
+    """
+    if flatten and isinstance(obs, np.ndarray) and obs.ndim and obs.shape[0] == rows \
+            and obs.dtype.kind in "fiub":  # a sub-env batch (fresh, writable): no copy for float32
+        t = torch.from_numpy(obs)
+        t = t if t.dim() == 2 else t.reshape(rows, -1)
+        return t if t.dtype == torch.float32 else t.to(torch.float32)
+    if not flatten:
+        return tree_map(lambda t: _as_float(t if isinstance(t, Tensor) else torch.as_tensor(np.asarray(t))), obs)
+    if isinstance(obs, Tensor) and obs.dim() == 2 and obs.dtype == torch.float32:
+        return obs
+    parts = []
+    for leaf in tree_flatten(obs)[0]:
+        t = leaf if isinstance(leaf, Tensor) else torch.as_tensor(np.asarray(leaf))
+        if t.dim() == 0 or t.shape[0] != rows:
+            raise InvalidValueError(
+                f"observation leaf of shape {tuple(t.shape)} has no leading batch dim of {rows}; pass "
+                "`flatten_obs=False` and a model that takes the raw observation"
+            )
+        parts.append(t.reshape(rows, -1).to(torch.float32))
+    if not parts:
+        raise InvalidTypeError(f"observation {obs!r:.80} holds no arrays to flatten")
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+def _stack(rows: list[Any], flatten: bool) -> Any:
+    """Single-env observations stacked into a batch (flattened to ``(n, D)`` if asked)."""
+    if not flatten:
+        return tree_map(lambda *xs: _as_float(torch.as_tensor(np.stack([_leaf_array(x) for x in xs]))), *rows)
+    flat = []
+    for obs in rows:
+        if isinstance(obs, np.ndarray):
+            flat.append(obs.reshape(-1))
+            continue
+        leaves = [_leaf_array(leaf).reshape(-1) for leaf in tree_flatten(obs)[0]]
+        if not leaves:
+            raise InvalidTypeError(f"observation {obs!r:.80} holds no arrays to flatten")
+        flat.append(leaves[0] if len(leaves) == 1 else np.concatenate(leaves))
+    sizes = {a.size for a in flat}
+    if len(sizes) > 1:
+        raise InvalidValueError(f"slots returned observations of different sizes {sorted(sizes)}; every slot must "
+                                "run the same environment")
+    return torch.from_numpy(np.stack(flat).astype(np.float32, copy=False))
+
+
+# ---------------------------------------------------------------------- the interface
+
+
+class SlotSource:
+    """The envs behind slots ``[start, stop)``; methods take local slots ``0..num-1`` (``np.int64`` arrays).
+
+    Attributes:
+        start, stop, num: the slots covered.
+        action_space: the action space of one slot (as env-ssl-wrapper's adapter reports it).
+        whole: resets only as a whole (:meth:`reset_all`), never one slot with a seed.
+        flatten: observations come back as one ``(k, D)`` float32 tensor.
+    """
+
+    whole = False
+
+    def __init__(self, start: int, num: int, flatten: bool):
+        self.start = start
+        self.num = num
+        self.stop = start + num
+        self.flatten = flatten
+
+    def raw_env(self, local: int) -> Any:
+        """The env object the user passed for local slot ``local``."""
+        raise NotImplementedError
+
+    def reset(self, local: np.ndarray, seeds: Sequence[int | None]) -> Any:
+        """Reset ``local`` with ``seeds`` (``None``: unseeded); their first observations, ``(len(local), ..)``."""
+        raise NotImplementedError
+
+    def reset_all(self, seed: int) -> Any:
+        """Reset every slot with one ``seed`` (only sources with :attr:`whole`); ``(num, ..)`` observations."""
+        raise InvalidTypeError(f"{describe_env(self.raw_env(0))} resets one slot at a time, not as a whole")
+
+    def step(self, local: np.ndarray, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
+        """Step ``local`` with their ``(k, ..)`` actions.
+
+        Returns:
+            ``(obs, written, reward (k,) float64, done (k,) bool)``: ``obs``
+            holds the observations of the local slots ``written`` (``local``
+            itself, or every slot for a source that steps them all).
+        """
+        raise NotImplementedError
+
+
+class SingleEnvs(SlotSource):
+    """Consecutive single envs, one slot each, through env-ssl-wrapper's StandardizeWrapper only.
+
+    The adapter gives ``(obs, reward, terminated, truncated, info)`` for any
+    simulator; batching and tensor conversion happen once per timestep over
+    the slots stepped.
+    """
+
+    def __init__(self, envs: Sequence[Any], start: int, flatten: bool):
+        from env_ssl_wrapper import compose_env, get_adapter
+
+        super().__init__(start, len(envs), flatten)
+        self.raws = list(envs)
+        adapters = [get_adapter(env) for env in self.raws]
+        self.torch_native = [bool(getattr(adapter, "torch_native", False)) for adapter in adapters]
+        self.envs = [compose_env(env, pad_episodes=False) for env in self.raws]
+        self.action_space = adapters[0].action_space
+
+    def raw_env(self, local: int) -> Any:
+        return self.raws[local]
+
+    def reset(self, local: np.ndarray, seeds: Sequence[int | None]) -> Any:
+        from env_ssl_wrapper import reset_env
+
+        rows = []
+        for slot, seed in zip(local.tolist(), seeds):
+            try:
+                rows.append(reset_env(self.envs[slot], None if seed is None else int(seed))[0])
+            except Exception as error:
+                raise SlotFailure([self.start + slot], "reset", error) from error
+        return _stack(rows, self.flatten)
+
+    def step(self, local: np.ndarray, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
+        k = local.size
+        rewards = np.empty(k, dtype=np.float64)
+        dones = np.empty(k, dtype=bool)
+        act_np = actions.numpy() if isinstance(actions, Tensor) else None
+        rows = []
+        for j, slot in enumerate(local.tolist()):
+            if act_np is not None:
+                act = act_np[j]
+                act = act.item() if act.ndim == 0 else act.copy()
+            else:
+                act = tree_map(lambda t, j=j: t[j], actions)
+            try:
+                obs, rewards[j], dones[j] = self._step_one(slot, act)
+            except Exception as error:
+                raise SlotFailure([self.start + slot], "step", error) from error
+            rows.append(obs)
+        return _stack(rows, self.flatten), local, rewards, dones
+
+    def _step_one(self, slot: int, action: Any) -> tuple[Any, float, bool]:
+        if self.torch_native[slot] and isinstance(action, np.ndarray):
+            action = torch.from_numpy(action)
+        obs, reward, terminated, truncated, _ = self.envs[slot].step(action)
+        # float32 like TensorWrapper's rewards, so a list and a vector env add up the same numbers;
+        # dm_env's reward is None only at the FIRST step, which a step never returns
+        reward = 0.0 if reward is None else float(np.float32(np.asarray(reward).reshape(())))
+        return obs, reward, bool(np.asarray(terminated).any() or np.asarray(truncated).any())
+
+
+def plain_sync_vector_env(env: Any) -> bool:
+    """A gymnasium ``SyncVectorEnv`` with its own ``step`` / ``reset`` (no vector wrapper, no override)."""
+    from gymnasium.vector import SyncVectorEnv
+
+    cls = type(env)
+    return (isinstance(env, SyncVectorEnv) and cls.step is SyncVectorEnv.step and cls.reset is SyncVectorEnv.reset
+            and isinstance(getattr(env, "envs", None), list))
+
+
+class SubEnvSource(SlotSource):
+    """The sub-envs of a gymnasium ``SyncVectorEnv``, stepped and reset one by one.
+
+    Only the slots that are playing are stepped, the way ``SyncVectorEnv``
+    steps each one (``iterate`` over the actions, ``concatenate`` of the
+    observations in its ``single_observation_space``, rewards through float32
+    like env-ssl-wrapper's TensorWrapper), so a playing slot sees exactly
+    what it would see through the vector env; idle slots are left alone, and
+    a slot is reset with ``sub_env.reset(seed=)``. Stepping every slot would
+    spend most steps on idle slots once the work queue runs dry; stepping the
+    sub-envs also skips the vector env's autoreset and info bookkeeping, so
+    it is not slower even when every slot is busy.
+    """
+
+    def __init__(self, env: Any, start: int, flatten: bool):
+        from env_ssl_wrapper import get_adapter
+        from gymnasium.spaces import Box, Discrete, MultiBinary, MultiDiscrete
+        from gymnasium.vector.utils import concatenate, create_empty_array, iterate
+
+        super().__init__(start, len(env.envs), flatten)
+        self.raw = env
+        self.envs = list(env.envs)
+        self.action_space = get_adapter(env).action_space
+        self._step = [sub.step for sub in self.envs]
+        obs_space, batch_actions = env.single_observation_space, env.action_space
+        # gymnasium's own batching (concatenate / iterate); for these spaces it is np.stack into an array of
+        # the space's shape and dtype (np.array makes the same array 3x faster), and the iteration over a
+        # batch of actions is over its rows
+        if type(obs_space) in (Box, Discrete, MultiDiscrete, MultiBinary):
+            shape, dtype = tuple(obs_space.shape), obs_space.dtype
+
+            def batch(rows: Sequence[Any]) -> np.ndarray:
+                out = np.array(rows, dtype=dtype)
+                if out.shape[1:] != shape:
+                    raise InvalidValueError(f"sub-envs returned observations of shape {out.shape[1:]}; the "
+                                            f"observation space {obs_space} has shape {shape}")
+                return out
+
+            self._batch = batch
+        else:
+            self._batch = lambda rows: concatenate(obs_space, rows, create_empty_array(obs_space, len(rows), fn=np.empty))
+        if type(batch_actions) in (Box, MultiDiscrete, MultiBinary):
+            self._rows = iter
+        else:
+            self._rows = lambda actions: iterate(batch_actions, actions)
+
+    def raw_env(self, local: int) -> Any:
+        return self.raw
+
+    def _batched(self, rows: Sequence[Any], local: np.ndarray, what: str) -> Any:
+        try:
+            return as_batch(self._batch(rows), len(rows), self.flatten)
+        except Exception as error:
+            raise SlotFailure((local + self.start).tolist(), what, error) from error
+
+    def reset(self, local: np.ndarray, seeds: Sequence[int | None]) -> Any:
+        rows = []
+        for slot, seed in zip(local.tolist(), seeds):
+            try:
+                rows.append(self.envs[slot].reset(seed=None if seed is None else int(seed))[0])
+            except Exception as error:
+                raise SlotFailure([self.start + slot], "reset", error) from error
+        return self._batched(rows, local, "reset")
+
+    def step(self, local: np.ndarray, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
+        if isinstance(actions, Tensor):
+            actions = actions.numpy()
+        elif not isinstance(actions, np.ndarray):  # as env-ssl-wrapper's TensorWrapper hands them to the env
+            from env_ssl_wrapper.standardize.tensor_wrapper import torch_to_numpy
+
+            actions = torch_to_numpy(actions)
+        index = local.tolist()
+        step = self._step
+        outs = []
+        try:
+            for slot, act in zip(index, self._rows(actions)):
+                outs.append(step[slot](act))
+        except Exception as error:
+            raise SlotFailure([self.start + index[len(outs)]], "step", error) from error
+        k = len(index)
+        if len(outs) != k:
+            raise SlotFailure((local + self.start).tolist(), "step",
+                              InvalidValueError(f"{len(outs)} actions for {k} slots"))
+        obs, reward, terminated, truncated, _ = zip(*outs)
+        # the vector env's float64 rewards, through float32 like TensorWrapper's
+        reward = np.array(reward, dtype=np.float32).reshape(k).astype(np.float64)
+        done = np.logical_or(terminated, truncated)
+        return self._batched(obs, local, "step"), local, reward, done if done.shape == (k,) else done.reshape(k)

@@ -1,0 +1,241 @@
+"""The slot source of a vector env that steps every slot at once.
+
+Through env-ssl-wrapper's ``TensorWrapper`` (torch tensors, one call per
+timestep). Slots nobody plays get a copy of the first action (their rewards
+are never read). How a slot is reset depends on what the env can do:
+
+* a gymnasium ``AsyncVectorEnv`` (or a wrapped ``SyncVectorEnv``) resets
+  several slots in one call through ``options['reset_mask']`` with one seed
+  per slot;
+* a vector env with ``reset_at`` / ``reset_one`` (env-ssl-wrapper's
+  convention) resets one slot with a seed through
+  ``env_ssl_wrapper.reset_env_at``;
+* any other vector env (gymnasium's native ``CartPoleVectorEnv`` from
+  ``gym.make_vec('CartPole-v1', num_envs=4)``, or any ``VectorEnv`` whose
+  slots share one random generator) cannot reset one slot with a seed. It is
+  **reset as a whole** instead (:attr:`VectorSource.whole`), with one seed,
+  at the start of every round of episodes (see
+  :mod:`populora.interact.interactor` for the seeding scheme); every
+  autoreset mode works: with ``NEXT_STEP`` and ``SAME_STEP`` the env's own
+  autoresets of slots whose episode ended are stepped through but never
+  counted, and with ``DISABLED`` such slots are reset through
+  ``options['reset_mask']`` without a seed (gymnasium 1.x's contract for
+  that mode) before the next step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ..errors import InvalidTypeError, InvalidValueError
+from .sources import SlotFailure, SlotSource, as_batch, describe_env, every_slot_in_order
+
+__all__ = ["VectorSource"]
+
+
+def _masked_reset_capable(env: Any) -> bool:
+    from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
+
+    inner = getattr(env, "unwrapped", env)
+    return isinstance(inner, (SyncVectorEnv, AsyncVectorEnv))
+
+
+def _can_reset_one_slot(env: Any) -> bool:
+    """Whether ``env_ssl_wrapper.reset_env_at`` can reset one slot of ``env`` with a seed.
+
+    Mirrors its paths without calling them: a ``reset_at`` / ``reset_one``
+    method, gymnasium's masked reset of a Sync / Async vector env, or a list
+    of sub-envs, on ``env`` or any wrapper below it.
+    """
+    if _masked_reset_capable(env):
+        return True
+    seen, layer = set(), env
+    while layer is not None and id(layer) not in seen:
+        seen.add(id(layer))
+        if type(layer).__name__ == "AsyncVectorEnv":
+            return True
+        for name in ("reset_at", "reset_one"):
+            try:
+                if callable(getattr(layer, name, None)):
+                    return True
+            except Exception:  # noqa: BLE001 - a property that raises: not a per-slot reset
+                pass
+        if isinstance(vars(layer).get("envs") if hasattr(layer, "__dict__") else None, (list, tuple)):
+            return True
+        layer = vars(layer).get("env") if hasattr(layer, "__dict__") else None
+    return False
+
+
+def _fill(actions: Any, slots: np.ndarray, num: int) -> Any:
+    """``(num, ..)`` actions: ``actions`` at ``slots``, a copy of the first action elsewhere."""
+    index = torch.from_numpy(slots)
+
+    def fill(t: Tensor) -> Tensor:
+        full = t[:1].expand(num, *t.shape[1:]).clone()
+        return full.index_copy_(0, index, t)
+
+    return tree_map(fill, actions)
+
+
+class VectorSource(SlotSource):
+    """A vector env covering slots ``[start, start + num)``, through env-ssl-wrapper's TensorWrapper."""
+
+    def __init__(self, env: Any, start: int, flatten: bool):
+        from env_ssl_wrapper import compose_env, get_adapter
+        from env_ssl_wrapper.standardize.helpers import env_autoresets, env_num_envs
+
+        super().__init__(start, int(env_num_envs(env)), flatten)
+        self.raw = env
+        # a vector wrapper hides gymnasium's `autoreset_mode` attribute, not the metadata entry it sets
+        mode = getattr(env, "metadata", None) or {}
+        mode = mode.get("autoreset_mode") if isinstance(mode, dict) else None
+        disabled = mode is not None and str(getattr(mode, "value", mode)).lower() == "disabled"
+        self.autoresets = bool(env_autoresets(env)) and not disabled
+        self.masked_reset = _masked_reset_capable(env)
+        # no seeded reset of one slot: reset as a whole, once per round of episodes (see EnvSlots.reset)
+        self.whole = not _can_reset_one_slot(env)
+        self._last_obs: Any = None
+        self.env = compose_env(env, ("tensor", dict(device="cpu")), pad_episodes=False)
+        self.action_space = get_adapter(env).action_space
+        # slots that ended while nobody used them: reset before the next step unless the env autoresets
+        self.stale = np.zeros(self.num, dtype=bool)
+        self.started = False
+        self.every = np.arange(self.num, dtype=np.int64)
+
+    def raw_env(self, local: int) -> Any:
+        return self.raw
+
+    def reset_all(self, seed: int) -> Any:
+        """Reset every slot with one ``seed``: ``(num, ..)`` observations.
+
+        ``reset(seed=seed)``; an env whose ``reset`` takes no seed is seeded
+        the way ``env_ssl_wrapper.reset_env`` can (``seed()``, or not at all).
+        """
+        try:
+            try:
+                obs, _ = self.env.reset(seed=int(seed))
+            except TypeError:
+                from env_ssl_wrapper import reset_env
+
+                obs, _ = reset_env(self.env, int(seed))
+            self.stale[:] = False
+            self.started = True
+            self._last_obs = obs
+            return as_batch(obs, self.num, self.flatten)
+        except Exception as error:
+            raise SlotFailure((self.every + self.start).tolist(), "reset", error) from error
+
+    def _reset_ended(self, local: np.ndarray) -> None:
+        """Reset ended slots ``local`` of a whole-reset env in ``DISABLED`` mode: masked, without a seed.
+
+        The observations of the other slots must come back unchanged (an env
+        that ignores the mask would restart the episodes being played).
+        """
+        mask = np.zeros(self.num, dtype=np.bool_)
+        mask[local] = True
+        try:
+            obs, _ = self.env.reset(options={"reset_mask": mask})
+        except TypeError as error:
+            raise InvalidTypeError(
+                f"the vector env {describe_env(self.raw)} does not autoreset and cannot reset some of its slots "
+                f"(reset(options={{'reset_mask': mask}}) raised {type(error).__name__}: {error}); gymnasium 1.x's "
+                "AutoresetMode.DISABLED needs that reset, or pass a list of envs or a factory"
+            ) from error
+        if self._last_obs is not None:
+            keep = torch.from_numpy(np.flatnonzero(~mask))
+            before, after = tree_flatten(self._last_obs)[0], tree_flatten(obs)[0]
+            same = len(before) == len(after) and all(
+                not isinstance(a, Tensor) or (a.shape == b.shape and torch.equal(a.index_select(0, keep),
+                                                                                 b.index_select(0, keep)))
+                for a, b in zip(before, after))
+            if not same:
+                raise InvalidTypeError(
+                    f"the vector env {describe_env(self.raw)} changed slots outside options['reset_mask'] when "
+                    "resetting its ended slots (it restarted episodes being played); gymnasium 1.x's "
+                    "AutoresetMode.DISABLED needs a masked reset, or pass a list of envs or a factory"
+                )
+        self.stale[local] = False
+
+    def reset(self, local: np.ndarray, seeds: Sequence[int | None]) -> Any:
+        """Reset ``local`` with ``seeds``.
+
+        Raises:
+            TypeError: the env cannot reset one slot with a seed (passed through, not a :class:`SlotFailure`).
+        """
+        try:
+            return as_batch(self._reset(local, seeds), local.size, self.flatten)
+        except TypeError as error:
+            if "cannot reset one slot" in str(error):
+                raise
+            raise SlotFailure((local + self.start).tolist(), "reset", error) from error
+        except Exception as error:
+            raise SlotFailure((local + self.start).tolist(), "reset", error) from error
+
+    def _reset(self, local: np.ndarray, seeds: Sequence[int | None]) -> Any:
+        from env_ssl_wrapper import reset_env_at
+
+        if self.whole:  # pragma: no cover - EnvSlots resets such an env with reset_all
+            raise InvalidTypeError(f"the vector env {describe_env(self.raw)} cannot reset one slot with a seed")
+        self.stale[local] = False
+        seeds = [None if seed is None else int(seed) for seed in seeds]
+        if self.masked_reset:  # gymnasium: every chosen slot in one call, one seed each
+            mask = np.zeros(self.num, dtype=np.bool_)
+            mask[local] = True
+            seed_list: list[int | None] = [None] * self.num
+            for slot, seed in zip(local.tolist(), seeds):
+                seed_list[slot] = seed
+            if self.started:
+                obs, _ = self.env.reset(seed=seed_list, options={"reset_mask": mask})
+            else:  # a masked reset needs every slot reset once before
+                obs, _ = self.env.reset(seed=seed_list)
+                self.started = True
+            index = torch.from_numpy(np.asarray(local, dtype=np.int64))
+            return tree_map(lambda t: t.index_select(0, index) if isinstance(t, Tensor) else t, obs)
+        rows = []
+        for slot, seed in zip(local.tolist(), seeds):
+            out = reset_env_at(self.env, slot, seed=seed)
+            if out is None:
+                raise InvalidTypeError(
+                    f"the vector env {describe_env(self.raw)} cannot reset one slot with a seed (no "
+                    "`reset_at` and no gymnasium `options['reset_mask']`), which common random numbers "
+                    "need; pass a gymnasium SyncVectorEnv (gym.make_vec(..., vectorization_mode='sync')), "
+                    "a list of envs or a factory instead"
+                )
+            rows.append(tree_map(lambda t: t.unsqueeze(0) if isinstance(t, Tensor) else t, out[0]))
+        return tree_map(lambda *ts: torch.cat(ts, 0), *rows) if len(rows) > 1 else rows[0]
+
+    def step(self, local: np.ndarray, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
+        """Step every slot (``written`` is all of them); ``reward`` and ``done`` of ``local`` only."""
+        every = every_slot_in_order(local, self.num)
+        try:
+            obs, reward, done = self._step_all(actions if every else _fill(actions, local, self.num))
+            obs = as_batch(obs, self.num, self.flatten)
+        except Exception as error:
+            raise SlotFailure((local + self.start).tolist(), "step", error) from error
+        return (obs, self.every, reward, done) if every else (obs, self.every, reward[local], done[local])
+
+    def _step_all(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray]:
+        """Step all slots with ``(num, ..)`` actions: ``(obs, reward (num,) float64, done (num,) bool)``."""
+        if not self.autoresets and self.stale.any():
+            local = np.flatnonzero(self.stale)
+            if self.whole:
+                self._reset_ended(local)
+            else:
+                self._reset(local, [None] * local.size)  # observations unused: nobody acts in those slots
+        obs, reward, terminated, truncated, _ = self.env.step(actions)
+        if self.whole and not self.autoresets:
+            self._last_obs = obs
+        reward = torch.as_tensor(reward).reshape(-1).numpy().astype(np.float64)
+        done = (torch.as_tensor(terminated) | torch.as_tensor(truncated)).reshape(-1).numpy()
+        if reward.size != self.num or done.size != self.num:
+            raise InvalidValueError(f"env {describe_env(self.raw)} returned {reward.size} rewards and {done.size} "
+                                    f"done flags for {self.num} slots")
+        if not self.autoresets:
+            self.stale |= done
+        return obs, reward, done
