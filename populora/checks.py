@@ -28,7 +28,7 @@ import torch
 
 from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError
 
-__all__ = ["check_bool", "check_float", "check_index", "check_int", "check_one_of", "check_seed"]
+__all__ = ["check_bool", "check_float", "check_index", "check_int", "check_one_of", "check_seed", "is_int", "is_real"]
 
 
 def _scalar(value: Any) -> Any:
@@ -41,6 +41,26 @@ def _scalar(value: Any) -> Any:
 def _is_bool(value: Any) -> bool:
     kind = type(value)
     return isinstance(value, bool) or (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_"))
+
+
+def is_int(value: Any) -> bool:
+    """Whether ``value`` is a Python or NumPy integer (not a bool): a predicate, for checks that raise their own error.
+
+    Example:
+        >>> is_int(3), is_int(True), is_int(3.0)
+        (True, False, False)
+    """
+    return isinstance(value, numbers.Integral) and not _is_bool(value)
+
+
+def is_real(value: Any, *, finite: bool = False) -> bool:
+    """Whether ``value`` is a Python or NumPy real number (not a bool), finite if asked.
+
+    Example:
+        >>> is_real(0.5), is_real(False), is_real(float("nan"), finite=True)
+        (True, False, False)
+    """
+    return isinstance(value, numbers.Real) and not _is_bool(value) and (not finite or math.isfinite(value))
 
 
 def check_int(name: str, value: Any, *, low: int | None = None, high: int | None = None) -> int:

@@ -36,6 +36,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .broadcasts import broadcast_object, broadcast_tensor_raw, broadcast_tensors_, checksum, sync_if_different_
+from .checks import check_int
 from .errors import InvalidTypeError, InvalidValueError
 from .process_group import (
     DEFAULT_TIMEOUT_S,
@@ -201,13 +202,13 @@ def all_gather_values(
         non-float input), on ``local_values``' device (CPU for non-tensors).
 
     Raises:
-        ValueError: if the ids are out of range, their count differs from the
+        TypeError: if ``num`` is not an integer (Python, NumPy or 0-d tensor).
+        ValueError: if ``num < 0``, the ids are out of range, their count differs from the
             values', or the ranks together miss or repeat an id.
         RuntimeError: on the other ranks, when one rank's call failed.
         Exception: ``error``, re-raised on the rank that passed it.
     """
-    if not isinstance(num, int) or isinstance(num, bool) or num < 0:
-        raise InvalidValueError(f"`num` must be a non-negative int, got {num!r}")
+    num = check_int("num", num, low=0)
     device = local_values.device if isinstance(local_values, Tensor) else torch.device("cpu")
     out_dtype = torch.float32
     ids = values = torch.empty(0)

@@ -61,3 +61,15 @@ def test_bool_index_seed_and_choices():
         check_seed("seed", 1.5)
     with pytest.raises(InvalidValueError, match="`mode` must be one of \\['a', 'b'\\], got 'c'"):
         check_one_of("mode", "c", ["a", "b"])
+
+
+def test_predicates_is_int_and_is_real():
+    import numpy as np
+
+    from populora.checks import is_int, is_real
+
+    assert [is_int(v) for v in (3, np.int64(3), True, np.bool_(True), 3.0, "3", None)] == [
+        True, True, False, False, False, False, False]
+    assert [is_real(v) for v in (0.5, np.float32(0.5), 2, False, np.bool_(False), "0.5")] == [
+        True, True, True, False, False, False]
+    assert is_real(float("inf")) and not is_real(float("inf"), finite=True) and not is_real(float("nan"), finite=True)

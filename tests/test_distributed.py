@@ -392,3 +392,15 @@ def test_sync_population_is_a_no_op_without_a_group():
     pd.sync_population_(pop)
     pop.sync_from_main_rank_()
     assert not pop._synced and all(torch.equal(b, f.down) for b, f in zip(before, pop.factors()))
+
+
+def test_all_gather_values_num_checked_by_the_shared_checks():
+    import numpy as np
+
+    from populora.errors import InvalidTypeError, InvalidValueError
+
+    assert pd.all_gather_values([1, 0], [2.0, 1.0], np.int64(2)).tolist() == [1.0, 2.0]
+    with pytest.raises(InvalidValueError, match="`num` must be an int >= 0, got -1"):
+        pd.all_gather_values([], [], -1)
+    with pytest.raises(InvalidTypeError, match="`num` must be an int, got bool True"):
+        pd.all_gather_values([0], [1.0], True)
