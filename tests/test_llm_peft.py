@@ -242,6 +242,8 @@ def test_export_bad_arguments(tmp_path):
     to_peft(pop, 0, tmp_path / "a", base_model_name_or_path="org/tiny", task_type=None)
     config = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
     assert (config["base_model_name_or_path"], config["task_type"]) == ("org/tiny", None)
+    (tmp_path / "plain").mkdir()  # the folder gets the permissions of any new folder (not mkdtemp's 0o700)
+    assert (tmp_path / "a").stat().st_mode & 0o777 == (tmp_path / "plain").stat().st_mode & 0o777
 
 
 # ---------------------------------------------------------------------------------------------- import

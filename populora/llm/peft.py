@@ -38,9 +38,9 @@ import math
 import numbers
 import os
 import re
+import secrets
 import shutil
 import sys
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -185,7 +185,7 @@ def _write_folder(path: Path, config: dict[str, Any], tensors: dict[str, Tensor]
 
     parent = path.parent
     parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent))
+    tmp = _fresh_folder(parent, f".{path.name}.", ".tmp")
     old: Path | None = None
     try:
         save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
@@ -197,7 +197,7 @@ def _write_folder(path: Path, config: dict[str, Any], tensors: dict[str, Tensor]
             for entry in path.iterdir():  # carry over what is not ours (a README, a tokenizer)
                 if entry.name not in (WEIGHTS_NAME, CONFIG_NAME):
                     (shutil.copytree if entry.is_dir() else shutil.copy2)(entry, tmp / entry.name)
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=parent))
+            old = _fresh_folder(parent, f".{path.name}.old-", "")
             os.replace(path, old / path.name)
             try:
                 os.replace(tmp, path)
@@ -212,6 +212,17 @@ def _write_folder(path: Path, config: dict[str, Any], tensors: dict[str, Tensor]
         if old is not None and not any(old.iterdir()):
             old.rmdir()
         raise
+
+
+def _fresh_folder(parent: Path, prefix: str, suffix: str) -> Path:
+    """A new empty folder in ``parent`` with the default permissions (``mkdtemp`` would give 0o700)."""
+    while True:
+        folder = parent / f"{prefix}{secrets.token_hex(6)}{suffix}"
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
 
 
 def _is_causal_lm(model: nn.Module) -> bool:
