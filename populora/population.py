@@ -27,7 +27,6 @@ from .checkpoint import atomic_save, load_checkpoint
 from .checks import check_bool, check_float, check_index, check_int, check_one_of, check_seed
 from .distributed import resolve_device
 from .errors import (
-    CheckpointError,
     FitnessError,
     InvalidIndexError,
     InvalidTypeError,
@@ -44,7 +43,6 @@ from .targets import find_targets, layer_dims
 
 __all__ = ["Population", "SelectionResult"]
 
-_FORMAT = pstate.FORMAT
 NAN_POLICIES = pstate.NAN_POLICIES
 
 # The live (not merged, not closed) populations on each base model: the first records the user's
@@ -393,7 +391,7 @@ class Population(nn.Module, RoutedModel, Evolvable):
         per entry)}``; the generator state is a copy.
         """
         return {
-            "format": _FORMAT,
+            "format": pstate.FORMAT,
             "config": {"pop_size": self.pop_size, "low_rank": self.low_rank, "seed": self.seed,
                        "init_scale": self.init_scale, "nan_policy": self.nan_policy,
                        "lora_targets": list(self.target_names)},
@@ -448,49 +446,21 @@ class Population(nn.Module, RoutedModel, Evolvable):
                 :meth:`factors`); the population is unchanged.
         """
         self._check_alive()
-        if isinstance(state_dict, Mapping) and "format" in state_dict:
-            state_dict = pstate.from_legacy(state_dict)
-        if not isinstance(state_dict, Mapping):
-            raise CheckpointError(f"a population state must be a dict (from Population.state_dict()), got "
-                                  f"{type(state_dict).__name__}")
+        state_dict = pstate.as_state_dict(state_dict)
         own = self.state_dict(keep_vars=True, include_model=any(k.startswith("model.") for k in state_dict))
-        missing = [k for k in own if k not in state_dict]
-        unexpected = [k for k in state_dict if k not in own]
-        if strict and (missing or unexpected):
-            raise CheckpointError(f"the population state lacks the key(s) {missing}" if missing else
-                                  f"the population state has unexpected key(s) {unexpected}")
+        pstate.check_keys(state_dict, own, strict)
         extra = self._check_extra(state_dict[pstate.EXTRA_KEY]) if pstate.EXTRA_KEY in state_dict else None
-        stacks = {f"_{kind}.{t}": (kind[:-1], name, emb) for kind in ("downs", "ups")
-                  for t, (name, emb) in enumerate(zip(self.target_names, self._embedding))}
-        for key, value in state_dict.items():
-            if key not in own or key == pstate.EXTRA_KEY:
-                continue
-            if key in stacks:
-                kind, name, emb = stacks[key]
-                pstate.check_stack(f"the state's {kind} adapter of {name!r}", value, self.pop_size)
-            elif not isinstance(value, Tensor):
-                raise CheckpointError(f"the state's {key!r} must be a tensor, got {type(value).__name__}")
-            if value.shape != own[key].shape:
-                if key in stacks:
-                    raise CheckpointError(f"checkpoint {kind} adapter of {name!r} has shape "
-                                          f"{pstate.public_shape(kind, value.shape, emb)}, expected "
-                                          f"{pstate.public_shape(kind, own[key].shape, emb)}")
-                raise CheckpointError(f"checkpoint {key!r} has shape {tuple(value.shape)}, expected "
-                                      f"{tuple(own[key].shape)}")
-        tensors = {k: v for k, v in state_dict.items() if k != pstate.EXTRA_KEY}
-        result = super().load_state_dict(tensors, strict=False, assign=assign)
+        pstate.check_tensors(state_dict, own, self.target_names, self._embedding, self.pop_size)
+        result = super().load_state_dict({k: v for k, v in state_dict.items() if k != pstate.EXTRA_KEY},
+                                         strict=False, assign=assign)
         if extra is not None:
             self._write_extra(extra)
         return result
 
     def _check_extra(self, extra: Any) -> dict[str, Any]:
         """The extra state checked against this population, with its generator rebuilt (nothing written)."""
-        pstate.check_extra(extra)
-        config = extra["config"]
-        mine = {"pop_size": self.pop_size, "low_rank": self.low_rank, "lora_targets": list(self.target_names)}
-        for key, value in mine.items():
-            if (list(config[key]) if key == "lora_targets" else config[key]) != value:
-                raise CheckpointError(f"checkpoint has {key}={config[key]!r}, this population has {value!r}")
+        pstate.check_extra(extra, {"pop_size": self.pop_size, "low_rank": self.low_rank,
+                                   "lora_targets": list(self.target_names)})
         return {**extra, "generator": pstate.restore_generator(extra["generator"], self.device)}
 
     def _write_extra(self, extra: Mapping[str, Any]) -> None:
@@ -508,11 +478,7 @@ class Population(nn.Module, RoutedModel, Evolvable):
         warnings.warn("`Population.state()` is deprecated; use `state_dict()` (or `save(path)` for a file)",
                       DeprecationWarning, stacklevel=2)
         self._check_alive()
-        extra = self.get_extra_state()
-        return {"format": _FORMAT, "config": extra["config"],
-                "downs": [d.detach().to("cpu", copy=True) for d in self._downs],
-                "ups": [u.detach().to("cpu", copy=True) for u in self._ups],
-                **{k: extra[k] for k in ("generator", "generation", "eval_seed")}}
+        return pstate.to_legacy(self.get_extra_state(), self._downs, self._ups)
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         """Deprecated: use :meth:`load_state_dict` (or :meth:`load`), which reads these dicts too."""
@@ -558,10 +524,8 @@ class Population(nn.Module, RoutedModel, Evolvable):
         """
         state = load_checkpoint(path, kind="Population")
         with pstate.naming(path):
-            if isinstance(state, Mapping) and "format" in state:
-                state = pstate.from_legacy(state)
-            if not isinstance(state, Mapping) or pstate.EXTRA_KEY not in state:
-                raise CheckpointError(f"the population state lacks the key(s) {[pstate.EXTRA_KEY]}")
+            state = pstate.as_state_dict(state)
+            pstate.check_keys(state, {pstate.EXTRA_KEY: None}, strict=False, required=True)
             pstate.check_extra(state[pstate.EXTRA_KEY])
         config = dict(state[pstate.EXTRA_KEY]["config"])
         config.update(kwargs)

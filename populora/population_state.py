@@ -20,7 +20,7 @@ import contextlib
 import hashlib
 import numbers
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,63 @@ def public_shape(kind: str, shape: torch.Size | tuple[int, ...], embedding: bool
     if len(shape) != 3 or (kind == "down" and embedding):
         return shape
     return (shape[0], shape[2], shape[1])
+
+
+def as_state_dict(state: Any) -> Mapping[str, Any]:
+    """``state`` in the ``state_dict`` layout: a legacy dict is checked and converted.
+
+    Raises:
+        CheckpointError: not a dict, or a damaged legacy dict.
+    """
+    if isinstance(state, Mapping) and "format" in state:
+        return from_legacy(state)
+    if not isinstance(state, Mapping):
+        raise CheckpointError(f"a population state must be a dict (from Population.state_dict()), got "
+                              f"{type(state).__name__}")
+    return state
+
+
+def to_legacy(extra: Mapping[str, Any], downs: Iterable[Tensor], ups: Iterable[Tensor]) -> dict[str, Any]:
+    """The legacy layout of 0.1's ``Population.state()``: CPU copies of the stacks beside the counters."""
+    return {"format": FORMAT, "config": extra["config"],
+            "downs": [d.detach().to("cpu", copy=True) for d in downs],
+            "ups": [u.detach().to("cpu", copy=True) for u in ups],
+            **{key: extra[key] for key in ("generator", "generation", "eval_seed")}}
+
+
+def check_keys(state_dict: Mapping[str, Any], own: Mapping[str, Any], strict: bool, required: bool = False) -> None:
+    """Under ``strict``, the keys of ``own`` exactly; with ``required``, at least them."""
+    missing = [k for k in own if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in own]
+    if missing and (strict or required):
+        raise CheckpointError(f"the population state lacks the key(s) {missing}")
+    if unexpected and strict:
+        raise CheckpointError(f"the population state has unexpected key(s) {unexpected}")
+
+
+def check_tensors(state_dict: Mapping[str, Any], own: Mapping[str, Tensor], targets: Sequence[str],
+                  embedding: Sequence[bool], pop_size: int) -> None:
+    """Every tensor of ``state_dict`` that ``own`` has too is a tensor of the same shape.
+
+    Adapter stacks are named by target, their shapes quoted in the public layout.
+    """
+    stacks = {f"_{kind}.{t}": (kind[:-1], name, emb) for kind in ("downs", "ups")
+              for t, (name, emb) in enumerate(zip(targets, embedding))}
+    for key, value in state_dict.items():
+        if key not in own or key == EXTRA_KEY:
+            continue
+        if key in stacks:
+            kind, name, emb = stacks[key]
+            check_stack(f"the state's {kind} adapter of {name!r}", value, pop_size)
+            if value.shape != own[key].shape:
+                raise CheckpointError(f"checkpoint {kind} adapter of {name!r} has shape "
+                                      f"{public_shape(kind, value.shape, emb)}, expected "
+                                      f"{public_shape(kind, own[key].shape, emb)}")
+        elif not isinstance(value, Tensor):
+            raise CheckpointError(f"the state's {key!r} must be a tensor, got {type(value).__name__}")
+        elif value.shape != own[key].shape:
+            raise CheckpointError(f"checkpoint {key!r} has shape {tuple(value.shape)}, expected "
+                                  f"{tuple(own[key].shape)}")
 
 
 def from_legacy(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -119,8 +176,11 @@ def _check_format(state: Mapping[str, Any]) -> None:
                               f"expected {FORMAT!r}")
 
 
-def check_extra(extra: Any) -> None:
+def check_extra(extra: Any, mine: Mapping[str, Any] | None = None) -> None:
     """The extra state (config, counters, generator, weight scales, history), each value checked.
+
+    ``mine``: ``{pop_size, low_rank, lora_targets}`` of the population it
+    must fit, if any.
 
     Raises:
         CheckpointError: naming the missing or wrong key.
@@ -143,6 +203,9 @@ def check_extra(extra: Any) -> None:
     targets = config["lora_targets"]
     if not isinstance(targets, (list, tuple)) or not targets or not all(isinstance(t, str) for t in targets):
         raise CheckpointError(f"the state's config 'lora_targets' must be a non-empty list of str, got {targets!r}")
+    for key, value in (mine or {}).items():
+        if (list(config[key]) if key == "lora_targets" else config[key]) != value:
+            raise CheckpointError(f"checkpoint has {key}={config[key]!r}, this population has {value!r}")
     try:
         if "seed" in config:
             check_seed("seed", config["seed"])
