@@ -407,6 +407,17 @@ BAD = {
 }
 
 
+def _rename_keys(folder, rename):
+    file = folder / "adapter_model.safetensors"
+    save_file({rename(k): v for k, v in load_file(str(file)).items()}, str(file))
+
+
+BAD["no_peft_prefix"] = (lambda f: _rename_keys(f, lambda k: k.removeprefix("base_model.model.")), InvalidValueError,
+                         "PEFT's keys start with 'base_model.model.'; these do not")
+BAD["wrapped_model"] = (lambda f: _rename_keys(f, lambda k: k.replace("base_model.model.", "base_model.model.lm.")),
+                        InvalidValueError, "extra prefix 'lm.': an adapter made on a model that wraps this one")
+
+
 @pytest.mark.parametrize("case", list(BAD))
 def test_bad_adapter_raises_and_changes_nothing(tmp_path, case):
     edit, error, match = BAD[case]

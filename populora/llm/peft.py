@@ -303,7 +303,7 @@ def load_peft_(pop: Any, individual: int, path: str | Path, *, strict: bool = Tr
         if missing:
             parts.append(f"targets missing from the file: {missing}")
         if unexpected:
-            parts.append(f"tensors that belong to no target: {unexpected}")
+            parts.append(f"tensors that belong to no target: {unexpected}{_hint(unexpected, missing)}")
         raise InvalidValueError(f"{where} does not fit the population's targets ({'; '.join(parts)}); pass "
                                 "strict=False to load the targets that match and give the others a zero adapter")
 
@@ -429,6 +429,19 @@ def _match_keys(tensors: Mapping[str, Tensor], targets: Mapping[str, tuple], mod
                                         "; a resized vocabulary?): a population keeps its base weights; pass "
                                         "strict=False to ignore the copy")
     return found, sorted(k for k in tensors if k not in used)
+
+
+def _hint(unexpected: list[str], missing: list[str]) -> str:
+    """Why the keys may not match: PEFT's key prefix absent, or module paths of a model that wraps this one."""
+    if not any(k.startswith(_PREFIX) for k in unexpected):
+        return f" (PEFT's keys start with {_PREFIX!r}; these do not)"
+    for key in unexpected:
+        module = key[len(_PREFIX):].rsplit(".lora_", 1)[0]
+        for name in missing:
+            if module.endswith(f".{name}"):
+                return (f" (the file's module paths carry the extra prefix {module[:-len(name)]!r}: an adapter "
+                        "made on a model that wraps this one?)")
+    return ""
 
 
 def _check_pair(where: str, name: str, a: str, b: str, lora_a: Tensor, lora_b: Tensor, d: int, e: int, r_t: int,
