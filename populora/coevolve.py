@@ -50,7 +50,7 @@ from .coevolve_specs import (
 from .errors import CheckpointError, FitnessError, InvalidTypeError, InvalidValueError
 from .hall_of_fame import HallOfFame
 from .population import Population
-from .population_state import is_int
+from .checks import is_int, is_real
 from .snapshots import Snapshot
 from .stats import GenerationStats
 
@@ -435,7 +435,7 @@ def _check_history(history: Any, names: list[str]) -> dict[str, list[GenerationS
     for name, entries in history.items():
         ok = isinstance(entries, (list, tuple)) and all(
             isinstance(s, (list, tuple)) and len(s) in (3, 4) and is_int(s[0])
-            and all(v is None or isinstance(v, (int, float)) and not isinstance(v, bool) for v in s[1:])
+            and all(v is None or is_real(v) for v in s[1:])
             for s in entries)
         if not ok:
             raise CheckpointError(f"the coevolution state's history of {name!r} must be a list of "

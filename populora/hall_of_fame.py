@@ -15,11 +15,10 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from .checks import check_int, check_seed
+from .checks import check_int, check_seed, is_int, is_real
 from .errors import CheckpointError, InvalidTypeError, InvalidValueError
 from .operators import Factors
 from .population import Population
-from .population_state import is_int
 from .snapshots import Snapshot
 
 __all__ = ["Champion", "HallOfFame"]
@@ -306,8 +305,7 @@ class HallOfFame(Snapshot):
         if not isinstance(e, Mapping) or any(key not in e for key in keys):
             have = sorted(e) if isinstance(e, Mapping) else type(e).__name__
             raise CheckpointError(f"the hall-of-fame state's {where} must hold {list(keys)}, got {have}")
-        if not (is_int(e["generation"]) and is_int(e["individual"]) and isinstance(e["fitness"], (int, float))
-                and not isinstance(e["fitness"], bool)):
+        if not (is_int(e["generation"]) and is_int(e["individual"]) and is_real(e["fitness"])):
             raise CheckpointError(f"the hall-of-fame state's {where} has a non-numeric generation, "
                                   "individual or fitness")
         lists = isinstance(e["downs"], (list, tuple)) and isinstance(e["ups"], (list, tuple))

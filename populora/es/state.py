@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import math
-import numbers
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from torch import Tensor
 
 from .. import distributed as pd
 from ..checkpoint import atomic_save, load_checkpoint
-from ..checks import check_float, check_index, check_int, check_seed
+from ..checks import check_float, check_index, check_int, check_seed, is_real
 from ..errors import CheckpointError, ConfigMismatchError, PopuloraError
 from ..stats import GenerationStats
 
@@ -176,7 +175,7 @@ class ESState:
             "generation": field("generation", lambda: check_int("generation", state["generation"], low=0)),
         }
         best = state["best_fitness"]
-        if isinstance(best, bool) or not isinstance(best, numbers.Real) or math.isnan(best):
+        if not is_real(best) or math.isnan(best):
             raise CheckpointError(f"EggrollES state has a bad 'best_fitness': expected a number, got {best!r}")
         checked["best_fitness"] = float(best)
         member = state["best_member"]
@@ -284,7 +283,7 @@ def _checked_history(rows: Any) -> list[GenerationStats]:
     history = []
     for i, row in enumerate(rows):
         ok = isinstance(row, (list, tuple)) and len(row) == 4 and all(
-            isinstance(v, numbers.Real) and not isinstance(v, bool) for v in row)
+            is_real(v) for v in row)
         if ok:
             generation, best, mean, std = row
             ok = float(generation).is_integer() and generation >= 0 and not math.isnan(std) and std >= 0

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import distributed as dist
+from ..checks import is_int, is_real
 from ..errors import CheckpointError
 
 __all__ = ["ObsNormalizer", "ObsStatistics"]
@@ -164,9 +165,9 @@ def check_obs_state(state: Any, dim: int | None) -> int:
             raise CheckpointError(f"observation statistics state's {name!r} has shape {got}, expected {shape} "
                                   f"(observations of size {size})")
     clip, gen = state["clip"], state["generation"]
-    if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip > 0:
+    if not is_real(clip) or not clip > 0:
         raise CheckpointError(f"observation statistics state's 'clip' must be a number > 0, got {clip!r}")
-    if gen is not None and (isinstance(gen, bool) or not isinstance(gen, int)):
+    if gen is not None and not is_int(gen):
         raise CheckpointError(f"observation statistics state's 'generation' must be an int or None, got {gen!r}")
     return size
 
