@@ -108,6 +108,20 @@ class Population(nn.Module, RoutedModel, Evolvable):
     reference, so ``epsilon`` is the expected relative change of each
     mutated layer's output per mutation, from a zero adapter as from a
     trained one (see :mod:`populora.operators.mutation`).
+
+    Attributes:
+        generation: completed ``evolve_`` steps; ``eval_seed`` advances with it.
+        history: one ``GenerationStats(generation, best, mean, std)`` per
+            ``evolve_`` (of the fitnesses it was given); ``populora.plot_history(pop)``
+            draws it.
+        effective_ranks: ``min(low_rank, d, e)`` per target.
+        weight_scales: the reference weight RMS ``w`` per target.
+
+    Checkpoints: torch's ``state_dict()`` / ``load_state_dict()`` (base
+    weights, adapters, and the generator, counters and history as extra
+    state: loading another population's state dict resumes its run bit for
+    bit; the load is all or nothing), ``save(path)`` / ``load(path)`` /
+    :meth:`from_checkpoint` for files, which hold no base model.
     """
 
     def __init__(

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import numbers
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .checks import check_float, check_one_of, check_seed
+from .checks import check_float, check_one_of, check_seed, is_int, is_real
 from .errors import CheckpointError, PopuloraError
 
 __all__: list[str] = []
@@ -39,11 +38,6 @@ _LEGACY_KEYS = ("config", "downs", "ups", "generator", "generation", "eval_seed"
 _EXTRA_KEYS = ("config", "generator", "generation", "eval_seed")
 _CONFIG_KEYS = ("pop_size", "low_rank", "lora_targets")
 _CUDA_GENERATOR_STATE_BYTES = 16  # Philox: seed (8 bytes) and offset (8 bytes)
-
-
-def is_int(value: Any) -> bool:
-    """A Python or NumPy integer, not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @contextlib.contextmanager
@@ -227,13 +221,13 @@ def check_extra(extra: Any, mine: Mapping[str, Any] | None = None) -> None:
                               f"got {got}")
     scales = extra.get("weight_scales")
     if scales is not None and (not isinstance(scales, (list, tuple)) or len(scales) != len(targets) or not all(
-            isinstance(s, (int, float)) and not isinstance(s, bool) and s > 0 for s in scales)):
+            is_real(s) and s > 0 for s in scales)):
         raise CheckpointError(f"the state's 'weight_scales' must be a list of one positive float per target "
                               f"({len(targets)}), got {scales!r}")
     history = extra.get("history")
     if history is not None and (not isinstance(history, (list, tuple)) or not all(
             isinstance(s, (list, tuple)) and len(s) in (3, 4) and is_int(s[0])
-            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in s[1:]) for s in history)):
+            and all(is_real(v) for v in s[1:]) for s in history)):
         raise CheckpointError("the state's 'history' must be a list of [generation, best, mean, std] entries")
 
 
