@@ -393,6 +393,9 @@ BAD = {
                   "holds .*q_proj.lora_A.weight' but not .*q_proj.lora_B.weight'"),
     "wrong_shape": (lambda f: _edit_tensors(f, add={f"{Q0}.lora_A.weight": torch.ones(4, 32)}), InvalidValueError,
                     r"must be \(r, d\) and \(e, r\) = \(4, 64\) and \(64, 4\), got \(4, 32\)"),
+    "rank_zero": (lambda f: _edit_tensors(f, add={f"{V1}.lora_A.weight": torch.ones(0, 64),
+                                                  f"{V1}.lora_B.weight": torch.ones(32, 0)}),
+                  CheckpointError, "has rank 0"),
     "rank_disagrees_with_config": (lambda f: _edit_config(f, r=2, lora_alpha=2), CheckpointError,
                                    "gives 'model.layers.0.self_attn.q_proj' rank 2, but its tensors have rank 4"),
     # the last target: every target before it has been read, none written

@@ -50,6 +50,7 @@ from torch import Tensor, nn
 
 from ..checks import check_bool, check_index
 from ..errors import CheckpointError, InvalidTypeError, InvalidValueError
+from ..operators import Factors
 
 __all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "load_peft_", "to_peft"]
 
@@ -325,8 +326,6 @@ def load_peft_(pop: Any, individual: int, path: str | Path, *, strict: bool = Tr
                                         f"(in {a!r} or {b!r}, or after scaling by {scaling} into {up.dtype})")
         new.append((fresh_down, fresh_up))
 
-    from ..operators import Factors
-
     with torch.no_grad():  # autograd-safe in-place copies, as the population's own operators write
         pop._write(torch.tensor([i], device=pop.device), [Factors(d, u) for d, u in new])
 
@@ -451,6 +450,8 @@ def _check_pair(where: str, name: str, a: str, b: str, lora_a: Tensor, lora_b: T
         raise CheckpointError(f"{where}: {a!r} and {b!r} must be matrices, got shapes {tuple(lora_a.shape)} and "
                               f"{tuple(lora_b.shape)}")
     rank = lora_a.shape[0]
+    if rank == 0:
+        raise CheckpointError(f"{where}: {a!r} has rank 0 (shape {tuple(lora_a.shape)}); a LoRA rank is >= 1")
     if lora_b.shape[1] != rank:
         raise CheckpointError(f"{where}: {a!r} has rank {rank} (shape {tuple(lora_a.shape)}) but {b!r} has rank "
                               f"{lora_b.shape[1]} (shape {tuple(lora_b.shape)})")
