@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import math
 import warnings
-import weakref
 from collections.abc import Callable, Mapping, Sequence
-from functools import partial
 from pathlib import Path
-from types import MethodType
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from . import population_state as pstate
+from . import wrapping
 from .checkpoint import atomic_save, load_checkpoint
 from .checks import check_bool, check_float, check_index, check_int, check_one_of, check_seed
 from .distributed import resolve_device
@@ -45,9 +43,6 @@ __all__ = ["Population", "SelectionResult"]
 
 NAN_POLICIES = pstate.NAN_POLICIES
 
-# The live (not merged, not closed) populations on each base model: the first records the user's
-# requires_grad flags, the last one to close gives them back (see Population.close).
-_LIVE: weakref.WeakKeyDictionary[nn.Module, weakref.WeakSet] = weakref.WeakKeyDictionary()
 
 
 class Population(nn.Module, RoutedModel, Evolvable):
@@ -211,11 +206,7 @@ class Population(nn.Module, RoutedModel, Evolvable):
                 down[..., :rank] = scale * noise[:, : down.shape[1]]
                 up[..., :rank] = self.init_scale * scale * noise[:, down.shape[1] :]
         # the user's flags: recorded by the first live population on this model, restored by the last
-        others = _live_on(model)
-        self._base_requires_grad = (dict(others[0]._base_requires_grad) if others else
-                                    {name: p.requires_grad for name, p in model.named_parameters()})
-        model.requires_grad_(False)
-        _LIVE.setdefault(model, weakref.WeakSet()).add(self)
+        self._base_requires_grad = wrapping.hold(self, model)
         self._router = Router(targets)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -223,7 +214,7 @@ class Population(nn.Module, RoutedModel, Evolvable):
         super().__setstate__(state)
         model = self.__dict__.get("_modules", {}).get("model")
         if not self.__dict__.get("_spent", True) and isinstance(model, nn.Module):
-            _LIVE.setdefault(model, weakref.WeakSet()).add(self)
+            wrapping.register(self, model)
 
     # ------------------------------------------------------------------ routing
 
@@ -379,14 +370,8 @@ class Population(nn.Module, RoutedModel, Evolvable):
         """
         if not self._spent:
             self._router.remove()
-            _unwind(self._targets.values())
             self._spent = True
-            live = _LIVE.get(self.model)
-            if live is not None:
-                live.discard(self)
-            if not _live_on(self.model):
-                for name, param in self.model.named_parameters():
-                    param.requires_grad_(self._base_requires_grad.get(name, True))
+            wrapping.release(self, self.model, self._targets.values(), self._base_requires_grad)
         return self.model
 
     def select_and_merge_best_(self, fitnesses: Any) -> nn.Module:
@@ -631,30 +616,3 @@ class Population(nn.Module, RoutedModel, Evolvable):
 def _merge_dtype(adapter: torch.dtype, weight: torch.dtype) -> torch.dtype:
     """The dtype a delta is computed in: the widest of the adapter's and the weight's, at least float32."""
     return torch.promote_types(torch.promote_types(adapter, weight), torch.float32)
-
-
-def _live_on(model: nn.Module) -> list[Population]:
-    """The populations wrapping ``model`` that are neither merged nor closed."""
-    return [pop for pop in _LIVE.get(model, ()) if not pop._spent]
-
-
-def _unwind(modules: Any) -> None:
-    """Drop the wrappers of removed routers left on top of each module's forward chain.
-
-    A router that is removed while another one wraps its wrapper leaves it in
-    the chain as a pass-through; once the outer wrapper is removed too, the
-    pass-through is the module's forward. Peel such wrappers until a live one
-    (or the class's forward) is on top.
-    """
-    for module in modules:
-        while True:
-            forward = vars(module).get("forward")
-            owner = getattr(getattr(forward, "func", None), "__self__", None)
-            if not (isinstance(forward, partial) and isinstance(owner, Router) and owner._removed
-                    and len(forward.args) >= 2):
-                break
-            inner = forward.args[1]  # Router wraps as partial(router._forward, i, inner, module)
-            if isinstance(inner, MethodType) and inner.__self__ is module and inner.__func__ is type(module).forward:
-                del module.forward
-            else:
-                module.forward = inner
