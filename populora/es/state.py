@@ -91,8 +91,7 @@ class ESState:
         if not pd.is_distributed():
             return True
         mine = pd.checksum([p.param for p in self._params])
-        if dist.get_backend() == "nccl":  # NCCL collectives take CUDA tensors only
-            mine = mine.to(torch.device("cuda", torch.cuda.current_device()))
+        mine = mine.to(pd.comm_device())  # the current GPU under NCCL, else the CPU
         table = [torch.empty_like(mine) for _ in range(pd.world_size())]
         dist.all_gather(table, mine)
         rows = [tuple(t.cpu().tolist()) for t in table]
