@@ -324,7 +324,8 @@ def test_peft_made_adapter_with_an_embedding_target(tmp_path):
         routed = pop(_tokens(5), individual=0).logits
     assert (routed - expected).abs().max() < TOL
     (down, up), = pop.factors()[:1]  # the embedding: down (P, V, r), up (P, e, r)
-    a = load_file(str(tmp_path / "a" / "adapter_model.safetensors"))["base_model.model.model.embed_tokens.lora_embedding_A"]
+    tensors = load_file(str(tmp_path / "a" / "adapter_model.safetensors"))
+    a = tensors["base_model.model.model.embed_tokens.lora_embedding_A"]
     assert torch.equal(down[0, :, :3], a.T) and not down[0, :, 3:].any()
     # PEFT saved a copy of the embedding table: accepted because it is the base model's, refused if it is not
     key = "base_model.model.model.embed_tokens.base_layer.weight"

@@ -234,7 +234,8 @@ def _is_causal_lm(model: nn.Module) -> bool:
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     except ImportError:
         return False
-    return isinstance(model, PreTrainedModel) and type(model).__name__ in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    return isinstance(model, PreTrainedModel) and type(model).__name__ in causal
 
 
 # ---------------------------------------------------------------------------------------------- import
@@ -373,7 +374,8 @@ def _read_config(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{where}: use_rslora={config['use_rslora']!r}, expected true or false")
     for key in ("rank_pattern", "alpha_pattern"):
         pattern = config.get(key) or {}
-        if not isinstance(pattern, Mapping) or not all(isinstance(k, str) and _is_number(v) for k, v in pattern.items()):
+        if not isinstance(pattern, Mapping) or not all(isinstance(k, str) and _is_number(v)
+                                                       for k, v in pattern.items()):
             raise CheckpointError(f"{where}: {key} must map module patterns to numbers, got {pattern!r}")
     return config
 
@@ -420,11 +422,12 @@ def _match_keys(tensors: Mapping[str, Tensor], targets: Mapping[str, tuple], mod
         copy = f"{_PREFIX}{name}.base_layer.weight"
         if copy in tensors:
             weight = model.get_submodule(name).weight.detach()
-            if tensors[copy].shape == weight.shape and torch.equal(tensors[copy], weight.to("cpu", tensors[copy].dtype)):
+            saved = tensors[copy]
+            if saved.shape == weight.shape and torch.equal(saved, weight.to("cpu", saved.dtype)):
                 used.add(copy)
             elif strict:
                 raise InvalidValueError(f"{where} holds {copy!r}, a copy of the base layer {name!r} that differs from "
-                                        f"the base model's (shape {tuple(tensors[copy].shape)} vs {tuple(weight.shape)}"
+                                        f"the base model's (shape {tuple(saved.shape)} vs {tuple(weight.shape)}"
                                         "; a resized vocabulary?): a population keeps its base weights; pass "
                                         "strict=False to ignore the copy")
     return found, sorted(k for k in tensors if k not in used)
