@@ -12,40 +12,29 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from . import population_state as pstate
 from . import wrapping
-from .checkpoint import atomic_save, load_checkpoint
+from .adapters import Adapter, Factors, to_adapter, to_factors
 from .checks import check_bool, check_float, check_index, check_int, check_one_of, check_seed
 from .distributed import resolve_device
-from .errors import (
-    FitnessError,
-    InvalidIndexError,
-    InvalidTypeError,
-    InvalidValueError,
-    PopuloraError,
-    SpentPopulationError,
-)
-from .adapters import Adapter, Factors, to_adapter, to_factors
+from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError, SpentPopulationError
+from .fitness import NAN_POLICIES
 from .genetic import Evolvable
 from .operators.selection import SelectionResult
+from .population_state import Checkpointing
 from .routing import RoutedModel, Router, RoutingTarget
 from .stats import GenerationStats
 from .targets import find_targets, layer_dims
 
 __all__ = ["Population", "SelectionResult"]
 
-NAN_POLICIES = pstate.NAN_POLICIES
 
-
-
-class Population(nn.Module, RoutedModel, Evolvable):
+class Population(Checkpointing, nn.Module, RoutedModel, Evolvable):
     """A population of ``pop_size`` individuals: rank-``low_rank`` adapters on shared layers.
 
     Args:
@@ -379,163 +368,6 @@ class Population(nn.Module, RoutedModel, Evolvable):
         self._check_alive()
         f = self.validate_fitnesses(fitnesses)
         return self.merge_(int(torch.argmax(f)))
-
-    # ------------------------------------------------------------------ state
-
-    def get_extra_state(self) -> dict[str, Any]:
-        """What :meth:`state_dict` holds besides tensors of modules: config, generator, counters, history.
-
-        ``{'format', 'config', 'generator' (uint8 state), 'generation',
-        'eval_seed', 'weight_scales', 'history' ([generation, best, mean, std]
-        per entry)}``; the generator state is a copy.
-        """
-        return {
-            "format": pstate.FORMAT,
-            "config": {"pop_size": self.pop_size, "low_rank": self.low_rank, "seed": self.seed,
-                       "init_scale": self.init_scale, "nan_policy": self.nan_policy,
-                       "lora_targets": list(self.target_names)},
-            "generator": self.generator.get_state().clone(),
-            "generation": self.generation,
-            "eval_seed": self.eval_seed,
-            "weight_scales": list(self.weight_scales),
-            "history": [list(s) for s in self.history],
-        }
-
-    def set_extra_state(self, state: Any) -> None:
-        """Restore :meth:`get_extra_state` (checked first; called by ``load_state_dict``)."""
-        self._write_extra(self._check_extra(state))
-
-    def state_dict(self, *args: Any, destination: Any = None, prefix: str = "", keep_vars: bool = False,
-                   include_model: bool = True) -> dict[str, Any]:
-        """torch's state dict: base weights, adapters and (``_extra_state``) generator and counters.
-
-        Like every module's, it holds references to the live tensors (copy it,
-        or use :meth:`save`, to keep a snapshot): the base model's under
-        ``model.``, the adapter stacks under ``_downs.<t>`` / ``_ups.<t>`` in
-        the stored layout (Linear ``down (P, r, d)``, Embedding ``down (P, V, r)``,
-        ``up (P, r, e)``; :meth:`factors` gives the public ``(P, d, r)`` /
-        ``(P, e, r)`` views), and under ``_extra_state`` the config, the
-        generator state, ``generation``, ``eval_seed``, the weight scales and
-        :attr:`history`, so ``pop.load_state_dict(other.state_dict())``
-        resumes ``other``'s run bit for bit.
-
-        Args:
-            include_model: ``False`` leaves out the ``model.`` keys (what a
-                checkpoint file holds: the adapters and counters).
-        """
-        self._check_alive()
-        out = super().state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
-        if not include_model:
-            for key in [k for k in out if k.startswith(prefix + "model.")]:
-                del out[key]
-        return out
-
-    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
-        """Restore :meth:`state_dict` (with or without the ``model.`` keys): all or nothing.
-
-        Everything is checked first (the keys, every tensor's shape, the
-        config against this population, the counters and the generator
-        state); only then is anything written. A dict without any ``model.``
-        key (a checkpoint file's, ``state_dict(include_model=False)``) leaves
-        the base model as it is. Version 0.1's ``state()`` dicts are read too.
-
-        Raises:
-            CheckpointError: naming the missing, unexpected or wrong key and
-                what was expected (shapes in the public layout of
-                :meth:`factors`); the population is unchanged.
-        """
-        self._check_alive()
-        state_dict = pstate.as_state_dict(state_dict)
-        own = self.state_dict(keep_vars=True, include_model=any(k.startswith("model.") for k in state_dict))
-        pstate.check_keys(state_dict, own, strict)
-        extra = self._check_extra(state_dict[pstate.EXTRA_KEY]) if pstate.EXTRA_KEY in state_dict else None
-        pstate.check_tensors(state_dict, own, self.target_names, self._embedding, self.pop_size)
-        result = super().load_state_dict({k: v for k, v in state_dict.items() if k != pstate.EXTRA_KEY},
-                                         strict=False, assign=assign)
-        if extra is not None:
-            self._write_extra(extra)
-        return result
-
-    def _check_extra(self, extra: Any) -> dict[str, Any]:
-        """The extra state checked against this population, with its generator rebuilt (nothing written)."""
-        pstate.check_extra(extra, {"pop_size": self.pop_size, "low_rank": self.low_rank,
-                                   "lora_targets": list(self.target_names)})
-        return {**extra, "generator": pstate.restore_generator(extra["generator"], self.device)}
-
-    def _write_extra(self, extra: Mapping[str, Any]) -> None:
-        self.generator = extra["generator"]
-        self.generation = int(extra["generation"])
-        self.eval_seed = int(extra["eval_seed"])
-        self.nan_policy = extra["config"].get("nan_policy", self.nan_policy)
-        if extra.get("weight_scales") is not None:
-            self.weight_scales = [float(s) for s in extra["weight_scales"]]
-        if extra.get("history") is not None:
-            self.history = [GenerationStats(int(s[0]), *map(float, s[1:])) for s in extra["history"]]
-
-    def state(self) -> dict[str, Any]:
-        """Deprecated: use :meth:`state_dict` (or :meth:`save`); the 0.1 snapshot layout, CPU copies."""
-        warnings.warn("`Population.state()` is deprecated; use `state_dict()` (or `save(path)` for a file)",
-                      DeprecationWarning, stacklevel=2)
-        self._check_alive()
-        return pstate.to_legacy(self.get_extra_state(), self._downs, self._ups)
-
-    def load_state(self, state: Mapping[str, Any]) -> None:
-        """Deprecated: use :meth:`load_state_dict` (or :meth:`load`), which reads these dicts too."""
-        warnings.warn("`Population.load_state()` is deprecated; use `load_state_dict()` (or `load(path)`)",
-                      DeprecationWarning, stacklevel=2)
-        self.load_state_dict(state)
-
-    def save(self, path: str | Path) -> Path:
-        """Write the adapters and counters (``state_dict(include_model=False)``) atomically; no base model.
-
-        Returns:
-            The ``Path`` written.
-        """
-        snapshot = {k: v.detach().to("cpu", copy=True) if isinstance(v, Tensor) else v
-                    for k, v in self.state_dict(include_model=False).items()}
-        return atomic_save(snapshot, path, kind="Population")
-
-    def load(self, path: str | Path) -> None:
-        """Resume from :meth:`save`'s checkpoint: adapters, generator, generation, eval seed, history.
-
-        Raises:
-            FileNotFoundError: nothing at ``path``.
-            CheckpointError: the file is empty, truncated, corrupted, of
-                another kind, or does not fit this population (the file is
-                named); the population is unchanged.
-        """
-        state = load_checkpoint(path, kind="Population")
-        with pstate.naming(path):
-            self.load_state_dict(state)
-
-    @classmethod
-    def from_checkpoint(cls, path: str | Path, model: nn.Module, **kwargs: Any) -> Population:
-        """Build a population around ``model`` from a checkpoint (``kwargs`` as the constructor's).
-
-        The file and its state are checked before ``model`` is touched; if the
-        state then does not fit the model, the population is closed again (the
-        model's forwards and flags come back) before the error is raised.
-
-        Raises:
-            FileNotFoundError: nothing at ``path``.
-            CheckpointError: the file is damaged, of another kind, or does not
-                fit ``model`` (the file is named).
-        """
-        state = load_checkpoint(path, kind="Population")
-        with pstate.naming(path):
-            state = pstate.as_state_dict(state)
-            pstate.check_keys(state, {pstate.EXTRA_KEY: None}, strict=False, required=True)
-            pstate.check_extra(state[pstate.EXTRA_KEY])
-        config = dict(state[pstate.EXTRA_KEY]["config"])
-        config.update(kwargs)
-        pop = cls(model, config.pop("pop_size"), config.pop("low_rank"), config.pop("lora_targets"), **config)
-        try:
-            with pstate.naming(path):
-                pop.load_state_dict(state)
-        except BaseException:
-            pop.close()
-            raise
-        return pop
 
     # ------------------------------------------------------------------ helpers
 
