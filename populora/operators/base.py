@@ -356,6 +356,26 @@ def call_mutation(
 # generator drives CUDA stacks reproducibly) and then moves to ``device``.
 
 
+def check_stacks(stacks: Sequence[Factors], name: str, arg: str = "stacks", size: str = "P") -> int:
+    """Every target's ``Factors(down (n, d, r), up (n, e, r))`` with one ``n``; returns ``n``.
+
+    ``arg`` and ``size`` name the argument and ``n`` in errors (``stacks`` /
+    ``P`` for crossovers, ``factors`` / ``m`` for mutations).
+
+    Raises:
+        InvalidValueError: no target, or a target's shapes do not fit.
+    """
+    if len(stacks) == 0:
+        raise InvalidValueError(f"`{arg}` of {name} must hold at least one target, got none")
+    n = stacks[0].down.shape[0]
+    for t, (down, up) in enumerate(stacks):
+        if down.dim() != 3 or up.dim() != 3 or down.shape[0] != n or up.shape[0] != n \
+                or down.shape[2] != up.shape[2]:
+            raise InvalidValueError(f"{arg}[{t}] must be down ({size}, d, r) and up ({size}, e, r) with {size}={n}, "
+                                    f"got {tuple(down.shape)} and {tuple(up.shape)}")
+    return n
+
+
 def check_num_groups(pop_size: int, num_groups, label: str = "pop_size") -> int:
     """``num_groups`` as an int >= 1 dividing ``pop_size`` (islands are contiguous equal blocks).
 

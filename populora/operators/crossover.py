@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ..errors import FitnessError, InvalidTypeError, InvalidValueError
-from .base import Factors, check_num_groups, check_number, randint, register_crossover, uniform
+from .base import Factors, check_num_groups, check_number, check_stacks, randint, register_crossover, uniform
 from .linalg import _svd_compute, compute_dtype, effective_rank, rebuild_balanced
 from .shaping import check_real_tensor, clamp_infinities, zscore
 
@@ -37,16 +37,7 @@ def _check(
         float ``(P,)`` tensor on that device with infinities clamped to the
         finite extremes (or None).
     """
-    if len(stacks) == 0:
-        raise InvalidValueError(f"`stacks` of {name} must hold at least one target, got none")
-    pop = stacks[0].down.shape[0]
-    for t, (down, up) in enumerate(stacks):
-        if down.dim() != 3 or up.dim() != 3 or down.shape[0] != pop or up.shape[0] != pop \
-                or down.shape[2] != up.shape[2]:
-            raise InvalidValueError(
-                f"stacks[{t}] must be down (P, d, r) and up (P, e, r) with P={pop}, "
-                f"got {tuple(down.shape)} and {tuple(up.shape)}"
-            )
+    pop = check_stacks(stacks, name)
     if not isinstance(parents, Tensor) or parents.dim() != 2 or parents.dtype.is_floating_point \
             or parents.shape[1] < 1:
         shape = tuple(parents.shape) if isinstance(parents, Tensor) else type(parents).__name__
@@ -97,14 +88,9 @@ def average(
     see :func:`average_delta` for that.
 
     Args:
-        stacks: per target ``Factors(down (P, d, r), up (P, e, r))``, read only.
-        parents: ``(c, k)`` population ids.
-        fitnesses: ``(P,)`` or None; higher is better. Not used.
-        generator: the source of randomness. Not used.
-        num_groups: islands (contiguous equal blocks). Not used.
-
-    Returns:
-        Per target ``Factors(down (c, d, r), up (c, e, r))``, the input dtype and device.
+        stacks, parents: as every crossover (see the module docstring), ``parents`` ``(c, k)``;
+            returns the children, per target ``Factors(down (c, d, r), up (c, e, r))``.
+        fitnesses, generator, num_groups: not used.
 
     Example:
         >>> stack = Factors(torch.arange(3.0).view(3, 1, 1), torch.ones(3, 1, 1))
@@ -132,14 +118,9 @@ def average_delta(
     Deterministic.
 
     Args:
-        stacks: per target ``Factors(down (P, d, r), up (P, e, r))``, read only.
-        parents: ``(c, k)`` population ids.
-        fitnesses: ``(P,)`` or None; higher is better. Not used.
-        generator: the source of randomness. Not used.
-        num_groups: islands (contiguous equal blocks). Not used.
-
-    Returns:
-        Per target ``Factors(down (c, d, r), up (c, e, r))``, the input dtype and device.
+        stacks, parents: as every crossover (see the module docstring), ``parents`` ``(c, k)``;
+            returns the children, per target ``Factors(down (c, d, r), up (c, e, r))``.
+        fitnesses, generator, num_groups: not used.
     """
     _, parents, _ = _check(stacks, parents, fitnesses, "average_delta")
     c, k = parents.shape
@@ -165,15 +146,11 @@ def dare(
     expected factors equal :func:`average`'s.
 
     Args:
-        stacks: per target ``Factors(down (P, d, r), up (P, e, r))``, read only.
-        parents: ``(c, k)`` population ids.
-        fitnesses: ``(P,)`` or None; higher is better. Not used.
+        stacks, parents: as every crossover (see the module docstring), ``parents`` ``(c, k)``;
+            returns the children, per target ``Factors(down (c, d, r), up (c, e, r))``.
         generator: the source of randomness.
-        num_groups: islands (contiguous equal blocks). Not used.
+        fitnesses, num_groups: not used.
         drop_rate: probability of dropping an entry, in ``[0, 1)``.
-
-    Returns:
-        Per target ``Factors(down (c, d, r), up (c, e, r))``, the input dtype and device.
     """
     _, parents, _ = _check(stacks, parents, fitnesses, "dare")
     drop_rate = _dare_options(drop_rate)
@@ -195,14 +172,10 @@ def layer_wise(
     """X2: per target and per child, copy ``(down, up)`` of one parent chosen uniformly.
 
     Args:
-        stacks: per target ``Factors(down (P, d, r), up (P, e, r))``, read only.
-        parents: ``(c, k)`` population ids.
-        fitnesses: ``(P,)`` or None; higher is better. Not used.
+        stacks, parents: as every crossover (see the module docstring), ``parents`` ``(c, k)``;
+            returns the children, per target ``Factors(down (c, d, r), up (c, e, r))``.
         generator: the source of randomness.
-        num_groups: islands (contiguous equal blocks). Not used.
-
-    Returns:
-        Per target ``Factors(down (c, d, r), up (c, e, r))``, the input dtype and device.
+        fitnesses, num_groups: not used.
     """
     _, parents, _ = _check(stacks, parents, fitnesses, "layer_wise")
     c, k = parents.shape
@@ -228,14 +201,10 @@ def svd_subspace(
     the child is an exact copy of parent 0.
 
     Args:
-        stacks: per target ``Factors(down (P, d, r), up (P, e, r))``, read only.
-        parents: ``(c, 2)`` population ids.
-        fitnesses: ``(P,)`` or None; higher is better. Not used.
+        stacks, parents: as every crossover (see the module docstring), ``parents`` ``(c, 2)``;
+            returns the children, per target ``Factors(down (c, d, r), up (c, e, r))``.
         generator: the source of randomness.
-        num_groups: islands (contiguous equal blocks). Not used.
-
-    Returns:
-        Per target ``Factors(down (c, d, r), up (c, e, r))``, the input dtype and device.
+        fitnesses, num_groups: not used.
 
     Raises:
         InvalidValueError: ``parents`` is not ``(c, 2)``.

@@ -57,7 +57,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InvalidTypeError, InvalidValueError
-from .base import Factors, check_number, normal, register_mutation, uniform
+from .base import Factors, check_number, check_stacks, normal, register_mutation, uniform
 from .linalg import _svd_compute, compute_dtype, effective_rank, rebuild_balanced
 
 
@@ -78,16 +78,7 @@ def _check(
     if isinstance(factors, Factors) or not isinstance(factors, Sequence):
         raise InvalidTypeError(f"`factors` of {name} must be a list of Factors (one per target), "
                                f"got {type(factors).__name__}")
-    if len(factors) == 0:
-        raise InvalidValueError(f"`factors` of {name} must hold at least one target, got none")
-    m = factors[0].down.shape[0]
-    for t, (down, up) in enumerate(factors):
-        if down.dim() != 3 or up.dim() != 3 or down.shape[0] != m or up.shape[0] != m \
-                or down.shape[2] != up.shape[2]:
-            raise InvalidValueError(
-                f"factors[{t}] must be down (m, d, r) and up (m, e, r) with m={m}, "
-                f"got {tuple(down.shape)} and {tuple(up.shape)}"
-            )
+    check_stacks(factors, name, "factors", "m")
     epsilon = check_epsilon(epsilon)
     try:
         scales = [float(w.item() if isinstance(w, Tensor) else w) for w in weight_scales]
