@@ -82,7 +82,7 @@ def test_mutation_with_the_old_floors_keyword_still_works():
     before = pop.factors()[0].down.clone()
     pop.mutate_("old_style", all_individuals=True)
     assert torch.equal(pop.factors()[0].down, 2 * before)
-    expected = [(w / r ** 0.5) ** 0.5 for w, r in zip(pop.weight_scales, pop.ranks)]  # ranks (4, 2)
+    expected = [(w / r ** 0.5) ** 0.5 for w, r in zip(pop.weight_scales, pop.effective_ranks)]  # effective ranks (4, 2)
     assert seen["floors"] == pytest.approx(expected)
     with pytest.warns(DeprecationWarning, match="`Population.floors` is deprecated"):
         assert pop.floors == pytest.approx(expected)
