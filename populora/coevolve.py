@@ -361,8 +361,8 @@ class Coevolve(Snapshot):
         """Restore :meth:`state_dict`: all or nothing (on an error nothing has changed).
 
         Every part is checked first (format, names, generation, history, the
-        hall of fame, each population's state against its population); the
-        populations' checks run on a backup, so a failure restores them.
+        hall of fame, each population's state against its population); only
+        then is anything written.
 
         Raises:
             CheckpointError: not a Coevolve state, other population names, a
@@ -387,14 +387,14 @@ class Coevolve(Snapshot):
             raise CheckpointError(f"the coevolution state's 'generation' must be an int >= 0, got "
                                   f"{state['generation']!r}")
         hall = None if self.hall_of_fame is None else self.hall_of_fame._check_state(state["hall_of_fame"])
-        backups = {name: _snapshot(m.population) for name, m in self._members.items()}
-        try:
-            for name, m in self._members.items():
-                m.population.load_state_dict(state["populations"][name])
-        except BaseException:
-            for name, backup in backups.items():
-                self._members[name].population.load_state_dict(backup)
-            raise
+        populations = state["populations"]
+        if not isinstance(populations, Mapping) or list(populations) != list(self._members):
+            got = list(populations) if isinstance(populations, Mapping) else type(populations).__name__
+            raise CheckpointError(f"the coevolution state's 'populations' must be keyed by {list(self._members)}, "
+                                  f"got {got}")
+        checked = {name: m.population._check_state_dict(populations[name]) for name, m in self._members.items()}
+        for name, m in self._members.items():
+            m.population._write_state(checked[name])
         if hall is not None:
             self.hall_of_fame._write(hall)
         self.history = history

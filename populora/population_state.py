@@ -337,14 +337,24 @@ class Checkpointing:
                 what was expected (shapes in the public layout of
                 :meth:`factors`); the population is unchanged.
         """
+        return self._write_state(self._check_state_dict(state_dict, strict), assign)
+
+    def _check_state_dict(self, state_dict: Any, strict: bool = True) -> tuple[dict[str, Tensor], dict | None]:
+        """``state_dict`` checked against this population: ``(tensors, checked extra state or None)``.
+
+        Nothing is written (``Coevolve`` checks every population's state before it loads any).
+        """
         self._check_alive()
         state_dict = as_state_dict(state_dict)
         own = self.state_dict(keep_vars=True, include_model=any(k.startswith("model.") for k in state_dict))
         check_keys(state_dict, own, strict)
         extra = self._check_extra(state_dict[EXTRA_KEY]) if EXTRA_KEY in state_dict else None
         check_tensors(state_dict, own, self.target_names, self._embedding, self.pop_size)
-        result = super().load_state_dict({k: v for k, v in state_dict.items() if k != EXTRA_KEY},
-                                         strict=False, assign=assign)
+        return {k: v for k, v in state_dict.items() if k != EXTRA_KEY}, extra
+
+    def _write_state(self, checked: tuple[dict[str, Tensor], dict | None], assign: bool = False) -> Any:
+        tensors, extra = checked
+        result = super().load_state_dict(tensors, strict=False, assign=assign)
         if extra is not None:
             self._write_extra(extra)
         return result
@@ -352,7 +362,7 @@ class Checkpointing:
     def _check_extra(self, extra: Any) -> dict[str, Any]:
         """The extra state checked against this population, with its generator rebuilt (nothing written)."""
         check_extra(extra, {"pop_size": self.pop_size, "low_rank": self.low_rank,
-                                   "lora_targets": list(self.target_names)})
+                            "lora_targets": list(self.target_names)})
         return {**extra, "generator": restore_generator(extra["generator"], self.device)}
 
     def _write_extra(self, extra: Mapping[str, Any]) -> None:
