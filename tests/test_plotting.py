@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 
 from matplotlib import pyplot as plt  # noqa: E402 - after choosing the Agg backend
 
-from populora import GenerationStats, InvalidTypeError, InvalidValueError, Population, plot_history  # noqa: E402
+from populora import EggrollES, GenerationStats, InvalidTypeError, InvalidValueError, Population, plot_history  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -64,6 +64,15 @@ def test_evolve_with_env_and_es_style_entries():
     assert len(ax.collections) == 0
     ax = plot_history([{"generation": 0, "best": 1.0, "mean": 0.5}])
     assert list(ax.get_lines()[1].get_ydata()) == [0.5]
+
+
+def test_an_es_history():
+    torch.manual_seed(0)
+    es = EggrollES(mlp(), 6, 0.3, 0.1, 3, seed=0)
+    for g in range(3):
+        es.tell(torch.arange(6.0) + g)
+    ax = plot_history(es)
+    assert list(ax.get_lines()[0].get_ydata()) == [5.0, 6.0, 7.0] and len(ax.collections) == 1
 
 
 def test_draws_on_a_given_axes():
