@@ -58,11 +58,22 @@ class Evolvable:
         ``nan_policy='worst'``, which maps them below the lowest finite
         fitness; +inf always raises.
 
+        The tensor it returns is recognised when it comes back unchanged (same
+        object, not modified in place since), so a caller that validates
+        first (``Coevolve``, ``evolve_with_env``) and then calls ``evolve_``
+        costs one validation, not two.
+
         Raises:
             FitnessError: not numbers (the type is named), wrong shape (both
                 shapes named), non-finite values.
         """
-        return _fitness.validate_fitnesses(fitnesses, self.pop_size, nan_policy=self.nan_policy, device=self.device)
+        last = self.__dict__.get("_validated")
+        if (last is not None and fitnesses is last[0] and last[1] is not None and _version(fitnesses) == last[1]
+                and fitnesses.device == self.device):
+            return fitnesses  # this method's own result, untouched since: e.g. Coevolve's, passed on to evolve_
+        f = _fitness.validate_fitnesses(fitnesses, self.pop_size, nan_policy=self.nan_policy, device=self.device)
+        self.__dict__["_validated"] = (f, _version(f))
+        return f
 
     def check_fitnesses(self, fitnesses: Any) -> Tensor:
         """Deprecated: renamed :meth:`validate_fitnesses` (same result)."""
@@ -347,6 +358,14 @@ class Evolvable:
         self.generation += 1
         self.eval_seed += 1
         return result
+
+
+def _version(t: Tensor) -> int | None:
+    """``t``'s in-place version counter (None for an inference tensor, which has none)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
 
 
 def _check_epsilon(epsilon: Any) -> float:

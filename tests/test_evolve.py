@@ -332,3 +332,33 @@ class TestFitnessValidatedOnce:
         twin._mutate(MUTATIONS["full_gaussian"], culled, 0.1, {})
         for a, b in zip(pop.factors(), twin.factors()):
             assert torch.equal(a.down, b.down) and torch.equal(a.up, b.up)
+
+
+class TestValidatedResultRecognised:
+    """A caller that validates first (Coevolve, evolve_with_env) and then evolves costs one validation."""
+
+    def test_validate_then_evolve_is_one_validation(self, monkeypatch):
+        pop = make()
+        calls = TestFitnessValidatedOnce.count(monkeypatch)
+        f = pop.validate_fitnesses(FITNESS)
+        pop.evolve_(f)
+        assert calls == {"boundary": 1, "operators": 0}
+
+    def test_changed_in_place_or_another_tensor_is_validated_again(self, monkeypatch):
+        from populora.errors import FitnessError
+
+        pop = make()
+        calls = TestFitnessValidatedOnce.count(monkeypatch)
+        f = pop.validate_fitnesses(FITNESS.clone())  # a float32 CPU tensor comes back as itself (detached)
+        f[3] = float("nan")  # in place: the version counter moves
+        with pytest.raises(FitnessError, match=r"must be finite, got \[nan\] at ids \[3\]"):
+            pop.evolve_(f)
+        pop.evolve_(FITNESS.clone())
+        assert calls["boundary"] == 3 and pop.generation == 1
+
+    def test_same_generation_either_way(self):
+        pop, twin = make(), make()
+        pop.evolve_(FITNESS)
+        twin.evolve_(twin.validate_fitnesses(FITNESS))
+        for a, b in zip(pop.factors(), twin.factors()):
+            assert torch.equal(a.down, b.down) and torch.equal(a.up, b.up)
