@@ -41,7 +41,7 @@ def main() -> None:
 
     torch.manual_seed(args.seed)
     model = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 2))  # logits of "push left" / "push right"
-    act = lambda logits: logits.argmax(-1)  # noqa: E731 - the action map: best logit
+    act = lambda logits: logits.argmax(-1)  # the action map: best logit
 
     start = time.perf_counter()
     policy, history = evolve_with_env(

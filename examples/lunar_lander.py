@@ -32,7 +32,7 @@ def main() -> None:
 
     torch.manual_seed(args.seed)
     model = nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 4))
-    act = lambda logits: logits.argmax(-1)  # noqa: E731
+    act = lambda logits: logits.argmax(-1)
 
     start = time.perf_counter()
     policy, history = evolve_with_env(

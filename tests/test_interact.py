@@ -256,7 +256,7 @@ def test_unflattened_dict_observations_reach_the_model_as_dicts():
         def forward(self, obs: dict) -> torch.Tensor:
             return self.body(torch.cat([obs["position"], obs["velocity"]], dim=-1))
 
-    act = lambda out: out.argmax(-1) * 2 - 1  # noqa: E731
+    act = lambda out: out.argmax(-1) * 2 - 1
     results = []
     for flatten, model in ((False, DictNet()), (True, tiny_net(5, 2))):
         interactor = interact_with_env([suite.load("cartpole", "balance") for _ in range(2)], flatten_obs=flatten)

@@ -23,6 +23,9 @@ The same env object listed several times (``[env for _ in range(16)]``) is
 deep-copied (``copy.deepcopy``, which dm_control and gymnasium envs support)
 so that every entry is its own slot, with one warning; an env that cannot
 be copied stays one slot (with a warning).
+
+Third-party imports (gymnasium, env-ssl-wrapper) sit in the functions that use them: ``import
+populora`` needs neither, and env-ssl-wrapper takes about 2 s to import.
 """
 
 from __future__ import annotations
@@ -317,7 +320,7 @@ def _close_all(envs: Sequence[Any]) -> None:
     for env in envs:
         try:
             env.close()
-        except Exception:  # noqa: BLE001 - closing is best effort
+        except Exception:  # closing is best effort
             pass
 
 
@@ -354,7 +357,7 @@ def _distinct(envs: list[Any], what: str) -> tuple[list[Any], list[Any]]:
             twin = copy.deepcopy(env)
             if twin is env:
                 raise TypeError("copy.deepcopy returned the same object")
-        except Exception as error:  # noqa: BLE001 - any failure: the object stays one slot
+        except Exception as error:  # any failure: the object stays one slot
             failed[id(env)] = f"{type(error).__name__}: {str(error)[:80]}"
             continue
         out.append(twin)

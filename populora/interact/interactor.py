@@ -327,7 +327,7 @@ class EnvInteractor:
         """Close the environments the interactor made from a factory."""
         self._slots.close()
 
-    # ------------------------------------------------------------------ the loop
+    # ------------------------------------------------------------------ rollouts
 
     def _prepare(self, action: Any, horizon: Any, num_episodes: Any, to_range: Any) -> dict[str, Any]:
         if action is not None and not callable(action):

@@ -18,6 +18,9 @@ torch tensors. Three kinds:
 
 A source raises :class:`SlotFailure` naming the slots an env failed in;
 configuration errors (observations of another size) pass through as they are.
+
+Third-party imports (gymnasium, env-ssl-wrapper) sit in the functions that use them: ``import
+populora`` needs neither, and env-ssl-wrapper takes about 2 s to import.
 """
 
 from __future__ import annotations
@@ -283,12 +286,6 @@ class SubEnvSource(SlotSource):
     def raw_env(self, local: int) -> Any:
         return self.raw
 
-    def _batched(self, rows: Sequence[Any], local: np.ndarray, what: str) -> Any:
-        try:
-            return as_batch(self._batch(rows), len(rows), self.flatten)
-        except Exception as error:
-            raise SlotFailure((local + self.start).tolist(), what, error) from error
-
     def reset(self, local: np.ndarray, seeds: Sequence[int | None]) -> Any:
         rows = []
         for slot, seed in zip(local.tolist(), seeds):
@@ -296,7 +293,10 @@ class SubEnvSource(SlotSource):
                 rows.append(self.envs[slot].reset(seed=None if seed is None else int(seed))[0])
             except Exception as error:
                 raise SlotFailure([self.start + slot], "reset", error) from error
-        return self._batched(rows, local, "reset")
+        try:
+            return as_batch(self._batch(rows), len(rows), self.flatten)
+        except Exception as error:
+            raise SlotFailure((local + self.start).tolist(), "reset", error) from error
 
     def step(self, local: np.ndarray, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
         if isinstance(actions, Tensor):
@@ -321,4 +321,8 @@ class SubEnvSource(SlotSource):
         # the vector env's float64 rewards, through float32 like TensorWrapper's
         reward = np.array(reward, dtype=np.float32).reshape(k).astype(np.float64)
         done = np.logical_or(terminated, truncated)
-        return self._batched(obs, local, "step"), local, reward, done if done.shape == (k,) else done.reshape(k)
+        try:
+            batch = as_batch(self._batch(obs), k, self.flatten)
+        except Exception as error:
+            raise SlotFailure((local + self.start).tolist(), "step", error) from error
+        return batch, local, reward, done if done.shape == (k,) else done.reshape(k)

@@ -21,6 +21,9 @@ are never read). How a slot is reset depends on what the env can do:
   counted, and with ``DISABLED`` such slots are reset through
   ``options['reset_mask']`` without a seed (gymnasium 1.x's contract for
   that mode) before the next step.
+
+Third-party imports (gymnasium, env-ssl-wrapper) sit in the functions that use them: ``import
+populora`` needs neither, and env-ssl-wrapper takes about 2 s to import.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def _can_reset_one_slot(env: Any) -> bool:
             try:
                 if callable(getattr(layer, name, None)):
                     return True
-            except Exception:  # noqa: BLE001 - a property that raises: not a per-slot reset
+            except Exception:  # a property that raises: not a per-slot reset
                 pass
         if isinstance(vars(layer).get("envs") if hasattr(layer, "__dict__") else None, (list, tuple)):
             return True
