@@ -66,7 +66,7 @@ def measure(name: str, pop_size: int, generations: int, sleep_s: float) -> dict:
     return {
         "model": name,
         "params": sum(p.numel() for p in model.parameters()),
-        "adapter_bytes": sum(t.numel() * t.element_size() for t in [*pop.state()["downs"], *pop.state()["ups"]]),
+        "adapter_bytes": sum(t.numel() * t.element_size() for f in pop.factors() for t in f),
         "world": world_size(),
         "gen_per_s": generations / seconds,
         "bytes_per_gen": (pd.bytes_communicated - before) / generations,
