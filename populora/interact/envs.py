@@ -185,10 +185,7 @@ class EnvSlots:
         if self._only is not None:
             self._write(slots, self._only.reset(slots, seeds))
             return
-        groups = self.source_of[slots]
-        for k in np.unique(groups).tolist():
-            src = self.sources[k]
-            pick = np.flatnonzero(groups == k)
+        for src, pick in self._by_source(slots):
             self._write(slots[pick], src.reset(slots[pick] - src.start, [seeds[j] for j in pick.tolist()]))
 
     def step(self, actions: Any, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -216,13 +213,15 @@ class EnvSlots:
         self._flush()
         rewards = np.empty(slots.size, dtype=np.float64)
         dones = np.empty(slots.size, dtype=bool)
-        groups = self.source_of[slots]
-        for k in np.unique(groups).tolist():
-            src = self.sources[k]
-            pick = np.flatnonzero(groups == k)
+        for src, pick in self._by_source(slots):
             obs, written, rewards[pick], dones[pick] = src.step(slots[pick] - src.start, _take_rows(actions, pick))
             self._write(written + src.start, obs)
         return rewards, dones
+
+    def _by_source(self, slots: np.ndarray) -> list[tuple[SlotSource, np.ndarray]]:
+        """``(source, positions in slots of its slots)`` for every source ``slots`` touch, in slot order."""
+        groups = self.source_of[slots]
+        return [(self.sources[k], np.flatnonzero(groups == k)) for k in np.unique(groups).tolist()]
 
     def close(self) -> None:
         """Close the environments this object created from a factory."""

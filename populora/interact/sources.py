@@ -25,7 +25,7 @@ populora`` needs neither, and env-ssl-wrapper takes about 2 s to import.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -123,6 +123,18 @@ def _stack(rows: list[Any], flatten: bool) -> Any:
     return torch.from_numpy(np.stack(flat).astype(np.float32, copy=False))
 
 
+def _reset_each(reset: Callable[[int, int | None], Any], local: np.ndarray, seeds: Sequence[int | None],
+                start: int) -> list[Any]:
+    """``[reset(slot, seed), ...]`` over the local slots, a failure naming its (global) slot."""
+    rows = []
+    for slot, seed in zip(local.tolist(), seeds):
+        try:
+            rows.append(reset(slot, None if seed is None else int(seed)))
+        except Exception as error:
+            raise SlotFailure([start + slot], "reset", error) from error
+    return rows
+
+
 # ---------------------------------------------------------------------- the interface
 
 
@@ -191,12 +203,7 @@ class SingleEnvs(SlotSource):
     def reset(self, local: np.ndarray, seeds: Sequence[int | None]) -> Any:
         from env_ssl_wrapper import reset_env
 
-        rows = []
-        for slot, seed in zip(local.tolist(), seeds):
-            try:
-                rows.append(reset_env(self.envs[slot], None if seed is None else int(seed))[0])
-            except Exception as error:
-                raise SlotFailure([self.start + slot], "reset", error) from error
+        rows = _reset_each(lambda slot, seed: reset_env(self.envs[slot], seed)[0], local, seeds, self.start)
         return _stack(rows, self.flatten)
 
     def step(self, local: np.ndarray, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
@@ -287,12 +294,7 @@ class SubEnvSource(SlotSource):
         return self.raw
 
     def reset(self, local: np.ndarray, seeds: Sequence[int | None]) -> Any:
-        rows = []
-        for slot, seed in zip(local.tolist(), seeds):
-            try:
-                rows.append(self.envs[slot].reset(seed=None if seed is None else int(seed))[0])
-            except Exception as error:
-                raise SlotFailure([self.start + slot], "reset", error) from error
+        rows = _reset_each(lambda slot, seed: self.envs[slot].reset(seed=seed)[0], local, seeds, self.start)
         try:
             return as_batch(self._batch(rows), len(rows), self.flatten)
         except Exception as error:
