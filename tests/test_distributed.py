@@ -49,7 +49,7 @@ def _distributed_worker(rank: int, world: int, store: str, out: str) -> None:
     res: dict = {}
 
     res["is_distributed"] = pd.is_distributed()
-    res["rank"], res["world"], res["local_rank"] = pd.rank(), pd.world_size(), pd.local_rank()
+    res["rank"], res["world"], res["local_rank"] = pd.process_rank(), pd.world_size(), pd.local_rank()
     res["is_main"] = pd.is_main_rank()
     res["init_again"] = pd.init_from_env()  # a group exists: no-op, still distributed
     res["local_device"] = str(pd.local_device())
@@ -147,7 +147,7 @@ class TestWithoutGroup:
         for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
             monkeypatch.delenv(name, raising=False)
         assert not pd.is_distributed()
-        assert (pd.rank(), pd.world_size(), pd.local_rank(), pd.is_main_rank()) == (0, 1, 0, True)
+        assert (pd.process_rank(), pd.world_size(), pd.local_rank(), pd.is_main_rank()) == (0, 1, 0, True)
         assert pd.local_device() == (torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu"))
         assert pd.init_from_env() is False
         assert not dist.is_initialized()
@@ -156,7 +156,7 @@ class TestWithoutGroup:
         monkeypatch.setenv("RANK", "3")
         monkeypatch.setenv("WORLD_SIZE", "4")
         monkeypatch.setenv("LOCAL_RANK", "1")
-        assert (pd.rank(), pd.world_size(), pd.local_rank(), pd.is_main_rank()) == (3, 4, 1, False)
+        assert (pd.process_rank(), pd.world_size(), pd.local_rank(), pd.is_main_rank()) == (3, 4, 1, False)
         assert not pd.is_distributed()
 
     def test_init_from_env_refuses_incomplete_env(self, monkeypatch):
@@ -181,7 +181,7 @@ class TestWithoutGroup:
     def test_bad_env_int(self, monkeypatch):
         monkeypatch.setenv("RANK", "zero")
         with pytest.raises(ValueError, match="`RANK` must be an integer, got 'zero'"):
-            pd.rank()
+            pd.process_rank()
 
     @pytest.mark.parametrize("num", [0, 1, 5, 7, 16, 17])
     @pytest.mark.parametrize("world", [1, 2, 3, 8])
@@ -341,13 +341,13 @@ import json, os, sys
 import torch
 from populora import distributed as pd
 
-before = dict(rank=pd.rank(), world=pd.world_size(), local_rank=pd.local_rank(),
+before = dict(rank=pd.process_rank(), world=pd.world_size(), local_rank=pd.local_rank(),
               main=pd.is_main_rank(), distributed=pd.is_distributed())
 first = pd.init_from_env(timeout=60)
 second = pd.init_from_env()
 ids = pd.partition(5)
-values = pd.all_gather_values(ids, torch.tensor([10.0 * pd.rank() + i for i in ids]), 5)
-with open(os.path.join(sys.argv[1], f"rank{pd.rank()}.json"), "w") as f:
+values = pd.all_gather_values(ids, torch.tensor([10.0 * pd.process_rank() + i for i in ids]), 5)
+with open(os.path.join(sys.argv[1], f"rank{pd.process_rank()}.json"), "w") as f:
     json.dump(dict(before=before, first=first, second=second, values=values.tolist(),
                    backend=torch.distributed.get_backend(), device=str(pd.local_device())), f)
 """
@@ -404,3 +404,10 @@ def test_all_gather_values_num_checked_by_the_shared_checks():
         pd.all_gather_values([], [], -1)
     with pytest.raises(InvalidTypeError, match="`num` must be an int, got bool True"):
         pd.all_gather_values([0], [1.0], True)
+
+
+def test_rank_is_a_deprecated_alias_of_process_rank(monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.warns(DeprecationWarning, match="process_rank"):
+        assert pd.rank() == pd.process_rank() == 3

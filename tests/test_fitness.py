@@ -324,7 +324,7 @@ def population(**kwargs):
 
 
 class TestPopulationPrecision:
-    def test_check_fitnesses_keeps_float64(self):
+    def test_validate_fitnesses_keeps_float64(self):
         pop = population()
         assert pop.validate_fitnesses(CLOSE).dtype == torch.float64
         assert pop.validate_fitnesses(CLOSE.tolist()).dtype == torch.float64
