@@ -5,6 +5,13 @@ as one env, a list, a vector env or a factory, becomes ``N`` slots; the
 population's individuals play their episodes in them with one routed forward
 per timestep (see :mod:`populora.interact.interactor`). Higher fitness is
 better.
+
+Modules, each importing only those above it: ``actions`` (outputs to env
+actions), ``normalize`` (observation statistics), ``schedule`` (work queue
+and episode seeds), ``sources`` / ``vector`` (the slot sources: single envs,
+sub-envs of a ``SyncVectorEnv``, vector envs), ``envs`` (:class:`EnvSlots`
+and :func:`build_slots`), ``rollout`` (the episode loop), ``interactor``
+(:class:`EnvInteractor`), ``evolve`` (:func:`evolve_with_env`).
 """
 
 from ..stats import GenerationStats
