@@ -28,7 +28,7 @@ Failures never hang a run:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -63,6 +63,7 @@ __all__ = [
     "bytes_communicated",
     "checksum",
     "comm_device",
+    "gather_shares",
     "default_timeout",
     "init_from_env",
     "is_distributed",
@@ -226,6 +227,35 @@ def all_gather_values(
         except Exception as invalid:  # shared with the other ranks before raising
             failure = invalid
     return _exchange(ids, values, num, failure, out_dtype, not exact_cover).to(device)
+
+
+def gather_shares(
+    compute: Callable[[], tuple[Sequence[int] | Tensor, Tensor]], num: int, *, spread: bool = True
+) -> Tensor:
+    """Each rank's share from ``compute() -> (ids, values)``, assembled into the ``(num,)`` vector on every rank.
+
+    The ranks' ids must cover ``[0, num)`` exactly once (each its
+    :func:`partition`, or all of them on one rank): the exchange is
+    :func:`all_gather_values` with ``exact_cover=True``. If ``compute`` raises
+    on one rank, every rank raises (that rank its own error, the others a
+    ``RuntimeError`` quoting it), so none is left waiting. Without ``spread``
+    or a distributed group, ``compute`` runs here and its values are
+    returned as they are.
+
+    Example:
+        >>> gather_shares(lambda: ([0, 1, 2], torch.tensor([0.5, 1.5, 2.5])), 3)
+        tensor([0.5000, 1.5000, 2.5000])
+    """
+    if not (spread and is_distributed()):
+        return compute()[1]
+    ids: Sequence[int] | Tensor = []
+    values: Tensor = torch.empty(0)
+    failure: Exception | None = None
+    try:
+        ids, values = compute()
+    except Exception as error:  # shared with the other ranks, then raised on every rank
+        failure = error
+    return all_gather_values(ids, values, num, error=failure, exact_cover=True)
 
 
 # ------------------------------------------------------------------ population sync

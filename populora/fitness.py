@@ -339,30 +339,15 @@ def evaluate(
     spread = distributed and _dist.is_distributed()
     me, world = (_dist.process_rank(), _dist.world_size()) if spread else (0, 1)
 
-    ids: list[int] = []
-    values = torch.empty(0, dtype=dtype)
-    failure: Exception | None = None
-    try:
+    what = f"fitness function {_describe(fn)}"
+    none = torch.empty(0, dtype=dtype)
+
+    def share() -> tuple[list[int], Tensor]:  # this rank's ids (partition, or all of them on rank 0) and values
         if kind == "all":
-            if me == 0:
-                ids = list(range(num))
-                values = _vector(fn(population), num, f"fitness function {_describe(fn)}", dtype)
-        else:
-            ids = list(_dist.partition(num, me, world))
-            if kind == "batch" and ids:
-                values = _vector(
-                    fn(population, individuals=list(ids)), len(ids), f"fitness function {_describe(fn)}", dtype
-                )
-            elif kind == "single":
-                what = f"fitness function {_describe(fn)}"
-                values = torch.tensor(
-                    [_scalar(fn(population, i), f"{what} (individual {i})") for i in ids], dtype=dtype
-                )
-    except Exception as error:
-        if not spread:
-            raise
-        failure = error
-    if not spread:
-        return values
-    # the ids come from partition (or all of them from rank 0): they cover [0, num) exactly once
-    return _dist.all_gather_values(ids, values, num, error=failure, exact_cover=True)
+            return (list(range(num)), _vector(fn(population), num, what, dtype)) if me == 0 else ([], none)
+        ids = list(_dist.partition(num, me, world))
+        if kind == "batch":
+            return (ids, _vector(fn(population, individuals=list(ids)), len(ids), what, dtype)) if ids else (ids, none)
+        return ids, torch.tensor([_scalar(fn(population, i), f"{what} (individual {i})") for i in ids], dtype=dtype)
+
+    return _dist.gather_shares(share, num, spread=spread)

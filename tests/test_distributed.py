@@ -411,3 +411,13 @@ def test_rank_is_a_deprecated_alias_of_process_rank(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")
     with pytest.warns(DeprecationWarning, match="process_rank"):
         assert pd.rank() == pd.process_rank() == 3
+
+
+def test_gather_shares_without_a_group_runs_compute_here():
+    assert pd.gather_shares(lambda: ([1, 0], torch.tensor([2.0, 1.0])), 2, spread=False).tolist() == [2.0, 1.0]
+
+    def fails():
+        raise KeyError("no env")
+
+    with pytest.raises(KeyError, match="no env"):
+        pd.gather_shares(fails, 2)
