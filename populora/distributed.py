@@ -38,6 +38,7 @@ from torch import Tensor
 from .broadcasts import broadcast_object, broadcast_tensor_raw, broadcast_tensors_, checksum, sync_if_different_
 from .checks import check_int
 from .errors import InvalidTypeError, InvalidValueError
+from .stats import GenerationStats
 from .process_group import (
     DEFAULT_TIMEOUT_S,
     comm_device,
@@ -264,8 +265,8 @@ def gather_shares(
 def sync_population_(population: Any, sync_base_model: bool = False, *, name: str | None = None) -> None:
     """Make every rank hold rank 0's population (once; a no-op without a distributed group).
 
-    Broadcasts the adapters, generator state, generation, eval seed and
-    weight scales from rank 0; the base model is compared by checksum and,
+    Broadcasts the adapters, generator state, generation, eval seed,
+    weight scales and history from rank 0; the base model is compared by checksum and,
     where ranks differ (e.g. each process seeded differently), rank 0's
     weights are broadcast with a warning. ``sync_base_model=True``
     broadcasts the base model without checking; ``name`` labels the
@@ -290,8 +291,9 @@ def sync_population_(population: Any, sync_base_model: bool = False, *, name: st
             sync_if_different_(base, f"base model parameters{of}")
     # weight scales come from the base weights at construction: rank 0's, like the weights
     state = broadcast_object((population.generation, population.eval_seed, population.generator.get_state(),
-                              population.weight_scales))
+                              population.weight_scales, [tuple(h) for h in population.history]))
     population.generation, population.eval_seed = state[0], state[1]
     population.generator.set_state(state[2])
     population.weight_scales = list(state[3])
+    population.history = [GenerationStats(*t) for t in state[4]]
     population._synced = True

@@ -111,6 +111,12 @@ def _lockstep(rank: int, res: dict) -> None:
     """Different seeds per rank: rank 0's adapters and generator state must win, then stay in lockstep."""
     pop = _pop(_model(0), 16, seed=11 + rank)
     res["lock_initial"] = _state_sum(pop)
+    if rank == 1:  # a local generation before the first sync: rank 0's counters and history must win
+        with torch.no_grad():
+            snapshot = [p.clone() for stack in pop._stacks() for p in stack]
+            pop.evolve_(torch.arange(16.0))
+            for p, saved in zip([p for stack in pop._stacks() for p in stack], snapshot):
+                p.copy_(saved)
     seen = []
 
     def fitness(population, individuals):
@@ -128,6 +134,7 @@ def _lockstep(rank: int, res: dict) -> None:
         res["lock_states"].append(_state_sum(pop))
     res["lock_seen_seeds"] = seen
     res["lock_state"] = _flat_state(pop)
+    res["lock_history"] = [tuple(h) for h in pop.history]
 
 
 def _base_mismatch(rank: int, res: dict) -> None:
@@ -226,6 +233,11 @@ class TestLockstep:
         for res in ranks:
             for gathered, local in zip(res["lock_fitness"], res["lock_local"], strict=True):
                 assert torch.equal(gathered, local)  # rank 1's share used rank 0's adapters
+
+    def test_history_is_rank_0s(self, ranks):
+        zero, one = ranks
+        assert len(zero["lock_history"]) == 4 and [h[0] for h in zero["lock_history"]] == [0, 1, 2, 3]
+        assert one["lock_history"] == zero["lock_history"]
 
     def test_eval_seed_advances_identically(self, ranks):
         assert ranks[0]["lock_seen_seeds"] == ranks[1]["lock_seen_seeds"] == [11, 12, 13, 14]
