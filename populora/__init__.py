@@ -37,7 +37,7 @@ from .coevolve import Coevolve
 from .hall_of_fame import HallOfFame
 from .plotting import plot_history
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "CheckpointError",
