@@ -14,6 +14,24 @@ so the merged model would not be the individual that was evaluated.
 Auto-discovery (``None``) and glob patterns skip such layers with one warning
 naming them; an exact path naming one raises :class:`TargetNotFoundError`
 naming both modules.
+
+Exclusion: an entry starting with ``!`` removes the layers it matches (a
+path or a glob) from what the other entries select, whatever the order:
+``["*_proj", "!*.mlp.*"]`` is every projection outside the MLPs. A list of
+only exclusions starts from auto-discovery: ``["!lm_head"]`` is every
+routable ``nn.Linear`` but ``lm_head``. An exclusion that matches no
+``nn.Linear`` / ``nn.Embedding`` of the model raises (a typo would otherwise
+exclude nothing); an excluded tied layer is not warned about. Presets for
+Llama-family module names are in :mod:`populora.llm.targets`.
+
+Quantized layers: a module whose weight is not a plain floating-point
+tensor (bitsandbytes ``Linear4bit`` / ``Linear8bitLt``, GGUF- or
+GPTQ-quantized modules, any layer holding a ``Parameter`` subclass or an
+integer weight) cannot carry a routed delta that equals a merge, and is
+refused with :class:`TargetNotFoundError` naming the module and its type,
+by an exact path, by a glob that matches it, and by auto-discovery
+(``None``), so a quantized model is never evolved with part of its layers
+silently left out. Load the model in a float dtype, or target other layers.
 """
 
 from __future__ import annotations
@@ -22,14 +40,62 @@ import difflib
 import fnmatch
 import warnings
 from collections.abc import Iterable
+from typing import Any
 
+import torch
 from torch import nn
 
 from .errors import InvalidTypeError, TargetNotFoundError
 
 SUPPORTED = (nn.Linear, nn.Embedding)
 
-__all__ = ["SUPPORTED", "find_targets", "layer_dims", "tied_weights", "unroutable_reason"]
+__all__ = ["SUPPORTED", "find_targets", "layer_dims", "quantized_reason", "tied_weights", "unroutable_reason"]
+
+# packages whose layers hold quantized weights (a layer of theirs is refused even if its weight looks float)
+_QUANTIZED_PACKAGES = ("bitsandbytes", "auto_gptq", "gptqmodel", "awq", "hqq", "optimum.quanto", "quanto",
+                       "torchao", "gguf", "llama_cpp", "eetq", "fbgemm_gpu", "compressed_tensors")
+
+
+def quantized_reason(module: nn.Module, path: str = "") -> str | None:
+    """Why ``module`` looks like a quantized layer (not a plain float ``nn.Linear`` / ``nn.Embedding``), or ``None``.
+
+    A module counts as quantized when its class comes from a quantization
+    package (bitsandbytes, GPTQ, AWQ, HQQ, quanto, torchao, GGUF), or its
+    ``weight`` is a ``Parameter`` / tensor subclass (``Params4bit``,
+    ``Int8Params``) or is not floating point. Modules without a tensor
+    ``weight`` of their own are not looked at.
+
+    Example:
+        >>> class Linear4bit(nn.Linear):
+        ...     pass
+        >>> layer = Linear4bit(4, 4)
+        >>> layer.weight = nn.Parameter(torch.zeros(8, 1, dtype=torch.uint8), requires_grad=False)
+        >>> print(quantized_reason(layer, "q_proj"))
+        'q_proj' is a quantized layer (Linear4bit from populora.targets, weight Parameter of dtype torch.uint8)
+        >>> quantized_reason(nn.Linear(4, 4)) is None
+        True
+    """
+    weight = getattr(module, "weight", None)
+    cls = type(module)
+    package = cls.__module__ or ""
+    from_package = any(package == q or package.startswith(q + ".") for q in _QUANTIZED_PACKAGES)
+    if not isinstance(weight, torch.Tensor):
+        if not from_package:
+            return None
+        held = "no tensor weight"
+    else:
+        plain = type(weight) in (nn.Parameter, torch.Tensor) and weight.dtype.is_floating_point
+        if plain and not from_package:
+            return None
+        held = f"weight {type(weight).__name__} of dtype {weight.dtype}"
+    return f"{path or '<root>'!r} is a quantized layer ({cls.__name__} from {package}, {held})"
+
+
+def _quantized_error(paths: dict[str, str], how: str) -> TargetNotFoundError:
+    shown = "; ".join(list(paths.values())[:5]) + (f"; and {len(paths) - 5} more" if len(paths) > 5 else "")
+    return TargetNotFoundError(f"{how} {shown}: quantized base layers are not supported yet (a routed delta "
+                               "on them would not equal a merge); load the model in a float dtype, or exclude "
+                               "them (a '!pattern' entry) and target plain nn.Linear / nn.Embedding layers")
 
 
 def unroutable_reason(module: nn.Module, path: str = "") -> str | None:
@@ -111,49 +177,77 @@ def layer_dims(module: nn.Module) -> tuple[int, int]:
 def find_targets(model: nn.Module, lora_targets: str | Iterable[str] | None) -> dict[str, nn.Module]:
     """Resolve ``lora_targets`` to ``{path: module}`` in the model's module order.
 
+    ``lora_targets``: ``None`` (every routable ``nn.Linear``), a path or glob,
+    or a list of them; entries starting with ``!`` exclude what they match
+    (see the module docstring).
+
     Raises:
         TargetNotFoundError: an entry matches nothing (the closest ``nn.Linear``
             paths are listed), names a module that is not ``nn.Linear`` /
-            ``nn.Embedding``, names a layer that cannot be routed, or names
-            (by exact path) a layer whose weight is tied to another module's.
+            ``nn.Embedding``, names a layer that cannot be routed, names
+            (by exact path) a layer whose weight is tied to another module's,
+            selects a quantized layer (named with its type), or the
+            exclusions leave nothing.
         InvalidTypeError: an entry is not a string.
 
     Warns:
         UserWarning: once, naming the layers with tied weights that
             auto-discovery or a glob pattern skipped.
+
+    Example:
+        >>> model = nn.ModuleDict(dict(q=nn.Linear(4, 4), v=nn.Linear(4, 4), head=nn.Linear(4, 2)))
+        >>> list(find_targets(model, ["!head"]))
+        ['q', 'v']
     """
     modules = dict(model.named_modules(remove_duplicate=True))
     supported = {p: m for p, m in modules.items() if isinstance(m, SUPPORTED)}
     unroutable = _unroutable(model)
     tied = tied_weights(model)
+    quantized = {p: why for p, m in modules.items() if (why := quantized_reason(m, p)) is not None}
     skipped: list[str] = []  # tied layers left out by auto-discovery or a pattern (one warning)
 
     if lora_targets is None:
-        found = {p: m for p, m in supported.items() if isinstance(m, nn.Linear) and p not in unroutable}
+        entries: list[str] = []
+    elif not isinstance(lora_targets, (str, Iterable)):
+        raise InvalidTypeError(f"`lora_targets` must be None, a str or a list of str, got "
+                               f"{type(lora_targets).__name__} {lora_targets!r}")
+    else:
+        entries = [lora_targets] if isinstance(lora_targets, str) else list(lora_targets)
+        if not entries:
+            raise TargetNotFoundError("`lora_targets` is empty; pass None to target every nn.Linear")
+        for entry in entries:
+            if not isinstance(entry, str):
+                raise InvalidTypeError(f"`lora_targets` entries must be str paths or glob patterns, got "
+                                       f"{type(entry).__name__} {entry!r}")
+    excluded = _excluded(model, modules, {**supported, **quantized}, [e[1:] for e in entries if e.startswith("!")])
+    includes = [e for e in entries if not e.startswith("!")]
+    kept = {p: why for p, why in quantized.items() if p not in excluded}
+
+    if not includes:  # auto-discovery, minus the exclusions
+        how = "`lora_targets=None` looks for every nn.Linear" if lora_targets is None else (
+            f"`lora_targets={lora_targets!r}` (only exclusions) looks for every other nn.Linear")
+        if kept:
+            raise _quantized_error(kept, how + ", but found")
+        found = {p: m for p, m in supported.items()
+                 if isinstance(m, nn.Linear) and p not in unroutable and p not in excluded}
         skipped = [p for p in found if p in tied]
         found = {p: m for p, m in found.items() if p not in tied}
         if not found:
             raise TargetNotFoundError(
-                f"`lora_targets=None` looks for every nn.Linear, but {type(model).__name__} has none "
-                "that can be routed" + (f" (tied weights skipped: {skipped})" if skipped else "")
+                f"{how}, but {type(model).__name__} has none that can be routed"
+                + (f" (tied weights skipped: {skipped})" if skipped else "")
+                + (f" (excluded: {sorted(p for p in excluded if p in supported)})" if excluded else "")
                 + "; pass explicit targets (nn.Linear or nn.Embedding paths)"
             )
         _warn_tied(skipped, tied)
         return found
 
-    if not isinstance(lora_targets, (str, Iterable)):
-        raise InvalidTypeError(f"`lora_targets` must be None, a str or a list of str, got "
-                               f"{type(lora_targets).__name__} {lora_targets!r}")
-    entries = [lora_targets] if isinstance(lora_targets, str) else list(lora_targets)
-    if not entries:
-        raise TargetNotFoundError("`lora_targets` is empty; pass None to target every nn.Linear")
-
     chosen: set[str] = set()
-    for entry in entries:
-        if not isinstance(entry, str):
-            raise InvalidTypeError(f"`lora_targets` entries must be str paths or glob patterns, got "
-                                   f"{type(entry).__name__} {entry!r}")
+    for entry in includes:
         if any(ch in entry for ch in "*?["):
+            hit = {p: why for p, why in kept.items() if fnmatch.fnmatchcase(p, entry)}
+            if hit:
+                raise _quantized_error(hit, f"lora target pattern {entry!r} matches")
             matches = [p for p in supported if fnmatch.fnmatchcase(p, entry)]
             if not matches:
                 raise TargetNotFoundError(
@@ -173,6 +267,8 @@ def find_targets(model: nn.Module, lora_targets: str | Iterable[str] | None) -> 
         if entry not in modules:
             raise TargetNotFoundError(f"lora target {entry!r} is not a module of {type(model).__name__}; "
                                       f"{_suggest(entry, supported)}")
+        if entry in quantized:
+            raise _quantized_error({entry: quantized[entry]}, "lora target")
         if entry in unroutable:
             raise TargetNotFoundError(f"lora target {entry!r} cannot be routed: {unroutable[entry]}")
         if entry in tied:
@@ -184,8 +280,30 @@ def find_targets(model: nn.Module, lora_targets: str | Iterable[str] | None) -> 
                 f"nn.Embedding. {_suggest(entry, supported)}"
             )
         chosen.add(entry)
-    _warn_tied([p for p in skipped if p not in chosen], tied)
+    chosen -= excluded
+    if not chosen:
+        raise TargetNotFoundError(f"`lora_targets={lora_targets!r}` selects no layer: every layer its entries "
+                                  "match is excluded by its '!' entries")
+    _warn_tied([p for p in skipped if p not in chosen and p not in excluded], tied)
     return {p: m for p, m in supported.items() if p in chosen}
+
+
+def _excluded(model: nn.Module, modules: dict[str, nn.Module], layers: dict[str, Any],
+              patterns: list[str]) -> set[str]:
+    """Every module path an exclusion matches, with the modules below it (``'!model.layers.0'`` drops that block)."""
+    out: set[str] = set()
+    for pattern in patterns:
+        if not pattern:
+            raise TargetNotFoundError("a `lora_targets` exclusion is '!' alone; write '!<path or glob>'")
+        glob = any(ch in pattern for ch in "*?[")
+        hit = [p for p in modules if p and (fnmatch.fnmatchcase(p, pattern) if glob else p == pattern)]
+        below = [p for p in modules if any(p.startswith(h + ".") for h in hit)]
+        if not any(p in layers for p in hit + below):
+            supported = {p: m for p, m in modules.items() if isinstance(m, SUPPORTED)}
+            raise TargetNotFoundError(f"lora target exclusion {'!' + pattern!r} matches no nn.Linear or nn.Embedding "
+                                      f"of {type(model).__name__}; {_suggest(pattern, supported)}")
+        out.update(hit, below)
+    return out
 
 
 def _warn_tied(skipped: list[str], tied: dict[str, list[str]]) -> None:

@@ -7,6 +7,9 @@ needed, ``transformers``) only inside the functions that need them.
 
 - :func:`to_peft` / :func:`load_peft_` (:mod:`populora.llm.peft`): write one
   individual as a PEFT LoRA adapter folder, and load one into an individual.
+- :data:`LLAMA_ATTENTION` / :data:`LLAMA_MLP` / :data:`LLAMA_ALL`
+  (:mod:`populora.llm.targets`): ``lora_targets`` glob presets for
+  Llama-family module names.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["load_peft_", "to_peft"]
+__all__ = ["LLAMA_ALL", "LLAMA_ATTENTION", "LLAMA_MLP", "load_peft_", "to_peft"]
 
-_LAZY = {"to_peft": "peft", "load_peft_": "peft"}
+_LAZY = {"to_peft": "peft", "load_peft_": "peft",
+         "LLAMA_ALL": "targets", "LLAMA_ATTENTION": "targets", "LLAMA_MLP": "targets"}
 
 
 def __getattr__(name: str) -> Any:
