@@ -53,11 +53,14 @@ class Route(NamedTuple):
         chunk: ``c``, rows per group (after padding).
         index: adapter id of each group: ``None`` (group ``g`` uses adapter
             ``g``), a ``slice`` or a ``(k,)`` int64 tensor.
-        dest: ``(n,)`` position of each row in the padded ``(k c)`` layout
-            (increasing: rows are sorted by group), or ``None`` when the rows
-            already are ``(k c)``.
-        dest_host: ``dest`` as a NumPy array (block bounds are found on the
-            host, with no device sync).
+        dest: ``(n,)`` position of each row in the padded ``(k c)`` layout,
+            or ``None`` when the rows already are ``(k c)``. Increasing when
+            the rows are sorted by group; in any order when ``order`` is set.
+        dest_host: ``dest`` as a NumPy array, sorted (block bounds are found
+            on the host, with no device sync).
+        order: ``(n,)`` the rows sorted by group (``dest[order]`` increasing),
+            when the rows stay in input order (a route that must not permute
+            rows, e.g. with a KV cache in play), else ``None``.
     """
 
     n: int
@@ -66,6 +69,7 @@ class Route(NamedTuple):
     index: Index = None
     dest: Tensor | None = None
     dest_host: np.ndarray | None = None
+    order: Tensor | None = None
 
 
 def _take(stack: Tensor, index: Index) -> Tensor:
@@ -238,6 +242,8 @@ class Router:
         """``out`` plus each row's delta (in place when the layout allows)."""
         route, adapters, called, origin = state
         called.add(i)
+        if not isinstance(route, Route):  # a route block's route: planned for the row count of this forward
+            route = route.resolve(x.shape[0], self.names[i])
         if x.shape[0] != route.n:
             raise RouteError(
                 f"target {self.names[i]!r} received {x.shape[0]} rows but this routed forward has "
@@ -279,21 +285,31 @@ class Router:
             return out
         # unequal groups: pack each block's rows into (k c), padded, and add its delta to those rows in place;
         # rows are sorted by group, so a block of groups owns a contiguous range of rows
+        # (rows in input order, `route.order` set: the same, each block's rows gathered through `order`)
         for g0 in range(0, k, block):
             g1 = min(k, g0 + block)
+            rows = None
             if block == k:
                 j0, j1, pos, part = 0, route.n, route.dest, index
+                xs = x
             else:
                 j0, j1 = (int(j) for j in np.searchsorted(route.dest_host, (g0 * c, g1 * c)))
-                pos, part = route.dest[j0:j1] - g0 * c, index[g0:g1]
-            packed = x.new_zeros(((g1 - g0) * c, *x.shape[1:])).index_copy_(0, pos, x[j0:j1])
+                part = index[g0:g1]
+                if route.order is None:
+                    pos, xs = route.dest[j0:j1] - g0 * c, x[j0:j1]
+                else:
+                    rows = route.order[j0:j1]
+                    pos, xs = route.dest.index_select(0, rows) - g0 * c, x.index_select(0, rows)
+            packed = x.new_zeros(((g1 - g0) * c, *x.shape[1:])).index_copy_(0, pos, xs)
             h, up = _factors(packed, module, adapter, part, g1 - g0, out.dtype)
-            del packed
+            del packed, xs
             delta = torch.bmm(h, up).reshape((g1 - g0) * c, *out.shape[1:]).index_select(0, pos)
             if block == k:
                 out.add_(delta)
-            else:
+            elif rows is None:
                 out[j0:j1] += delta
+            else:
+                out.index_add_(0, rows, delta)
         return out
 
 

@@ -36,6 +36,29 @@ defaults to ``split=False`` (the seed README's ``(P*b, ...)``); the ES
 individuals default to ``split=True`` (torcheggroll's ``(N, b, ...)``): the
 same implementation, a different default.
 
+Batch-first inputs: keyword arguments named in :data:`NOT_BATCH_FIRST`
+(``cache_position``, ``(T,)`` in Hugging Face models) and 0-d tensors are
+never batch-first; the batch size ``n`` is the largest leading dim of the
+other tensor inputs, and a tensor leading with 1 while ``n > 1`` (e.g.
+``position_ids (1, T)``) broadcasts over the batch. Only batch-first tensors
+are expanded or permuted; the others are passed unchanged; any other leading
+dim raises ("tensor inputs disagree on the batch size").
+
+KV caches: ``individuals=`` in any order is normally run with the rows
+grouped by id (one permutation of the inputs, undone on the tensor outputs).
+A cache object (``past_key_values=``) is opaque to that permutation, so when
+a cache is passed or made (``past_key_values`` / ``cache`` given,
+``use_cache=True``, or ``model.config.use_cache`` true: Hugging Face
+models) the rows stay in input order and each target packs its rows by id
+instead: the returned cache is in input order, and a decode loop keeps ids
+and cache together by reordering both the same way (``ids[keep]`` and
+``cache.batch_select_indices(keep)``).
+
+``route()`` / ``generate()`` (:class:`RoutedModel`): a ``with pop.route(...)``
+block routes every forward of the model made inside it (no broadcast: each
+forward sees ``k`` times the routed rows, HF's ``(b k)`` expansion);
+``generate`` runs one ``model.generate`` call in such a block.
+
 Ids may be Python ints, NumPy integers or integer tensors (``individuals``
 also a NumPy array). An empty batch routes in every layout and gives
 ``(0, ..)`` outputs, as the base model does.
@@ -54,7 +77,7 @@ from .checks import check_bool, check_index
 from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError, RouteError
 from .router import Adapter, Route, Router, _Origin, gather_budget
 
-__all__ = ["Adapter", "Route", "RouteRequest", "RoutedModel", "Router", "RoutingTarget", "gather_budget",
+__all__ = ["NOT_BATCH_FIRST", "Adapter", "Route", "RouteRequest", "RoutedModel", "Router", "RoutingTarget", "gather_budget",
            "map_tensors", "parse_route", "routed_call", "run_route"]
 
 
@@ -175,10 +198,11 @@ def run_route(target: RoutingTarget, request: RouteRequest, args: tuple, kwargs:
     if device is not None and any(t.device != device for t in leaves):
         non_blocking = device.type == "cuda"  # host -> device only: a device -> host copy must be synchronous
         args, kwargs = map_tensors((args, kwargs), lambda t: t.to(device, non_blocking=non_blocking))
+        leaves = _leaves((args, kwargs))
     if individual is None and ids is None and not all_individuals:
         return model(*args, **kwargs)
 
-    n_in = _batch_size(leaves)
+    n_in, on_batch = _batch_first(leaves, kwargs)
     dev = device if device is not None else leaves[0].device
     perm = None
     times, how = 1, ""  # the route's rows are `times` copies of the user's batch
@@ -186,7 +210,7 @@ def run_route(target: RoutingTarget, request: RouteRequest, args: tuple, kwargs:
         route = Route(n=n_in, groups=1, chunk=n_in, index=slice(individual, individual + 1))
     elif all_individuals:
         if (n_in == 1 and not request.per_individual) or request.broadcast:
-            args, kwargs = _expand((args, kwargs), num)
+            args, kwargs = _expand((args, kwargs), num, on_batch)
             route = Route(n=num * n_in, groups=num, chunk=n_in)
             times, how = num, f"the whole batch for each of {num} individuals"
         elif n_in % num == 0:
@@ -201,7 +225,7 @@ def run_route(target: RoutingTarget, request: RouteRequest, args: tuple, kwargs:
         m = ids.size
         expand = (n_in == 1 and not request.per_individual) or request.broadcast  # each id sees the whole batch
         if expand:
-            args, kwargs = _expand((args, kwargs), m)
+            args, kwargs = _expand((args, kwargs), m, on_batch)
             times, how = m, f"the whole batch for each of {m} ids"
         elif n_in % m if m else n_in:  # one id per row, or rows divisible by the ids (0 ids fit 0 rows)
             raise RouteError(
@@ -209,14 +233,15 @@ def run_route(target: RoutingTarget, request: RouteRequest, args: tuple, kwargs:
                 f"row, a batch divisible by {m} (split (p b)), or `broadcast=True`"
             )
         repeats = n_in if expand else n_in // m if m else 0
-        key = (ids.dtype, ids.tobytes(), repeats, num, dev)
+        keep = _keeps_order(model, kwargs)
+        key = (ids.dtype, ids.tobytes(), repeats, num, dev, keep)
         if router.last_plan is not None and router.last_plan[0] == key:  # same rows as last call (env loops)
             route, perm = router.last_plan[1]
         else:
-            route, perm = _plan(np.repeat(_check_range(ids, num), repeats), num, dev)
+            route, perm = _plan(np.repeat(_check_range(ids, num), repeats), num, dev, keep_order=keep)
             router.last_plan = (key, (route, perm))
         if perm is not None:  # group rows by id once for the whole forward; unsorted once at the end
-            args, kwargs = map_tensors((args, kwargs), lambda t: t.index_select(0, perm) if t.dim() else t)
+            args, kwargs = map_tensors((args, kwargs), lambda t: t.index_select(0, perm) if on_batch(t) else t)
 
     origin = _Origin(n_in, leaves, times, how)
     try:
@@ -271,8 +296,10 @@ class RoutedModel:
     when it evaluates some individuals another way, overrides
     :meth:`_run_route`; the routing arguments, their checks and the layouts
     (module docstring) are this class's, so every routed model takes the
-    same arguments and returns the same layouts. The LLM front end
-    (``route()`` / ``generate()``) goes here.
+    same arguments and returns the same layouts. The LLM front end is here
+    too: :meth:`route` (a block routing every forward made inside it) and
+    :meth:`generate` (one ``model.generate`` call for a population); their
+    implementation is in :mod:`populora.llm` (imported on first use).
     """
 
     def _routing_target(self) -> RoutingTarget:
@@ -288,6 +315,81 @@ class RoutedModel:
 
     def _run_route(self, target: RoutingTarget, request: RouteRequest, args: tuple, kwargs: dict) -> Any:
         return run_route(target, request, args, kwargs)
+
+    def _block_target(self) -> RoutingTarget:
+        """The target of a ``route()`` block / ``generate()``, after the object's own liveness check."""
+        for check in ("_check_alive", "_check_current"):  # Population: not merged; ES individuals: not stale
+            if callable(fn := getattr(self, check, None)):
+                fn()
+        if getattr(self, "_fallback", None) is not None:  # ES individuals with unroutable perturbed parameters
+            raise RouteError("route() / generate() need every evolved parameter routed (nn.Linear / nn.Embedding): "
+                             "this ES also perturbs parameters evaluated by the per-individual fallback; "
+                             "freeze them (e.g. norm weights) to generate")
+        return self._routing_target()
+
+    def route(self, *, individual: Any = None, individuals: Any = None, all_individuals: bool = False) -> Any:
+        """A block routing every forward of the model made inside it: ``with pop.route(individuals=ids) as route:``.
+
+        Every forward reaching a target layer inside the block
+        (``model.generate``, a decode loop, a value head) must see ``k`` times
+        the routed rows (``k = 1``, or the ``(b k)`` expansion of
+        ``num_return_sequences`` / beams): ``individuals=ids`` routes row ``j``
+        to ``ids[j]``; ``all_individuals=True`` is ``individuals=range(P)``
+        (a batch laid out ``(p b)`` is its ``b``-fold expansion);
+        ``individual=i`` routes any number of rows to ``i``. Rows are never
+        permuted, so a KV cache stays in the caller's order. A loop that drops
+        or reorders rows calls ``route.select_(rows)`` and reorders its cache
+        the same way (:mod:`populora.llm.route` has an example). The block undoes
+        the routing on exit, even on error; blocks do not nest, and the
+        routed model cannot be called inside one.
+
+        Returns:
+            a :class:`~populora.llm.route.RouteBlock` (a context manager).
+
+        Raises:
+            RouteError: no or conflicting routing arguments; on entry, another routed
+                forward already running on the model; inside, a forward whose row
+                count is not ``k`` times the routed rows (both named).
+            InvalidIndexError: an id out of ``[0, P)``.
+        """
+        from .llm.route import RouteBlock
+
+        target = self._block_target()
+        request = parse_route(target.num, individual=individual, individuals=individuals,
+                              all_individuals=all_individuals)
+        return RouteBlock(target, request)
+
+    def generate(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, individual: Any = None,
+                 individuals: Any = None, all_individuals: bool = False, generator: torch.Generator | None = None,
+                 split: bool = False, **generate_kwargs: Any) -> Any:
+        """ONE ``model.generate`` call for the whole population, every prompt row routed to its individual.
+
+        Args:
+            input_ids: ``(b, T)`` prompts (left padded, with ``attention_mask``).
+            attention_mask: ``(b, T)`` or ``None``.
+            individual: every prompt through individual ``i``.
+            individuals: ``(b,)`` one id per prompt row (any order, repeats allowed).
+            all_individuals: every individual gets every prompt: rows ``(p b)``.
+            generator: makes sampling reproducible from its seed (the global RNG is forked, not advanced).
+            split: with ``all_individuals``, outputs ``(p, b*k, ...)`` instead of ``(p b k, ...)``.
+            **generate_kwargs: for ``model.generate`` (``max_new_tokens``, ``do_sample``,
+                ``num_beams``, ``num_return_sequences``, ``return_dict_in_generate``, ...).
+
+        Returns:
+            What ``model.generate`` returns, rows ``(b k)`` in prompt order
+            (``k = num_return_sequences``), or ``(p b k)`` with ``all_individuals``.
+            See :func:`populora.llm.generate.generate`.
+
+        Raises:
+            RouteError: no routing argument, or ``individuals=`` with other than one id per row.
+        """
+        from .llm.generate import generate
+
+        target = self._block_target()
+        request = parse_route(target.num, individual=individual, individuals=individuals,
+                              all_individuals=all_individuals)
+        return generate(target, request, input_ids, attention_mask, generator=generator, split=split,
+                        **generate_kwargs)
 
 
 # ----------------------------------------------------------------------------
@@ -319,14 +421,50 @@ def _leaves(obj: Any) -> list[Tensor]:
     return found
 
 
-def _batch_size(leaves: list[Tensor]) -> int:
-    sizes = {t.shape[0] for t in leaves if t.dim() > 0}
+NOT_BATCH_FIRST = frozenset({"cache_position"})
+"""Keyword arguments never batch-first (Hugging Face's ``cache_position`` is ``(T,)``): passed unchanged."""
+
+_CACHE_KWARGS = ("past_key_values", "cache")
+
+
+def _batch_first(leaves: list[Tensor], kwargs: dict) -> tuple[int, Callable[[Tensor], bool]]:
+    """The batch size ``n`` of a routed forward's inputs, and which tensor inputs are batch-first.
+
+    The rule (module docstring, "Batch-first inputs"): keyword arguments named
+    in :data:`NOT_BATCH_FIRST` and 0-d tensors are not batch-first; ``n`` is
+    the largest leading dim of the other tensors; of those, a tensor leading
+    with 1 while ``n > 1`` (e.g. ``position_ids (1, T)``) broadcasts over the
+    batch and is not batch-first either; any other leading dim than ``n``
+    raises. Only batch-first tensors are expanded or permuted.
+    """
+    skip = {id(t) for name in NOT_BATCH_FIRST if isinstance(t := kwargs.get(name), Tensor)}
+    sizes = {t.shape[0] for t in leaves if t.dim() > 0 and id(t) not in skip}
     if not sizes:
         raise RouteError("a routed forward needs at least one tensor input with a leading batch dimension")
-    if len(sizes) > 1:
+    n = max(sizes)
+    if len(sizes - {1}) > 1:
         raise RouteError(f"tensor inputs disagree on the batch size (leading dims {sorted(sizes)}); "
-                         "every tensor input of a routed forward must have the batch first")
-    return sizes.pop()
+                         "every tensor input of a routed forward must have the batch first (or lead with 1 "
+                         f"to broadcast over it, or be one of the keywords {sorted(NOT_BATCH_FIRST)})")
+    if not skip and len(sizes) == 1:
+        return n, lambda t: t.dim() > 0
+    return n, lambda t: t.dim() > 0 and t.shape[0] == n and id(t) not in skip
+
+
+def _keeps_order(model: nn.Module, kwargs: dict) -> bool:
+    """Whether an ``individuals=`` forward keeps its rows in input order (a KV cache may be in play).
+
+    True when a cache is passed (``past_key_values=`` / ``cache=``), or one
+    is made (``use_cache=True``, or unset with ``model.config.use_cache``
+    true: Hugging Face models). A cache is an object the routed forward
+    cannot see into, so its rows must stay where the caller has them.
+    """
+    if any(kwargs.get(name) is not None for name in _CACHE_KWARGS):
+        return True
+    use = kwargs.get("use_cache")
+    if use is None:
+        use = getattr(getattr(model, "config", None), "use_cache", False)
+    return bool(use is True)
 
 
 def _host_ids(ids: Any) -> np.ndarray:
@@ -359,9 +497,11 @@ def _check_range(ids: np.ndarray, num: int) -> np.ndarray:
     return ids.astype(np.int64, copy=False)
 
 
-def _plan(row_ids: np.ndarray, num: int, device: torch.device) -> tuple[Route, Tensor | None]:
+def _plan(row_ids: np.ndarray, num: int, device: torch.device, keep_order: bool = False,
+          ) -> tuple[Route, Tensor | None]:
     """Route for rows owned by ``row_ids`` (any order, each in ``[0, num)``) and the permutation that
-    groups them by id."""
+    groups them by id (``None`` when sorted, or with ``keep_order``: the route then takes the rows in
+    input order, each target packing them by id)."""
     n = row_ids.size
     if n == 0:
         return Route(n=0, groups=0, chunk=0), None
@@ -369,6 +509,13 @@ def _plan(row_ids: np.ndarray, num: int, device: torch.device) -> tuple[Route, T
     if (row_ids[1:] < row_ids[:-1]).any():
         perm = np.argsort(row_ids, kind="stable")
         row_ids = row_ids[perm]
+        if keep_order:
+            route, _ = _plan(row_ids, num, device)
+            dest = route.dest_host if route.dest is not None else np.arange(n)
+            unsorted = np.empty_like(dest)
+            unsorted[perm] = dest  # row perm[j] sits at position dest[j] of the sorted layout
+            return route._replace(dest=torch.from_numpy(unsorted).to(device, non_blocking=True), dest_host=dest,
+                                  order=torch.from_numpy(perm).to(device, non_blocking=True)), None
     starts = np.flatnonzero(row_ids[1:] != row_ids[:-1]) + 1
     starts = np.concatenate(([0], starts))  # first row of each id's group
     counts = np.concatenate((starts[1:], [n])) - starts
@@ -393,7 +540,7 @@ def _plan(row_ids: np.ndarray, num: int, device: torch.device) -> tuple[Route, T
 
 
 
-def _expand(inputs: Any, times: int) -> Any:
-    """Repeat every tensor leaf ``times`` times along the batch: ``(b, ..) -> ((times b), ..)``."""
+def _expand(inputs: Any, times: int, on_batch: Callable[[Tensor], bool] = lambda t: t.dim() > 0) -> Any:
+    """Repeat every batch-first tensor leaf ``times`` times along the batch: ``(b, ..) -> ((times b), ..)``."""
     return map_tensors(inputs, lambda t: t.unsqueeze(0).expand(times, *t.shape).reshape(times * t.shape[0], *t.shape[1:])
-                if t.dim() else t)
+                if on_batch(t) else t)
