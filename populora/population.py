@@ -26,6 +26,7 @@ from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError, Spen
 from .fitness import NAN_POLICIES
 from .genetic import Evolvable
 from .operators.selection import SelectionResult
+from .population_io import AdapterIO
 from .population_state import Checkpointing
 from .routing import RoutedModel, Router, RoutingTarget
 from .stats import GenerationStats
@@ -34,7 +35,7 @@ from .targets import find_targets, layer_dims
 __all__ = ["Population", "SelectionResult"]
 
 
-class Population(Checkpointing, nn.Module, RoutedModel, Evolvable):
+class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
     """A population of ``pop_size`` individuals: rank-``low_rank`` adapters on shared layers.
 
     Args:
@@ -106,6 +107,10 @@ class Population(Checkpointing, nn.Module, RoutedModel, Evolvable):
     state: loading another population's state dict resumes its run bit for
     bit; the load is all or nothing), ``save(path)`` / ``load(path)`` /
     :meth:`from_checkpoint` for files, which hold no base model.
+
+    Adapters in and out (:class:`~populora.population_io.AdapterIO`):
+    :meth:`set_factors_` overwrites one individual, :meth:`to_peft` /
+    :meth:`load_peft_` write / read one individual as a PEFT LoRA adapter.
     """
 
     def __init__(

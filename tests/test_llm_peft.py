@@ -457,3 +457,66 @@ def test_non_strict_loads_what_matches(tmp_path):
         else:
             assert torch.equal(d[2], d0[0]) and torch.equal(u[2], u0[0])
         assert torch.equal(d[[0, 1, 3]], d0[[0, 1, 3]]) and torch.equal(u[[0, 1, 3]], u0[[0, 1, 3]])
+
+
+# ------------------------------------------------------------------- Population's thin methods
+
+def test_population_methods_delegate_to_populora_llm(tmp_path):
+    pop = _population(BLOCK)
+    before = _snapshot(pop)
+    folder = pop.to_peft(3, tmp_path / "m", base_model_name_or_path="tiny")
+    assert folder == tmp_path / "m"
+    assert json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"] == "tiny"
+    x = _tokens()
+    with torch.no_grad():
+        expected = pop(x, individual=3).logits
+    assert (_peft_logits(folder, x) - expected).abs().max() < TOL
+    pop.load_peft_(1, folder)
+    for (d, u), (d0, u0) in zip(pop.factors(), before):
+        assert torch.equal(d[1], d0[3]) and torch.equal(u[1], u0[3])
+        assert torch.equal(d[0], d0[0]) and torch.equal(u[2:], u0[2:])
+    with pytest.raises(InvalidValueError, match="does not fit the population's targets"):
+        _population(ATTN).load_peft_(0, folder)
+    pop_loose = _population(ATTN)
+    pop_loose.load_peft_(0, folder, strict=False)
+    assert all(torch.equal(d[0], d0[3]) for (d, _), (d0, _) in zip(pop_loose.factors(), [
+        (b[0], b[1]) for n, b in zip(pop.target_names, before) if n in pop_loose.target_names]))
+
+
+def test_set_factors_writes_one_individual_and_checks_first():
+    pop = _population(ATTN, low_rank=4)
+    before = _snapshot(pop)
+    new = [(torch.full_like(d[0], 0.5, dtype=torch.float64), torch.full_like(u[0], -0.25)) for d, u in pop.factors()]
+    pop.set_factors_(2, new)
+    for (d, u), (d0, u0) in zip(pop.factors(), before):
+        assert d.dtype == torch.float32 and torch.equal(d[2], torch.full_like(d[2], 0.5))
+        assert torch.equal(u[2], torch.full_like(u[2], -0.25))
+        assert torch.equal(d[[0, 1, 3]], d0[[0, 1, 3]]) and torch.equal(u[[0, 1, 3]], u0[[0, 1, 3]])
+    snap = _snapshot(pop)
+    name = pop.target_names[1]
+    d_shape = tuple(pop.factors()[1].down.shape[1:])
+    bad_shape = list(new)
+    bad_shape[1] = (torch.zeros(d_shape[0], d_shape[1] + 1), new[1][1])
+    bad_nan = list(new)
+    bad_nan[-1] = (new[-1][0], torch.full_like(new[-1][1], float("nan")))
+    cases = [
+        (InvalidValueError, "one \\(down, up\\) pair per target \\(4\\), got 3", new[:3]),
+        (InvalidValueError, f"down of '{name}' must have shape \\({d_shape[0]}, {d_shape[1]}\\), got", bad_shape),
+        (InvalidValueError, "holds non-finite values", bad_nan),
+        (InvalidTypeError, "must be floating point, got torch.int64", [(d.long(), u) for d, u in new]),
+        (InvalidTypeError, "must be a \\(down, up\\) pair of tensors", [d for d, _ in new]),
+        (InvalidTypeError, "must be a sequence of \\(down, up\\) pairs", torch.zeros(3)),
+        (InvalidIndexError, r"`individual` must be an id in \[0, 4\), got 4", None),
+    ]
+    for error, match, value in cases:
+        with pytest.raises(error, match=match):
+            pop.set_factors_(4 if value is None else 0, new if value is None else value)
+        assert _same(pop, snap)
+
+
+def test_set_factors_stays_out_of_autograd():
+    pop = Population(_llama(), pop_size=2, low_rank=2, lora_targets=ATTN, requires_grad=True, init_scale=1.0)
+    pop.set_factors_(0, [(d[1].detach(), u[1].detach()) for d, u in pop.factors()])
+    loss = pop(_tokens(), individual=0).logits.square().mean()
+    loss.backward()
+    assert all(p.grad is not None for p in pop.parameters() if p.requires_grad)

@@ -50,7 +50,6 @@ from torch import Tensor, nn
 
 from ..checks import check_bool, check_index
 from ..errors import CheckpointError, InvalidTypeError, InvalidValueError
-from ..operators import Factors
 
 __all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "load_peft_", "to_peft"]
 
@@ -312,23 +311,22 @@ def load_peft_(pop: Any, individual: int, path: str | Path, *, strict: bool = Tr
     new = []
     for name, (down, up) in zip(pop.target_names, factors):
         embedding, (d, r_t), (e, _) = targets[name]
-        fresh_down = torch.zeros(1, d, r_t, dtype=down.dtype, device=down.device)
-        fresh_up = torch.zeros(1, e, r_t, dtype=up.dtype, device=up.device)
+        fresh_down = torch.zeros(d, r_t, dtype=down.dtype, device=down.device)
+        fresh_up = torch.zeros(e, r_t, dtype=up.dtype, device=up.device)
         if name in found:
             a, b = found[name]
             lora_a, lora_b = tensors[a], tensors[b]
             rank = _check_pair(where, name, a, b, lora_a, lora_b, d, e, r_t, embedding)
             scaling = _scaling(config, name, rank, where)
             wide = torch.promote_types(lora_b.dtype, torch.float32)
-            fresh_down[0, :, :rank] = lora_a.T.to(device=down.device, dtype=down.dtype)
-            fresh_up[0, :, :rank] = (lora_b.to(wide) * scaling).to(device=up.device, dtype=up.dtype)
+            fresh_down[:, :rank] = lora_a.T.to(device=down.device, dtype=down.dtype)
+            fresh_up[:, :rank] = (lora_b.to(wide) * scaling).to(device=up.device, dtype=up.dtype)
             if not (torch.isfinite(fresh_down).all() and torch.isfinite(fresh_up).all()):
                 raise InvalidValueError(f"{where}: the adapter of {name!r} holds non-finite values "
                                         f"(in {a!r} or {b!r}, or after scaling by {scaling} into {up.dtype})")
         new.append((fresh_down, fresh_up))
 
-    with torch.no_grad():  # autograd-safe in-place copies, as the population's own operators write
-        pop._write(torch.tensor([i], device=pop.device), [Factors(d, u) for d, u in new])
+    pop.set_factors_(i, new)
 
 
 def _read_config(path: Path) -> dict[str, Any]:
