@@ -353,7 +353,7 @@ class Coevolve(Snapshot):
             "names": list(self._members),
             "generation": self.generation,
             "populations": {name: _snapshot(m.population, cpu=True) for name, m in self._members.items()},
-            "history": {name: [list(s) for s in h] for name, h in self.history.items()},
+            "history": {name: [list(s)[:4] for s in h] for name, h in self.history.items()},
             "hall_of_fame": None if self.hall_of_fame is None else self.hall_of_fame.state_dict(),
         }
 

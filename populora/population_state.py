@@ -291,7 +291,7 @@ class Checkpointing:
             "generation": self.generation,
             "eval_seed": self.eval_seed,
             "weight_scales": list(self.weight_scales),
-            "history": [list(s) for s in self.history],
+            "history": [list(s)[:4] for s in self.history],  # generation, best, mean, std
         }
 
     def set_extra_state(self, state: Any) -> None:
