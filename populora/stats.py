@@ -22,9 +22,16 @@ class GenerationStats(NamedTuple):
             ``None`` where the history does not record it. Defaulted, so
             ``GenerationStats(g, best, mean)`` and unpacking the first three
             fields keep working.
+        validated: the generation's best score on the run's validation
+            episodes (``evolve_with_env``), or ``None`` where not validated.
+        env_steps: env steps the run had taken by the end of this
+            generation (all ranks, validation included), or ``None`` where
+            not counted.
     """
 
     generation: int
     best: float
     mean: float
     std: float | None = None
+    validated: float | None = None
+    env_steps: int | None = None

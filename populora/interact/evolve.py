@@ -1,37 +1,55 @@
 """evolve_with_env: evolve a model against an environment in one call.
 
-Each generation: evaluate every individual (:meth:`EnvInteractor.evaluate`),
-record ``GenerationStats(generation, best, mean, std)``, stop if the best
-reached ``target_fitness`` or this was the last generation, otherwise
-``evolve_`` and write a checkpoint. The best individual of the last evaluated
-generation is merged into the model and returned. Higher fitness is better.
+Each generation: evaluate every individual on training episodes, validate
+the top candidates on the run's fixed validation episodes, record
+``GenerationStats(generation, best, mean, std, validated, env_steps)``, call
+the ``callback``, stop if the best validated score reached ``target_fitness``
+(or the env-step budget is spent, or this was the last generation), otherwise
+evolve and write a checkpoint. The champion (the best validated individual of
+the run) is returned. The loops are in :mod:`populora.interact.generations`.
+Higher fitness is better.
 """
 
 from __future__ import annotations
 
-import copy
 import difflib
 import inspect
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from ..checkpoint import atomic_save, load_checkpoint
-from ..checks import check_float, check_int
-from ..distributed import checksum, is_main_rank, world_size
+from ..checkpoint import load_checkpoint
+from ..checks import check_float, check_int, check_one_of
+from ..distributed import checksum, world_size
 from ..errors import CheckpointError, InvalidTypeError, InvalidValueError
 from ..population import Population
 from ..stats import GenerationStats
 from .actions import ActionFn
+from .champion import Validator
 from .envs import DEFAULT_NUM_ENVS, is_factory
+from .es_env import make_es
+from .generations import GenerationInfo, Run, run_es, run_ga, snapshot_population
 from .interactor import EnvInteractor, interact_with_env
+from .schedule import EPISODE_SEEDINGS
 
-__all__ = ["CHECKPOINT_NAME", "EvolveResult", "evolve_with_env"]
+__all__ = ["ALGORITHMS", "CHECKPOINT_NAME", "DEFAULT_EPISODE_SEEDING", "DEFAULT_VALIDATION_EPISODES",
+           "DEFAULT_VALIDATION_TOP", "EvolveResult", "GenerationInfo", "evolve_with_env"]
+
+ALGORITHMS = ("ga", "es")
+"""``algorithm``: the genetic algorithm over a LoRA population, or EggRoll ES (:class:`~populora.EggrollES`)."""
+
+DEFAULT_EPISODE_SEEDING = "independent"
+"""Default ``episode_seeding`` (chosen by measurement, see the README's environment results)."""
+
+DEFAULT_VALIDATION_EPISODES = 5
+"""Default ``validation_episodes``: validation episodes per candidate."""
+
+DEFAULT_VALIDATION_TOP = 2
+"""Default ``validation_top``: candidates (highest training fitness) validated per generation."""
 
 CHECKPOINT_NAME = "evolve_with_env.pt"
 _FORMAT = "populora.evolve_with_env/2"
@@ -50,19 +68,6 @@ class EvolveResult(NamedTuple):
 
     policy: nn.Module
     history: list[GenerationStats]
-
-
-@dataclass(frozen=True)
-class _Run:
-    """The checked options of one call, grouped as the docstring of :func:`evolve_with_env` groups them."""
-
-    num_generations: int
-    target_fitness: float | None
-    progress: bool
-    episodes: dict[str, Any]  # EnvInteractor.evaluate's: action, horizon, num_episodes, fitness, to_range
-    evolve: dict[str, Any]  # Population.evolve_'s
-    checkpoint: Path | None
-    resume: bool
 
 
 def evolve_with_env(
@@ -90,14 +95,48 @@ def evolve_with_env(
     num_envs: int | None = None,
     device: str | torch.device | None = None,
     population_kwargs: dict[str, Any] | None = None,
+    algorithm: str = "ga",
+    es_kwargs: dict[str, Any] | None = None,
+    episode_seeding: str = DEFAULT_EPISODE_SEEDING,
+    validation_episodes: int = DEFAULT_VALIDATION_EPISODES,
+    validation_top: int = DEFAULT_VALIDATION_TOP,
+    callback: Callable[[GenerationInfo], Any] | None = None,
+    max_env_steps: int | None = None,
 ) -> EvolveResult:
-    """Evolve ``model`` against ``envs`` with a LoRA population and return the best policy.
+    """Evolve ``model`` against ``envs`` and return the best validated policy.
 
-    Higher fitness is better: by default the fitness of an individual is the
-    mean return of its ``num_episodes`` episodes (common random numbers: all
-    individuals of a generation meet the same episodes). Under torchrun each
+    Higher fitness is better: the training fitness of an individual is the
+    mean return of its ``num_episodes`` episodes (``episode_seeding``
+    decides whether individuals meet the same episodes). Under torchrun each
     rank plays its share of individuals on its own envs; every rank evolves
     in lockstep and returns the same policy.
+
+    **Validated champions.** After each generation's training episodes the
+    ``validation_top`` individuals with the highest training fitness replay
+    ``validation_episodes`` validation episodes: a FIXED set of reset seeds
+    drawn from the run's own stream (reproducible from ``seed``, apart from
+    the training episodes and from the fresh episodes of
+    :meth:`~populora.EnvInteractor.play`), the same every generation. The
+    returned policy is the best validated individual of the whole run (with
+    the observation normaliser of its own generation), and ``target_fitness``
+    stops the run once a validated mean reaches it, never on one lucky
+    training episode. Validation steps count in ``env_steps`` and
+    ``max_env_steps``; an individual carried over unchanged is not replayed.
+    With a custom ``fitness=fn`` the same rule applies to what ``fn`` returns
+    with ``population.eval_seed`` set to the run's validation seed (fixed for
+    the run; ``fn`` is then called on the whole population and the top
+    candidates' values are their validated scores). ``validation_episodes=0``
+    turns validation off (the 0.1 rule: the best of the last generation is
+    returned, ``target_fitness`` judges the training best).
+
+    ``algorithm='es'`` runs EggRoll ES (:class:`~populora.EggrollES`) instead
+    of the genetic algorithm: ``pop_size`` individuals (even: antithetic
+    pairs) perturb the whole model with rank-``low_rank`` noise and play as
+    a population's individuals do; the update uses centred ranks and
+    ``torch.optim.Adam`` (``es_kwargs``: ``sigma=0.1``, ``lr=0.03``,
+    ``optimizer=``, any other EggrollES argument). The validated individual
+    is the ES's centre (its unperturbed model), and the policy returned is
+    the best validated centre.
 
     The arguments, by group (the first twelve are the 0.1 signature, in order):
 
@@ -105,8 +144,11 @@ def evolve_with_env(
       ``lora_targets``, ``seed``, and ``population_kwargs`` for the rest of
       the Population's arguments;
     * how long: ``num_generations``, ``target_fitness``;
-    * the episodes: ``action``, ``horizon``, ``num_episodes``, ``to_range``,
-      or a custom ``fitness`` instead;
+    * which algorithm: ``algorithm`` (``'ga'``, ``'es'``), ``es_kwargs``;
+    * how long: ``max_env_steps``, ``callback`` (custom stopping);
+    * the episodes: ``action``, ``horizon``, ``num_episodes``,
+      ``episode_seeding``, ``to_range``, or a custom ``fitness`` instead;
+    * validation: ``validation_episodes``, ``validation_top``;
     * the environments: ``num_envs``, ``flatten_obs``, ``normalize_obs``, ``device``;
     * the evolution step: ``evolve_kwargs``;
     * checkpoints: ``checkpoint_dir``, ``resume``;
@@ -124,8 +166,9 @@ def evolve_with_env(
         horizon: maximum steps of one episode (``None``: until the env ends it).
         seed: seeds the population (adapters, operators, episode seeds).
         progress: tqdm bar over generations with best / mean fitness (main rank).
-        target_fitness: stop after the first generation whose best fitness
-            reaches it.
+        target_fitness: stop after the first generation where the best
+            validated score of the run reaches it (the training best with
+            ``validation_episodes=0``).
         return_history: ``True`` (the default): the result is
             ``EvolveResult(policy, history)``. Deprecated ``False`` returns the
             policy alone, with a ``DeprecationWarning``; from the next release
@@ -139,7 +182,7 @@ def evolve_with_env(
             needed: it is checked by checksum).
         evolve_kwargs: keyword arguments of ``Population.evolve_``
             (``survive_frac``, ``elite_frac``, ``mutation_type``, ``epsilon``, ...).
-        num_episodes: episodes per individual and generation.
+        num_episodes: training episodes per individual and generation.
         fitness: custom fitness instead of the episode return, in any of the
             three signatures (``fn(population, individuals=...)``,
             ``fn(population, idx)``, ``fn(population)``).
@@ -155,12 +198,36 @@ def evolve_with_env(
         population_kwargs: more Population arguments (``init_scale``,
             default 1.0 here so that individuals act differently from the
             start; ``nan_policy``; ``dtype``; ...).
+        algorithm: ``'ga'`` (the default: the genetic algorithm over a LoRA
+            population) or ``'es'`` (EggRoll ES, see above).
+        es_kwargs: with ``algorithm='es'``: ``sigma`` (0.1), ``lr`` (0.03,
+            Adam's), ``optimizer`` (replaces Adam), ``fitness_shaping``
+            (``'centered_rank'``) and any other :class:`~populora.EggrollES`
+            argument.
+        episode_seeding: ``'independent'`` (the default: every individual
+            meets its own training episodes; with ES each antithetic pair its
+            own) or ``'common'`` (common random numbers: all individuals of a
+            generation meet the same ones). Chosen by measurement (README).
+        validation_episodes: validation episodes per candidate (default
+            :data:`DEFAULT_VALIDATION_EPISODES`, 5; ``0``: no validation).
+        validation_top: candidates validated per generation (default
+            :data:`DEFAULT_VALIDATION_TOP`, 2; the ES validates its centre).
+        callback: ``callback(info)`` after every generation, ``info`` a
+            :class:`~populora.interact.generations.GenerationInfo` (stats,
+            history, fitnesses, champion score, the population or ES, the
+            interactor): for logging, custom stopping (return ``True`` to
+            stop) or periodic checkpoints. Called on every rank.
+        max_env_steps: stop after the first generation at which the run has
+            taken this many env steps (all ranks, validation included).
 
     Returns:
         ``EvolveResult(policy, history)``: a named tuple, so
         ``policy, history = evolve_with_env(...)`` unpacks it; ``history``
-        holds one ``GenerationStats(generation, best, mean, std)`` per
-        evaluated generation (``std`` with ``correction=0``).
+        holds one ``GenerationStats(generation, best, mean, std, validated,
+        env_steps)`` per evaluated generation: training best / mean / std
+        (``correction=0``), the generation's best validated score (``None``
+        without validation) and the run's env steps so far (all ranks,
+        validation included).
 
     Raises:
         InvalidValueError / InvalidTypeError: bad arguments, including
@@ -176,9 +243,20 @@ def evolve_with_env(
         warnings.warn("`evolve_with_env(return_history=False)` is deprecated: it returns the policy alone for now, "
                       "and from the next release the result is always EvolveResult(policy, history); use "
                       "`evolve_with_env(...).policy`", DeprecationWarning, stacklevel=2)
+    algorithm = check_one_of("algorithm", algorithm, ALGORITHMS)
     run = _check_options(num_generations, target_fitness, progress, checkpoint_dir, resume, evolve_kwargs,
                          population_kwargs, dict(action=action, horizon=horizon, num_episodes=num_episodes,
-                                                 fitness=fitness, to_range=to_range))
+                                                 fitness=fitness, to_range=to_range),
+                         dict(seed=seed, episode_seeding=episode_seeding, validation_episodes=validation_episodes,
+                              validation_top=validation_top, callback=callback, max_env_steps=max_env_steps))
+    if algorithm == "es":
+        bad = [name for name, value in (("fitness", fitness), ("evolve_kwargs", evolve_kwargs),
+                                        ("population_kwargs", population_kwargs)) if value is not None]
+        if bad:
+            raise InvalidValueError(f"`algorithm='es'` plays episodes with EggrollES and does not take `{bad[0]}` "
+                                    "(ES options go in `es_kwargs`; a custom fitness goes to EggrollES.step(fitness=fn))")
+    elif es_kwargs is not None:
+        raise InvalidValueError("`es_kwargs` needs `algorithm='es'`")
     if num_envs is None and is_factory(envs):
         share = -(-check_int("pop_size", pop_size, low=1) // max(1, world_size()))
         num_envs = min(share, DEFAULT_NUM_ENVS)
@@ -186,13 +264,17 @@ def evolve_with_env(
     interactor = interact_with_env(envs, device, num_envs=num_envs, flatten_obs=flatten_obs,
                                    normalize_obs=normalize_obs)
     try:
-        population = interactor.population(model, pop_size, low_rank, lora_targets, seed=seed,
-                                           **(population_kwargs or {}))
-        try:
-            merged, history = _evolve(population, interactor, run)
-        except BaseException:
-            population.close()  # the user's model comes back unwrapped, its requires_grad flags restored
-            raise
+        if algorithm == "es":
+            merged, history = _evolve_es(model, pop_size, low_rank, lora_targets, device, es_kwargs,
+                                         interactor, run)
+        else:
+            population = interactor.population(model, pop_size, low_rank, lora_targets, seed=seed,
+                                               **(population_kwargs or {}))
+            try:
+                merged, history = _evolve(population, interactor, run)
+            except BaseException:
+                population.close()  # the user's model comes back unwrapped, its requires_grad flags restored
+                raise
         policy = interactor.wrap_policy(merged)
     finally:
         interactor.close()
@@ -200,8 +282,8 @@ def evolve_with_env(
 
 
 def _check_options(num_generations: Any, target_fitness: Any, progress: Any, checkpoint_dir: Any, resume: Any,
-                   evolve_kwargs: Any, population_kwargs: Any, episodes: dict[str, Any]) -> _Run:
-    """The options that need no population checked (before any env is made), as a :class:`_Run`."""
+                   evolve_kwargs: Any, population_kwargs: Any, episodes: dict[str, Any], more: dict[str, Any]) -> Run:
+    """The options that need no population checked (before any env is made), as a :class:`Run`."""
     num_generations = check_int("num_generations", num_generations, low=1)
     if evolve_kwargs is not None and not isinstance(evolve_kwargs, dict):
         raise InvalidTypeError(f"`evolve_kwargs` must be a dict of Population.evolve_ arguments, got {evolve_kwargs!r}")
@@ -214,74 +296,75 @@ def _check_options(num_generations: Any, target_fitness: Any, progress: Any, che
     evolve = dict(evolve_kwargs or {})
     _check_evolve_keys(evolve)
     path = Path(checkpoint_dir) / CHECKPOINT_NAME if checkpoint_dir is not None else None
-    return _Run(num_generations, target_fitness, bool(progress), episodes, evolve, path, bool(resume))
+    seeding = check_one_of("episode_seeding", more["episode_seeding"], EPISODE_SEEDINGS)
+    v_episodes = check_int("validation_episodes", more["validation_episodes"], low=0)
+    v_top = check_int("validation_top", more["validation_top"], low=1)
+    if more["callback"] is not None and not callable(more["callback"]):
+        raise InvalidTypeError(f"`callback` must be callable as callback(info), got {more['callback']!r}")
+    budget = more["max_env_steps"]
+    budget = None if budget is None else check_int("max_env_steps", budget, low=1)
+    seed = check_int("seed", more["seed"])
+    return Run(num_generations, target_fitness, bool(progress), episodes, seeding, evolve, path, bool(resume),
+               seed, v_episodes, v_top, more["callback"], budget)
 
 
-def _stats(generation: int, fitnesses: Tensor) -> GenerationStats:
-    return GenerationStats(generation, float(fitnesses.max()), float(fitnesses.mean()),
-                           float(fitnesses.std(correction=0)))
-
-
-def _evolve(population: Population, interactor: EnvInteractor, run: _Run) -> tuple[nn.Module, list[GenerationStats]]:
-    """The generations of :func:`evolve_with_env`: the merged best model and the history."""
+def _evolve(population: Population, interactor: EnvInteractor, run: Run) -> tuple[nn.Module, list[GenerationStats]]:
+    """The genetic algorithm's run of :func:`evolve_with_env`: the merged champion and the history."""
     population.sync_from_main_rank_()  # every rank holds rank 0's base model before it is checksummed
     base_sum = checksum([*population.model.parameters(), *population.model.buffers()]).tolist()
     history: list[GenerationStats] = []
+    validator = Validator(run.seed, run.validation_episodes, run.validation_top)
     if run.resume and run.checkpoint is not None and run.checkpoint.is_file():
-        history = _resume(run.checkpoint, population, interactor, base_sum)
+        history, extra = _resume(run.checkpoint, population.load_state_dict, population.state_dict,
+                                 interactor, base_sum, "ga")
+        validator.load_state_dict(extra.get("validator"))
     _check_evolve_values(population, run.evolve)  # before the first episode
-    bar = _progress_bar(run, history)
-    fitnesses = None
+
+    def save() -> dict[str, Any]:
+        return _checkpoint("ga", snapshot_population(population), interactor, history, base_sum, validator)
+
+    steps_before = _steps_of(history)
+    return run_ga(population, interactor, run, history, validator, steps_before, save), history
+
+
+def _evolve_es(model: nn.Module, pop_size: int, low_rank: int, lora_targets: Any, device: Any,
+               es_kwargs: dict[str, Any] | None, interactor: EnvInteractor,
+               run: Run) -> tuple[nn.Module, list[GenerationStats]]:
+    """The ES run of :func:`evolve_with_env`: the champion centre and the history."""
+    if es_kwargs is not None and not isinstance(es_kwargs, dict):
+        raise InvalidTypeError(f"`es_kwargs` must be a dict of EggrollES arguments, got {es_kwargs!r}")
+    base_sum = checksum([*model.parameters(), *model.buffers()]).tolist()
+    es = make_es(model, pop_size, low_rank, run.seed, lora_targets, device or interactor.device, es_kwargs)
     try:
-        for gen in range(len(history), run.num_generations):
-            fitnesses = population.validate_fitnesses(interactor.evaluate(population, **run.episodes))
-            stats = _stats(population.generation, fitnesses)
-            history.append(stats)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(best=f"{stats.best:.4g}", mean=f"{stats.mean:.4g}")
-            reached = run.target_fitness is not None and stats.best >= run.target_fitness
-            if reached or gen == run.num_generations - 1:
-                break
-            population.evolve_(fitnesses, **run.evolve)
-            interactor.update_obs_stats(population)  # fold this generation's observations in (all ranks)
-            if run.checkpoint is not None and is_main_rank():
-                atomic_save(_checkpoint(population, interactor, history, base_sum), run.checkpoint,
-                            kind="evolve_with_env")
-    finally:
-        if bar is not None:
-            bar.close()
-    if fitnesses is None:  # resumed a finished run: evaluate the last generation again
-        fitnesses = population.validate_fitnesses(interactor.evaluate(population, **run.episodes))
-    return population.select_and_merge_best_(fitnesses), history
+        history: list[GenerationStats] = []
+        validator = Validator(run.seed, run.validation_episodes, 1)
+        if run.resume and run.checkpoint is not None and run.checkpoint.is_file():
+            history, extra = _resume(run.checkpoint, es.load_state_dict, es.state_dict, interactor, base_sum, "es")
+            validator.load_state_dict(extra.get("validator"))
+
+        def save() -> dict[str, Any]:
+            return _checkpoint("es", es.state_dict(), interactor, history, base_sum, validator)
+
+        return run_es(es, interactor, run, history, validator, _steps_of(history), save), history
+    except BaseException:
+        es.close()
+        raise
 
 
-def _progress_bar(run: _Run, history: list[GenerationStats]) -> Any:
-    """A tqdm bar over the generations on the main rank (``None`` without ``progress``)."""
-    if not run.progress or not is_main_rank():
-        return None
-    from tqdm.auto import tqdm  # imported when asked: tqdm.auto takes about 0.1 s to import
-
-    bar = tqdm(total=run.num_generations, initial=len(history), desc="generations", unit="gen")
-    if history:
-        bar.set_postfix(best=f"{history[-1].best:.4g}", mean=f"{history[-1].mean:.4g}")
-    return bar
+def _steps_of(history: list[GenerationStats]) -> int:
+    return int(history[-1].env_steps or 0) if history else 0
 
 
-def _snapshot(population: Population) -> dict[str, Any]:
-    """The population's adapters and counters (no base model), as CPU copies."""
-    return {k: v.detach().to("cpu", copy=True) if isinstance(v, Tensor) else copy.deepcopy(v)
-            for k, v in population.state_dict(include_model=False).items()}
-
-
-def _checkpoint(population: Population, interactor: EnvInteractor, history: list[GenerationStats],
-                base_sum: list[int]) -> dict[str, Any]:
+def _checkpoint(algorithm: str, state: dict[str, Any], interactor: EnvInteractor, history: list[GenerationStats],
+                base_sum: list[int], validator: Validator) -> dict[str, Any]:
     return {
         "format": _FORMAT,
-        "population": _snapshot(population),
+        "algorithm": algorithm,
+        "population": state,  # the population's snapshot, or the ES's state_dict
         "interactor": interactor.state_dict(),
         "history": [tuple(h) for h in history],
         "base_checksum": base_sum,
+        "validator": validator.state_dict(),
     }
 
 
@@ -313,7 +396,7 @@ def _check_evolve_values(population: Population, options: dict[str, Any]) -> Non
     """
     if not options:  # the defaults are valid by construction
         return
-    saved = _snapshot(population)
+    saved = snapshot_population(population)
     fitnesses = torch.arange(population.pop_size, dtype=torch.float32, device=population.device)
     try:
         population.evolve_(fitnesses, **options)
@@ -321,8 +404,13 @@ def _check_evolve_values(population: Population, options: dict[str, Any]) -> Non
         population.load_state_dict(saved)
 
 
-def _resume(path: Path, population: Population, interactor: EnvInteractor,
-            base_sum: list[int]) -> list[GenerationStats]:
+def _resume(path: Path, load: Callable[[dict[str, Any]], Any], current: Callable[[], Any], interactor: EnvInteractor,
+            base_sum: list[int], algorithm: str) -> tuple[list[GenerationStats], dict[str, Any]]:
+    """Restore a checkpoint: the history and the checkpoint's other entries (``validator``).
+
+    ``load`` restores the population's (or ES's) state; ``current`` is unused
+    but names what is restored in messages.
+    """
     where = f"checkpoint {str(path)!r}"
     state = load_checkpoint(path, kind="evolve_with_env")  # CheckpointError: damaged, foreign kind
     if not isinstance(state, dict) or state.get("format") not in _FORMATS:
@@ -332,6 +420,9 @@ def _resume(path: Path, population: Population, interactor: EnvInteractor,
     missing = [key for key in ("population", "interactor", "history", "base_checksum") if key not in state]
     if missing:
         raise CheckpointError(f"{where} lacks {missing}")
+    if state.get("algorithm", "ga") != algorithm:
+        raise CheckpointError(f"{where} was written by algorithm={state.get('algorithm', 'ga')!r}, this run uses "
+                              f"algorithm={algorithm!r}")
     if state["base_checksum"] != base_sum:
         raise CheckpointError(
             f"the model passed differs from the one {where} was written with (checksum of its parameters); "
@@ -347,17 +438,22 @@ def _resume(path: Path, population: Population, interactor: EnvInteractor,
         raise CheckpointError(f"{where} has a damaged history: {error}") from None
     try:  # both check everything before they write
         interactor.load_state_dict(saved)
-        population.load_state_dict(state["population"])
+        load(state["population"])
     except CheckpointError:
         raise
     except (ValueError, TypeError, KeyError, IndexError) as error:
         raise CheckpointError(f"{where} does not fit this run: {type(error).__name__}: {error}") from error
-    return history
+    return history, state
 
 
 def _history_entry(entry: Sequence[Any]) -> GenerationStats:
-    """``(generation, best, mean)`` (0.1) or ``(generation, best, mean, std)``; ``std`` may be ``None``."""
-    if len(entry) not in (3, 4):
-        raise ValueError(f"an entry has {len(entry)} values, expected 3 or 4")
-    std = entry[3] if len(entry) == 4 else None
-    return GenerationStats(int(entry[0]), float(entry[1]), float(entry[2]), None if std is None else float(std))
+    """``(generation, best, mean)`` (0.1) up to ``(generation, best, mean, std, validated, env_steps)``.
+
+    The optional entries may be ``None``.
+    """
+    if not 3 <= len(entry) <= 6:
+        raise ValueError(f"an entry has {len(entry)} values, expected 3 to 6")
+    more = [*entry[3:], None, None, None][:3]
+    std, validated, steps = (None if v is None else float(v) for v in more)
+    return GenerationStats(int(entry[0]), float(entry[1]), float(entry[2]), std, validated,
+                           None if steps is None else int(steps))

@@ -51,7 +51,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..checks import check_seed
+from ..checks import check_one_of, check_seed
 from ..errors import CheckpointError, InvalidIndexError, InvalidTypeError, InvalidValueError
 from ..fitness import fitness_kind
 from ..population import Population
@@ -59,7 +59,8 @@ from .actions import ActionFn, ActionFormat, check_to_range
 from .envs import EnvSlots, EnvStepError, SlotFailure, build_slots
 from .normalize import ObsNormalizer, ObsStatistics
 from .rollout import ONE_THREAD_WORK, play
-from .schedule import episode_seed, episode_seeds, vector_reset_seed
+from .schedule import (EPISODE_SEEDINGS, REPORTING_STREAM, episode_seed, episode_seeds, stream_seeds, training_seeds,
+                       vector_reset_seed)
 
 __all__ = ["ENV_INIT_SCALE", "ONE_THREAD_WORK", "EnvInteractor", "episode_seed", "episode_seeds", "interact_with_env",
            "vector_reset_seed"]
@@ -221,6 +222,7 @@ class EnvInteractor:
         *,
         fitness: Callable[..., Any] | None = None,
         to_range: tuple[Any, Any] | None = None,
+        episode_seeding: str = "common",
     ) -> Tensor:
         """Fitness of every individual: the mean return of its ``num_episodes`` episodes.
 
@@ -239,8 +241,11 @@ class EnvInteractor:
                 action for a 1-dim Box is reshaped to ``(k, 1)``.
             horizon: maximum steps of one episode; ``None`` lets the env end
                 it (set it for envs without a time limit).
-            num_episodes: episodes per individual (common random numbers:
-                episode ``e`` has the same seed for everyone).
+            num_episodes: episodes per individual.
+            episode_seeding: ``'common'`` (common random numbers: episode
+                ``e`` has the same seed for everyone) or ``'independent'``
+                (each individual its own episodes; see
+                :func:`~populora.interact.schedule.training_seeds`).
             fitness: a custom fitness instead of the episode return, in any of
                 the three signatures ``fn(population, individuals=...)``,
                 ``fn(population, idx)`` or ``fn(population)``; the episode
@@ -261,11 +266,12 @@ class EnvInteractor:
             self.update_obs_stats(population)
             return population.evaluate_distributed(fitness)
         run = self._prepare(action, horizon, num_episodes, to_range)
+        seeding = check_one_of("episode_seeding", episode_seeding, EPISODE_SEEDINGS)
         self.update_obs_stats(population)
 
         def rollouts(pop: Population, individuals: list[int]) -> Tensor:
-            returns = self._play(pop, individuals, seeds=episode_seeds(pop.eval_seed, num_episodes),
-                                 base_seed=pop.eval_seed, **run)
+            seeds = training_seeds(pop.eval_seed, list(individuals), num_episodes, seeding)
+            returns = self._play(pop, individuals, seeds=seeds, base_seed=pop.eval_seed, **run)
             return returns.mean(dim=1)
 
         return population.evaluate_distributed(rollouts)
@@ -279,15 +285,20 @@ class EnvInteractor:
         num_episodes: int = 1,
         *,
         to_range: tuple[Any, Any] | None = None,
+        seeds: Sequence[int] | None = None,
     ) -> Tensor:
         """Returns of ``individuals`` (this process only, no communication): ``(k, num_episodes)`` float64.
 
         Episode ``e`` uses :func:`episode_seed` ``(population.eval_seed, e)``,
-        as in :meth:`evaluate`; handy inside a custom fitness function. With
+        as in :meth:`evaluate` (or ``seeds[e]`` when ``seeds`` is given, then
+        ``num_episodes`` is ``len(seeds)``); handy inside a custom fitness
+        function. With
         ``normalize_obs`` the observations seen here count towards the next
         generation's statistics (only :meth:`evaluate` moves them forward).
         """
         _check_population(population)
+        if seeds is not None:
+            seeds, num_episodes = _check_seeds(seeds), len(seeds)
         run = self._prepare(action, horizon, num_episodes, to_range)
         ids_t = torch.as_tensor(individuals)
         if ids_t.dim() != 1 or ids_t.is_floating_point() or ids_t.dtype == torch.bool:
@@ -296,8 +307,9 @@ class EnvInteractor:
         bad = [i for i in ids if not 0 <= i < population.pop_size]
         if bad:
             raise InvalidIndexError(f"`individuals` holds id {bad[0]}, out of range [0, {population.pop_size})")
-        return self._play(population, ids, seeds=episode_seeds(population.eval_seed, num_episodes),
-                          base_seed=population.eval_seed, **run)
+        if seeds is None:
+            seeds = episode_seeds(population.eval_seed, num_episodes)
+        return self._play(population, ids, seeds=seeds, base_seed=population.eval_seed, **run)
 
     def play(
         self,
@@ -308,20 +320,45 @@ class EnvInteractor:
         *,
         seed: int = 0,
         to_range: tuple[Any, Any] | None = None,
+        seeds: Sequence[int] | None = None,
     ) -> Tensor:
-        """Returns of a plain policy (e.g. the evolved one) over ``num_episodes`` episodes: ``(E,)`` float64.
+        """Play ``policy`` on ``num_episodes`` fresh episodes; their returns, ``(E,)`` float64.
 
-        Episode ``e`` starts from :func:`episode_seed` ``(seed, e)``; pick a
-        ``seed`` far from the population's eval seeds for fresh episodes. The
-        policy gets raw observations (an evolved policy carries its
-        normaliser) and runs in ``torch.inference_mode()``.
+        The documented way to judge an evolved policy (and to write a custom
+        loop): the policy, e.g. ``evolve_with_env(...).policy``, gets raw
+        observations (an evolved policy carries its normaliser), runs in
+        ``torch.inference_mode()`` with the interactor's slot scheduler, and
+        every episode ends as in :meth:`evaluate` (env end or ``horizon``).
+
+        Episode ``e`` starts from reporting seed ``e`` of ``seed``
+        (:func:`~populora.interact.schedule.stream_seeds` with
+        :data:`~populora.interact.schedule.REPORTING_STREAM`): a stream apart
+        from the training and validation episodes of a run seeded ``seed``,
+        so the episodes are fresh for it. ``seeds=[...]`` plays exactly those
+        reset seeds instead (``num_episodes`` is then ``len(seeds)``).
+
+        Example::
+
+            policy, history = evolve_with_env('CartPole-v1', model, 64, 4, seed=0)
+            with interact_with_env('CartPole-v1') as interactor:
+                returns = interactor.play(policy, num_episodes=20)   # (20,) float64
         """
         if not callable(policy):
             raise InvalidTypeError(f"`policy` must be callable (an nn.Module), got {type(policy).__name__}")
+        seed = check_seed("seed", seed)
+        if seeds is not None:
+            seeds, num_episodes = _check_seeds(seeds), len(seeds)
         run = self._prepare(action, horizon, num_episodes, to_range)
         run["normalize"] = False
-        seed = check_seed("seed", seed)
-        return self._play(policy, [0], seeds=episode_seeds(seed, num_episodes), base_seed=seed, **run)[0]
+        if seeds is None:
+            seeds = stream_seeds(seed, REPORTING_STREAM, num_episodes)
+        return self._play(policy, [0], seeds=seeds, base_seed=seed, **run)[0]
+
+    def __enter__(self) -> EnvInteractor:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     def close(self) -> None:
         """Close the environments the interactor made from a factory."""
@@ -338,9 +375,9 @@ class EnvInteractor:
         return {"action": action or self.action_format.default_action, "horizon": horizon,
                 "to_range": bounds, "normalize": self.normalize_obs}
 
-    def _play(self, model: Any, individuals: Sequence[int], *, seeds: Sequence[int], base_seed: int,
+    def _play(self, model: Any, individuals: Sequence[int], *, seeds: Sequence[int] | np.ndarray, base_seed: int,
               action: ActionFn, horizon: int | None, to_range: tuple[Tensor, Tensor] | None,
-              normalize: bool) -> Tensor:
+              normalize: bool, module: nn.Module | None = None) -> Tensor:
         """Play every ``(individual, episode)`` item (see :class:`~populora.interact.rollout.Rollout`).
 
         Returns:
@@ -348,7 +385,7 @@ class EnvInteractor:
         """
         return play(self._slots, self.action_format, model, individuals, self.counters, seeds=seeds,
                     base_seed=base_seed, action=action, horizon=horizon, to_range=to_range,
-                    stats=self._stats if normalize else None)
+                    stats=self._stats if normalize else None, module=module)
 
     def update_obs_stats(self, population: Population) -> None:
         """Fold the observations of past generations into the normaliser if ``population.generation`` moved.
@@ -356,8 +393,19 @@ class EnvInteractor:
         :meth:`evaluate` calls it first; it may all-reduce, so every rank must
         call it at the same points. A no-op without ``normalize_obs``.
         """
+        self.advance_obs_stats(population.generation)
+
+    def advance_obs_stats(self, generation: int) -> None:
+        """:meth:`update_obs_stats` for a run whose generation counter is ``generation`` (e.g. an ES's)."""
         if self._stats is not None:
-            self._stats.advance(population.generation)
+            self._stats.advance(generation)
+
+
+def _check_seeds(seeds: Any) -> list[int]:
+    """A non-empty list of reset seeds (each checked by :func:`~populora.checks.check_seed`)."""
+    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, (Sequence, np.ndarray, Tensor)) or len(seeds) == 0:
+        raise InvalidTypeError(f"`seeds` must be a non-empty list of int reset seeds, got {seeds!r:.80}")
+    return [check_seed("seeds[]", s) for s in (seeds.tolist() if isinstance(seeds, (np.ndarray, Tensor)) else seeds)]
 
 
 def _check_population(population: Any) -> None:

@@ -26,11 +26,18 @@ from .envs import EnvSlots, EnvStepError, SlotFailure
 from .normalize import ObsStatistics
 from .schedule import WorkQueue, vector_reset_seed
 
-__all__ = ["ONE_THREAD_WORK", "Rollout", "policy_mode"]
+__all__ = ["ONE_THREAD_WORK", "Rollout", "is_es_individuals", "policy_mode"]
 
 ONE_THREAD_WORK = 1 << 22
 """Largest ``parameters x slots`` whose rollouts run the forward on one CPU thread (see
 :mod:`populora.interact.interactor`)."""
+
+
+def is_es_individuals(model: Any) -> bool:
+    """Whether ``model`` is the handle of an ES generation (:meth:`~populora.EggrollES.ask`)."""
+    from ..es.members import Individuals  # the ES package imports nothing of interact
+
+    return isinstance(model, Individuals)
 
 
 def _device_of(model: Any) -> torch.device:
@@ -67,16 +74,19 @@ class Rollout:
     Args:
         slots: the env slots.
         action_format: converts and checks the actions of one step.
-        model: a :class:`~populora.Population` (routed forwards) or a plain
-            policy (every slot plays it; ``individuals`` is then ``[0]``).
+        model: a :class:`~populora.Population` or the individuals of an ES
+            generation (:meth:`~populora.EggrollES.ask`; routed forwards), or
+            a plain policy (every slot plays it; ``individuals`` is then ``[0]``).
         individuals: the ids (rows of the returns).
-        seeds: one reset seed per episode.
+        seeds: one reset seed per episode (every individual meets it), or a
+            ``(k, E)`` array: row ``j`` the seeds of ``individuals[j]``.
         base_seed: seeds the whole-env resets of rounds when a vector env
             cannot reset one slot.
         action: maps the model's outputs of ``k`` slots to ``k`` actions.
         horizon: maximum steps of one episode (``None``: until the env ends it).
         to_range: ``(lo, hi)`` rescale of Box actions, or ``None``.
         stats: the observation statistics that normalise (``None``: raw observations).
+        module: the ES's model, with ES individuals (``es.model``: its device and threads).
 
     Attributes:
         env_steps, timesteps: steps inside episodes and routed forwards so far.
@@ -84,16 +94,20 @@ class Rollout:
 
     def __init__(self, slots: EnvSlots, action_format: ActionFormat, model: Any, individuals: Sequence[int], *,
                  seeds: Sequence[int], base_seed: int, action: ActionFn, horizon: int | None,
-                 to_range: tuple[Tensor, Tensor] | None, stats: ObsStatistics | None):
+                 to_range: tuple[Tensor, Tensor] | None, stats: ObsStatistics | None, module: nn.Module | None = None):
         self.slots, self.action_format, self.model = slots, action_format, model
         self.individuals, self.seeds, self.base_seed = individuals, seeds, base_seed
         self.action, self.horizon, self.to_range, self.stats = action, horizon, to_range, stats
         self.routed = isinstance(model, Population)
-        self.nan_raise = self.routed and model.nan_policy == "raise"
-        self.device = model.device if self.routed else _device_of(model)
+        self.es = not self.routed and is_es_individuals(model)
+        self.routed = self.routed or self.es
+        self.nan_raise = self.routed and getattr(model, "nan_policy", "raise") == "raise"
+        self.device = model.device if isinstance(model, Population) else _device_of(module if self.es else model)
         k, n_slots = len(individuals), slots.num
-        self.returns = np.full((k, len(seeds)), np.nan)  # (k, E); NaN until played (or a NaN reward)
-        self.queue = WorkQueue(k, len(seeds))
+        self.per_row = isinstance(seeds, np.ndarray) and seeds.ndim == 2
+        num_episodes = seeds.shape[1] if self.per_row else len(seeds)
+        self.returns = np.full((k, num_episodes), np.nan)  # (k, E); NaN until played (or a NaN reward)
+        self.queue = WorkQueue(k, num_episodes)
         self.ids = np.asarray(list(individuals), dtype=np.int64)
         self.row = np.full(n_slots, -1, dtype=np.int64)  # row of `individuals` played by each slot, -1: idle
         self.ep = np.zeros(n_slots, dtype=np.int64)  # episode played by each slot
@@ -143,7 +157,7 @@ class Rollout:
                 continue
             row[slot], self.ep[slot] = item
             new.append(slot)
-            new_seeds.append(self.seeds[item[1]])
+            new_seeds.append(int(self.seeds[item] if self.per_row else self.seeds[item[1]]))
         if not new:
             return
         chosen = np.asarray(new, dtype=np.int64)
@@ -198,7 +212,10 @@ class Rollout:
                 if stats is not None:
                     stats.observe(obs)
                     obs = stats.normalizer(obs.to(device))
-                if routed:
+                if self.es:  # an ES generation: one row per playing slot, each routed to its individual
+                    out = model(obs, **route) if "individual" in route else \
+                        model(obs.unsqueeze(1), **route, per_individual=True).squeeze(1)
+                elif routed:
                     out = model(obs, **route)
                 else:
                     out = model(obs.to(device) if isinstance(obs, Tensor) else obs)
@@ -271,7 +288,7 @@ def play(slots: EnvSlots, action_format: ActionFormat, model: Any, individuals: 
     rollout = Rollout(slots, action_format, model, individuals, **options)
     if rollout.returns.size == 0:
         return torch.from_numpy(rollout.returns)
-    module = model.model if rollout.routed else model
+    module = options.get("module") if rollout.es else model.model if rollout.routed else model
     started = time.perf_counter()
     try:
         with policy_mode(module, rollout.device, slots.num):

@@ -11,7 +11,17 @@ from collections import deque
 
 import numpy as np
 
-__all__ = ["WorkQueue", "episode_seed", "episode_seeds", "vector_reset_seed"]
+__all__ = ["EPISODE_SEEDINGS", "VALIDATION_STREAM", "REPORTING_STREAM", "WorkQueue", "episode_seed", "episode_seeds",
+           "stream_seeds", "training_seeds", "vector_reset_seed"]
+
+EPISODE_SEEDINGS = ("independent", "common")
+"""``episode_seeding`` choices: every individual its own episodes, or all of a generation the same ones."""
+
+VALIDATION_STREAM = 1
+"""Stream of the validation episodes (see :func:`stream_seeds`)."""
+
+REPORTING_STREAM = 2
+"""Stream of fresh reporting episodes (benchmarks, examples; see :func:`stream_seeds`)."""
 
 _MASK64 = (1 << 64) - 1
 
@@ -57,6 +67,40 @@ def vector_reset_seed(eval_seed: int, round: int, vector: int = 0) -> int:
 def episode_seeds(eval_seed: int, num_episodes: int) -> list[int]:
     """``[episode_seed(eval_seed, e) for e in range(num_episodes)]``."""
     return [episode_seed(eval_seed, e) for e in range(num_episodes)]
+
+
+def training_seeds(eval_seed: int, individuals: list[int], num_episodes: int, seeding: str) -> list[int] | np.ndarray:
+    """The training episodes' seeds of ``individuals`` in the generation of ``eval_seed``.
+
+    ``'common'`` (common random numbers): the list :func:`episode_seeds`,
+    the same episodes for everyone. ``'independent'``: a ``(k, E)`` array,
+    individual ``i`` meeting ``episode_seed(eval_seed, (i + 1) * E + e)``
+    (disjoint from the common seeds of its generation and from every other
+    individual's; independent of which rank or slot plays it).
+    """
+    if seeding == "common":
+        return episode_seeds(eval_seed, num_episodes)
+    return np.asarray([[episode_seed(eval_seed, (i + 1) * num_episodes + e) for e in range(num_episodes)]
+                       for i in individuals], dtype=np.int64).reshape(len(individuals), num_episodes)
+
+
+def stream_seeds(seed: int, stream: int, num_episodes: int) -> list[int]:
+    """``num_episodes`` reset seeds of stream ``stream`` of the run seeded ``seed``.
+
+    Streams are separate splitmix64 mixes of ``(seed, stream, e)``, apart from
+    the training episodes' :func:`episode_seed` mixes: the validation
+    episodes (:data:`VALIDATION_STREAM`) are one FIXED set per run, the same
+    every generation, and the fresh reporting episodes
+    (:data:`REPORTING_STREAM`) are never met by training or validation.
+
+    Example:
+        >>> stream_seeds(0, VALIDATION_STREAM, 3) == stream_seeds(0, VALIDATION_STREAM, 3)
+        True
+        >>> set(stream_seeds(0, VALIDATION_STREAM, 3)) & set(stream_seeds(0, REPORTING_STREAM, 3))
+        set()
+    """
+    base = _splitmix(int(seed) * 0xC2B2AE3D27D4EB4F + (int(stream) + 1) * 0x165667B19E3779F9 + 0x27D4EB2F165667C5)
+    return [_splitmix(base + (e + 1) * 0x9E3779B97F4A7C15) >> 33 for e in range(int(num_episodes))]
 
 
 class WorkQueue:

@@ -1,0 +1,104 @@
+"""ES against environments: the individuals of an :class:`~populora.EggrollES` generation play episodes.
+
+They play as a Population's individuals do (see
+:mod:`populora.interact.interactor`): the same slot scheduler, one routed
+forward per timestep over every playing slot (``es.ask()(obs,
+individuals=ids, per_individual=True)``, one row per slot), the same seeding
+and observation normalisation. :func:`es_fitnesses` is one generation's
+``(N,)`` fitness, for ``es.tell``; :func:`make_es` builds the ES of
+``evolve_with_env(..., algorithm='es')``.
+
+Seeding: the generation's eval seed is ``seed + es.generation``. With
+``'common'`` every individual meets the same episodes; with
+``'independent'`` each antithetic PAIR (individuals ``i`` and ``i + N/2``)
+meets its own episodes, the two mirrored individuals the same ones (so
+their difference, which is what the gradient estimate uses, is not noise of
+the start states).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..checks import check_float
+from ..errors import InvalidTypeError, InvalidValueError
+from ..es import EggrollES
+from .interactor import EnvInteractor
+from .schedule import training_seeds
+
+__all__ = ["ES_DEFAULTS", "es_fitnesses", "make_es"]
+
+ES_DEFAULTS: dict[str, Any] = {"sigma": 0.1, "lr": 0.03, "fitness_shaping": "centered_rank"}
+"""Defaults of ``evolve_with_env(..., algorithm='es')``: noise scale, Adam learning rate, centred ranks."""
+
+
+def make_es(model: nn.Module, pop_size: int, low_rank: int, seed: int, lora_targets: str | Sequence[str] | None,
+            device: Any, es_kwargs: dict[str, Any] | None) -> EggrollES:
+    """The ES of ``evolve_with_env(..., algorithm='es')``.
+
+    ``es_kwargs`` go to :class:`~populora.EggrollES`; defaults here
+    (:data:`ES_DEFAULTS`): ``sigma=0.1``, ``torch.optim.Adam(lr=0.03)``,
+    ``fitness_shaping='centered_rank'``. ``optimizer=`` replaces Adam (any
+    ``torch.optim`` optimizer or ``params -> Optimizer``; ClipUp, PGPE's
+    optimiser, is ``lambda ps: torch.optim.SGD(ps, lr=...)`` on a
+    norm-clipped gradient, not shipped). ``lora_targets`` (module names) select
+    the evolved parameters (those of the named modules), like a Population's
+    targets; ``None`` evolves every parameter of every ``nn.Linear`` /
+    ``nn.Embedding``.
+    """
+    options = {**ES_DEFAULTS, **(es_kwargs or {})}
+    lr = check_float("es_kwargs['lr']", options.pop("lr"), low=0.0, low_open=True)
+    if "optimizer" not in options or options["optimizer"] is None:
+        options["optimizer"] = lambda params: torch.optim.Adam(params, lr=lr)
+    if lora_targets is not None:
+        names = [lora_targets] if isinstance(lora_targets, str) else list(lora_targets)
+        if "param_filter" in options:
+            raise InvalidValueError("give `lora_targets` or es_kwargs['param_filter'], not both")
+        known = {name for name, _ in model.named_modules()}
+        missing = [n for n in names if n not in known]
+        if missing:
+            raise InvalidValueError(f"`lora_targets` names {missing[0]!r}, not a module of the model; its modules are "
+                                    f"{sorted(n for n in known if n)}")
+        options["param_filter"] = lambda name: any(name.startswith(t + ".") for t in names)
+    options.setdefault("seed", seed)
+    if device is not None:
+        options.setdefault("device", device)
+    try:
+        return EggrollES(model, pop_size, options.pop("sigma"), None, low_rank, **options)
+    except TypeError as error:
+        raise InvalidTypeError(f"`es_kwargs` does not fit EggrollES: {error}") from error
+
+
+def es_fitnesses(interactor: EnvInteractor, es: EggrollES, *, seed: int, action: Any = None,
+                 horizon: int | None = None, num_episodes: int = 1, to_range: Any = None,
+                 episode_seeding: str = "independent") -> Tensor:
+    """``(N,)`` fitness of the ES's current generation: each individual's mean return (higher is better).
+
+    Under torch.distributed each rank plays its share of the individuals
+    (``es.evaluate``) and the fitnesses are all-gathered. The observation
+    normaliser folds in the previous generations' observations first (every
+    rank, at the same point).
+
+    Args:
+        interactor: the env slots.
+        es: the ES (its generation is the one played).
+        seed: the run's seed; the generation's eval seed is ``seed + es.generation``.
+        action, horizon, num_episodes, to_range: as in :meth:`EnvInteractor.evaluate`.
+        episode_seeding: ``'independent'`` (per antithetic pair) or ``'common'``.
+    """
+    run = interactor._prepare(action, horizon, num_episodes, to_range)
+    interactor.advance_obs_stats(es.generation)
+    eval_seed = int(seed) + es.generation
+    pairs = es.pop_size // 2 if es.antithetic else es.pop_size
+
+    def rollouts(members: Any, individuals: list[int]) -> Tensor:
+        ids = list(individuals)
+        seeds = training_seeds(eval_seed, [i % pairs for i in ids], num_episodes, episode_seeding)
+        returns = interactor._play(members, ids, seeds=seeds, base_seed=eval_seed, module=es.model, **run)
+        return returns.mean(dim=1)
+
+    return es.evaluate(rollouts).to(torch.float32)

@@ -1,0 +1,257 @@
+"""The generation loops of :func:`~populora.evolve_with_env`: the genetic algorithm's and the ES's.
+
+Each generation: training fitness of every individual, validation of the
+top candidates (:mod:`populora.interact.champion`), one
+:class:`~populora.stats.GenerationStats` (training ``best`` / ``mean`` /
+``std``, the generation's ``validated`` score, the run's cumulative
+``env_steps`` over all ranks), the ``callback``, the stopping rules, then
+the evolution step and a checkpoint. The result is the champion (the best
+validated individual of the run), or without validation the best
+individual of the last generation.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from ..checkpoint import atomic_save
+from ..distributed import is_main_rank
+from ..population import Population
+from ..stats import GenerationStats
+from .champion import Validator, fingerprint, top_candidates
+from .es_env import es_fitnesses
+from .interactor import EnvInteractor
+from .normalize import _sum_over_ranks
+
+__all__ = ["GenerationInfo", "Run", "run_es", "run_ga"]
+
+
+@dataclass(frozen=True)
+class Run:
+    """The checked options of one :func:`~populora.evolve_with_env` call."""
+
+    num_generations: int
+    target_fitness: float | None
+    progress: bool
+    episodes: dict[str, Any]  # action, horizon, num_episodes, to_range (+ fitness for the GA)
+    episode_seeding: str
+    evolve: dict[str, Any]  # Population.evolve_'s
+    checkpoint: Path | None
+    resume: bool
+    seed: int
+    validation_episodes: int
+    validation_top: int
+    callback: Callable[[GenerationInfo], Any] | None
+    max_env_steps: int | None
+
+
+class GenerationInfo(NamedTuple):
+    """What ``callback(info)`` of :func:`~populora.evolve_with_env` receives after each generation.
+
+    Attributes:
+        stats: this generation's :class:`~populora.stats.GenerationStats`.
+        history: every generation's so far (``history[-1] is stats``).
+        fitnesses: ``(P,)`` training fitnesses of this generation.
+        champion_score: the best validated score of the run so far (``None`` before any).
+        optimizer: the :class:`~populora.Population` or :class:`~populora.EggrollES` being evolved.
+        interactor: the :class:`~populora.EnvInteractor` (``play`` for custom checks).
+    """
+
+    stats: GenerationStats
+    history: list[GenerationStats]
+    fitnesses: Tensor
+    champion_score: float | None
+    optimizer: Any
+    interactor: EnvInteractor
+
+
+def total_env_steps(interactor: EnvInteractor) -> int:
+    """Env steps taken by the run so far, summed over ranks (every rank must call it)."""
+    local = torch.tensor([float(interactor.counters["env_steps"])], dtype=torch.float64)
+    return int(_sum_over_ranks(local)[0])
+
+
+class Loop:
+    """Bookkeeping shared by both loops: history, progress bar, stopping rules."""
+
+    def __init__(self, run: Run, interactor: EnvInteractor, history: list[GenerationStats], steps_before: int):
+        self.run, self.interactor, self.history = run, interactor, history
+        self.steps_before = steps_before  # env steps of the run before this process (a resumed run)
+        self.bar = self._progress_bar()
+
+    def _progress_bar(self) -> Any:
+        if not self.run.progress or not is_main_rank():
+            return None
+        from tqdm.auto import tqdm  # imported when asked: tqdm.auto takes about 0.1 s to import
+
+        bar = tqdm(total=self.run.num_generations, initial=len(self.history), desc="generations", unit="gen")
+        if self.history:
+            bar.set_postfix(best=f"{self.history[-1].best:.4g}", mean=f"{self.history[-1].mean:.4g}")
+        return bar
+
+    def record(self, generation: int, fitnesses: Tensor, validated: float | None, champion: float | None,
+               optimizer: Any) -> bool:
+        """Append the generation's stats, report them; whether the run stops here."""
+        f = fitnesses.detach().double()
+        steps = self.steps_before + total_env_steps(self.interactor)
+        stats = GenerationStats(generation, float(f.max()), float(f.mean()), float(f.std(correction=0)),
+                                validated, steps)
+        self.history.append(stats)
+        if self.bar is not None:
+            self.bar.update(1)
+            post = dict(best=f"{stats.best:.4g}", mean=f"{stats.mean:.4g}")
+            if validated is not None:
+                post["validated"] = f"{validated:.4g}"
+            self.bar.set_postfix(**post)
+        run = self.run
+        validating = run.validation_episodes > 0 and run.validation_top > 0
+        score = champion if validating else stats.best  # without validation: the training best (the 0.1 rule)
+        stop = run.target_fitness is not None and score is not None and score >= run.target_fitness
+        stop = stop or (run.max_env_steps is not None and steps >= run.max_env_steps)
+        if run.callback is not None:
+            stop = bool(run.callback(GenerationInfo(stats, self.history, fitnesses, champion, optimizer,
+                                                    self.interactor))) or stop
+        return stop or len(self.history) >= run.num_generations
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# ---------------------------------------------------------------------- the genetic algorithm
+
+
+def snapshot_population(population: Population) -> dict[str, Any]:
+    """The population's adapters and counters (no base model), as CPU copies."""
+    return {k: v.detach().to("cpu", copy=True) if isinstance(v, Tensor) else copy.deepcopy(v)
+            for k, v in population.state_dict(include_model=False).items()}
+
+
+def validate_ga(population: Population, interactor: EnvInteractor, run: Run, validator: Validator,
+                fitnesses: Tensor) -> float | None:
+    """Validate this generation's top candidates; their best validated score (``None``: validation off)."""
+    if not validator.enabled:
+        return None
+    ids = top_candidates(fitnesses, validator.top)
+    fitness = run.episodes.get("fitness")
+    if fitness is not None:  # a custom fitness, run by every rank with the validation eval seed
+        saved = population.eval_seed
+        population.eval_seed = validator.eval_seed
+        try:
+            values = population.validate_fitnesses(population.evaluate_distributed(fitness))
+        finally:
+            population.eval_seed = saved
+        scores = [float(values[i]) for i in ids]
+    else:
+        state = population.state_dict(include_model=False)
+        extra = interactor.state_dict()["obs_stats"]
+        extra = None if extra is None else (extra["normalizer"]["count"].item(), extra["generation"])
+        keys = [fingerprint(state, i, population.pop_size, extra) for i in ids]
+        options = {k: v for k, v in run.episodes.items() if k not in ("fitness", "num_episodes")}
+
+        def play(positions: list[int]) -> Tensor:
+            chosen = [ids[j] for j in positions]
+            returns = interactor.episode_returns(population, chosen, seeds=validator.seeds, **options)
+            return returns.mean(dim=1)
+
+        scores = validator.scores(keys, play)
+    return validator.offer(population.generation, ids, scores,
+                           lambda: (snapshot_population(population), interactor.state_dict()))
+
+
+def run_ga(population: Population, interactor: EnvInteractor, run: Run, history: list[GenerationStats],
+           validator: Validator, steps_before: int, save: Callable[[], dict[str, Any]] | None) -> nn.Module:
+    """The genetic algorithm's generations; the merged champion."""
+    loop = Loop(run, interactor, history, steps_before)
+    fitnesses = None
+    episodes = dict(run.episodes)
+    if episodes.get("fitness") is None:
+        episodes["episode_seeding"] = run.episode_seeding
+    try:
+        while len(history) < run.num_generations:
+            fitnesses = population.validate_fitnesses(interactor.evaluate(population, **episodes))
+            validated = validate_ga(population, interactor, run, validator, fitnesses)
+            champion = None if validator.champion is None else validator.champion.score
+            if loop.record(population.generation, fitnesses, validated, champion, population):
+                break
+            population.evolve_(fitnesses, **run.evolve)
+            interactor.update_obs_stats(population)  # fold this generation's observations in (all ranks)
+            if run.checkpoint is not None and save is not None and is_main_rank():
+                atomic_save(save(), run.checkpoint, kind="evolve_with_env")
+    finally:
+        loop.close()
+    if fitnesses is None:  # resumed a finished run: evaluate the last generation again
+        fitnesses = population.validate_fitnesses(interactor.evaluate(population, **episodes))
+        validate_ga(population, interactor, run, validator, fitnesses)
+    champion = validator.champion
+    if champion is None:
+        return population.select_and_merge_best_(fitnesses)
+    population.load_state_dict(champion.state)
+    interactor.load_state_dict(champion.interactor)
+    one_hot = torch.zeros(population.pop_size, device=population.device)
+    one_hot[champion.index] = 1.0
+    return population.select_and_merge_best_(one_hot)
+
+
+# ---------------------------------------------------------------------- ES
+
+
+def snapshot_model(model: nn.Module) -> dict[str, Tensor]:
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
+def validate_es(es: Any, interactor: EnvInteractor, run: Run, validator: Validator) -> float | None:
+    """Validate the ES's centre (its unperturbed parameters): the score (``None``: validation off)."""
+    if not validator.enabled:
+        return None
+    state = snapshot_model(es.model)
+    extra = interactor.state_dict()["obs_stats"]
+    extra = None if extra is None else (extra["normalizer"]["count"].item(), extra["generation"])
+    key = fingerprint({k: v.unsqueeze(0) for k, v in state.items()}, 0, 1, extra)
+    options = {k: v for k, v in run.episodes.items() if k not in ("fitness", "num_episodes")}
+    run_opts = interactor._prepare(options.get("action"), options.get("horizon"), 1, options.get("to_range"))
+
+    def play(positions: list[int]) -> list[float]:
+        returns = interactor._play(es.model, [0], seeds=validator.seeds, base_seed=run.seed, **run_opts)
+        return [float(returns[0].mean())]
+
+    scores = validator.scores([key], play)
+    return validator.offer(es.generation, [0], scores, lambda: (state, interactor.state_dict()))
+
+
+def run_es(es: Any, interactor: EnvInteractor, run: Run, history: list[GenerationStats], validator: Validator,
+           steps_before: int, save: Callable[[], dict[str, Any]] | None) -> nn.Module:
+    """The ES's generations (validate the centre, play the individuals, tell); the champion's model."""
+    loop = Loop(run, interactor, history, steps_before)
+    episodes = {k: v for k, v in run.episodes.items() if k != "fitness"}
+    try:
+        while len(history) < run.num_generations:
+            interactor.advance_obs_stats(es.generation)
+            validated = validate_es(es, interactor, run, validator)
+            fitnesses = es_fitnesses(interactor, es, seed=run.seed, episode_seeding=run.episode_seeding, **episodes)
+            champion = None if validator.champion is None else validator.champion.score
+            stop = loop.record(es.generation, fitnesses, validated, champion, es)
+            es.tell(fitnesses)
+            if run.checkpoint is not None and save is not None and is_main_rank():
+                atomic_save(save(), run.checkpoint, kind="evolve_with_env")
+            if stop:
+                break
+        if validator.enabled:  # the centre after the last update
+            interactor.advance_obs_stats(es.generation)
+            validate_es(es, interactor, run, validator)
+    finally:
+        loop.close()
+    es.close()
+    champion = validator.champion
+    if champion is not None:
+        es.model.load_state_dict(champion.state)
+        interactor.load_state_dict(champion.interactor)
+    return es.model
+

@@ -1,0 +1,197 @@
+"""EggrollES against environments: individuals play episodes as a Population's do.
+
+Same seed -> bitwise the same parameters; an individual's fitness equals a
+hand-rolled rollout of its materialised parameters with the same seeds; the
+env steps counted equal the steps the envs took; evolve_with_env(...,
+algorithm='es') runs end to end and returns a validated centre.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from populora import EggrollES, evolve_with_env, interact_with_env
+from populora.errors import InvalidValueError
+from populora.interact.es_env import es_fitnesses, make_es
+from populora.interact.schedule import training_seeds
+
+POP, HORIZON = 8, 40
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+
+
+class _Counting(gym.Wrapper):
+    """Counts the steps the env really took (in ``log``)."""
+
+    def __init__(self, env, log):
+        super().__init__(env)
+        self.log = log
+
+    def step(self, action):
+        self.log.append(1)
+        return self.env.step(action)
+
+
+def _params(model: nn.Module) -> dict:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _es_run(seed: int) -> tuple[dict, list]:
+    policy, history = evolve_with_env([gym.make("CartPole-v1") for _ in range(3)], _model(), POP, 2, algorithm="es",
+                                      num_generations=3, horizon=HORIZON, seed=seed, num_episodes=2,
+                                      validation_episodes=2)
+    return _params(policy), history
+
+
+def _es_loop(seed: int) -> dict:
+    """Three generations of es_fitnesses + tell; the ES's parameters."""
+    es = make_es(_model(), POP, 2, seed, None, None, {"sigma": 0.5})
+    with interact_with_env([gym.make("CartPole-v1") for _ in range(3)], normalize_obs=True) as interactor:
+        for _ in range(3):
+            es.tell(es_fitnesses(interactor, es, seed=seed, horizon=200, num_episodes=2))
+    es.close()
+    return _params(es.model)
+
+
+def test_same_seed_gives_bitwise_the_same_parameters():
+    a, b, c = _es_loop(5), _es_loop(5), _es_loop(6)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], c[k]) for k in a)  # the seed matters
+    start = _params(_model())
+    assert any(not torch.equal(a[k], start[k]) for k in a)  # and the ES moved
+
+
+def test_evolve_with_env_es_is_reproducible():
+    a, history_a = _es_run(5)
+    b, history_b = _es_run(5)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [tuple(h) for h in history_a] == [tuple(h) for h in history_b]
+    assert all(h.validated is not None and h.env_steps > 0 for h in history_a)
+
+
+def _hand_rolled(model: nn.Module, seeds: list[int]) -> float:
+    env = gym.make("CartPole-v1")
+    total = 0.0
+    for s in seeds:
+        obs, _ = env.reset(seed=int(s))
+        for _ in range(HORIZON):
+            with torch.no_grad():
+                act = int(model(torch.as_tensor(obs, dtype=torch.float32)).argmax(-1))
+            obs, reward, term, trunc, _ = env.step(act)
+            total += reward
+            if term or trunc:
+                break
+    return total / len(seeds)
+
+
+@pytest.mark.parametrize("seeding", ["independent", "common"])
+def test_fitness_equals_a_hand_rolled_rollout_of_the_perturbed_individual(seeding):
+    model = _model()
+    es = EggrollES(model, POP, 0.5, 0.1, 2, seed=1)
+    interactor = interact_with_env([gym.make("CartPole-v1") for _ in range(3)])
+    es.tell(torch.arange(POP, dtype=torch.float32))  # generation 1: the parameters moved once
+    fitness = es_fitnesses(interactor, es, seed=11, horizon=HORIZON, num_episodes=2, episode_seeding=seeding)
+    assert fitness.shape == (POP,)
+    assert len(set(fitness.tolist())) > 1  # the individuals act differently
+    for i in range(POP):
+        member = copy.deepcopy(model)
+        es.close()  # the plain forward of the materialised parameters
+        member.load_state_dict({**model.state_dict(), **es.individual_params(i)})
+        seeds = training_seeds(11 + es.generation, [i % (POP // 2)], 2, seeding)
+        seeds = list(np.asarray(seeds).reshape(-1)) if seeding == "independent" else seeds
+        assert float(fitness[i]) == _hand_rolled(member, seeds), i
+    interactor.close()
+
+
+def test_env_steps_counted_equal_the_steps_taken():
+    log: list = []
+    envs = [_Counting(gym.make("CartPole-v1"), log) for _ in range(3)]
+    _, history = evolve_with_env(envs, _model(), POP, 2, algorithm="es", num_generations=3, horizon=HORIZON,
+                                 seed=0, validation_episodes=2)
+    assert history[-1].env_steps == len(log) - _last_validation_steps(history, log)
+    steps = [h.env_steps for h in history]
+    assert steps == sorted(steps) and steps[0] > 0
+
+
+def _last_validation_steps(history, log) -> int:
+    """The ES validates its centre once more after the last update: those steps come after the last record."""
+    return len(log) - history[-1].env_steps
+
+
+def test_ga_env_steps_counted_equal_the_steps_taken():
+    log: list = []
+    envs = [_Counting(gym.make("CartPole-v1"), log) for _ in range(3)]
+    counts = []
+    _, history = evolve_with_env(envs, _model(), 6, 2, num_generations=3, horizon=HORIZON, seed=0,
+                                 callback=lambda info: counts.append(len(log)))
+    assert [h.env_steps for h in history] == counts  # validation steps included, generation by generation
+    assert history[-1].env_steps == len(log)
+
+
+def test_es_steps_per_generation_match_the_envs():
+    log: list = []
+    envs = [_Counting(gym.make("CartPole-v1"), log) for _ in range(3)]
+    counts = []
+    _, history = evolve_with_env(envs, _model(), POP, 2, algorithm="es", num_generations=3, horizon=HORIZON,
+                                 seed=0, callback=lambda info: counts.append(len(log)))
+    assert [h.env_steps for h in history] == counts
+
+
+def test_callback_can_stop_the_run_and_sees_the_generation():
+    seen = []
+
+    def callback(info):
+        seen.append((info.stats.generation, info.fitnesses.shape, type(info.optimizer).__name__))
+        return info.stats.generation == 1
+
+    _, history = evolve_with_env("CartPole-v1", _model(), POP, 2, num_generations=10, horizon=HORIZON,
+                                 num_envs=2, callback=callback)
+    assert len(history) == 2 and seen == [(0, (POP,), "Population"), (1, (POP,), "Population")]
+    _, history = evolve_with_env("CartPole-v1", _model(), POP, 2, algorithm="es", num_generations=10,
+                                 horizon=HORIZON, num_envs=2, callback=callback)
+    assert len(history) == 2 and seen[-1] == (1, (POP,), "EggrollES")
+
+
+def test_max_env_steps_stops_the_run():
+    _, history = evolve_with_env("CartPole-v1", _model(), POP, 2, num_generations=50, horizon=HORIZON,
+                                 num_envs=2, max_env_steps=500)
+    assert history[-1].env_steps >= 500 and (len(history) == 1 or history[-2].env_steps < 500)
+
+
+def test_es_solves_a_short_cartpole():
+    policy, history = evolve_with_env("CartPole-v1", _model(), 16, 2, algorithm="es", num_generations=15,
+                                      horizon=100, num_envs=4, seed=0, validation_episodes=4)
+    with interact_with_env("CartPole-v1", num_envs=4) as interactor:
+        fresh = interactor.play(policy, horizon=100, num_episodes=5)
+    assert max(h.validated for h in history) == 100.0
+    assert float(fresh.mean()) >= 90.0  # the returned centre holds on fresh episodes
+    assert isinstance(policy, nn.Sequential) and not hasattr(policy, "_router")
+
+
+def test_es_refuses_ga_options_and_es_kwargs_need_es():
+    with pytest.raises(InvalidValueError, match="es_kwargs"):
+        evolve_with_env("CartPole-v1", _model(), POP, 2, es_kwargs={"sigma": 0.1})
+    with pytest.raises(InvalidValueError, match="evolve_kwargs"):
+        evolve_with_env("CartPole-v1", _model(), POP, 2, algorithm="es", evolve_kwargs={"elite_frac": 0.2})
+    with pytest.raises(InvalidValueError, match="lora_targets"):
+        make_es(_model(), POP, 2, 0, ["nope"], None, None)
+
+
+def test_make_es_defaults_adam_and_centred_ranks():
+    es = make_es(_model(), POP, 2, 0, None, None, None)
+    assert isinstance(es.optimizer, torch.optim.Adam) and es.fitness_shaping == "centered_rank"
+    assert es.sigma == 0.1 and es.optimizer.param_groups[0]["lr"] == 0.03
+    es.close()
+    es = make_es(_model(), POP, 2, 0, ["0"], None, {"sigma": 0.2, "lr": 0.01})
+    assert es.sigma == 0.2 and es.param_names == ["0.weight", "0.bias"]
+    es.close()
