@@ -23,7 +23,8 @@ import torch
 
 from .errors import CheckpointError
 
-__all__ = ["atomic_save", "load_checkpoint"]
+__all__ = ["atomic_save", "atomic_save_safetensors", "is_safetensors_file", "load_checkpoint",
+           "load_safetensors_checkpoint"]
 
 _MAGIC = b"populora-checkpoint\n"
 _FORMAT = 1
@@ -88,3 +89,105 @@ def load_checkpoint(path: str | Path, *, kind: str, map_location: str | torch.de
         return torch.load(io.BytesIO(payload), map_location=map_location, weights_only=True)
     except Exception as err:  # a payload that hashes right but does not unpickle: written by a bug
         raise CheckpointError(f"{where} could not be read: {type(err).__name__}: {err}") from err
+
+
+# ------------------------------------------------------------------------------------------- safetensors
+
+_ST_KEY = "populora"  # the safetensors metadata entry that holds populora's JSON
+
+
+def _tensor_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """SHA-256 of every tensor's name, dtype, shape and bytes, in sorted name order (layout-independent)."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu").contiguous().reshape(-1)
+        h.update(f"{name}\0{t.dtype}\0{tuple(tensors[name].shape)}\0".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def _safetensors(action: str) -> Any:
+    try:
+        import safetensors.torch
+    except ImportError as err:  # pragma: no cover - safetensors ships with the llm and test extras
+        raise ImportError(f"{action} needs the `safetensors` package: pip install 'populora[llm]' "
+                          "(or pip install safetensors)") from err
+    return safetensors.torch
+
+
+def atomic_save_safetensors(tensors: dict[str, torch.Tensor], meta: dict[str, Any], path: str | Path, *,
+                            kind: str) -> Path:
+    """Write ``tensors`` and the JSON-able ``meta`` as a ``.safetensors`` file of ``kind``, atomically.
+
+    ``meta`` goes into the file's metadata (as JSON, under ``"populora"``)
+    with the kind and a SHA-256 of the tensors' contents, so flipped bytes in
+    the tensor data are caught on load. Tensors are written from CPU copies.
+    ``safetensors`` is imported here, not by ``import populora``.
+
+    Returns the ``Path`` written.
+    """
+    st = _safetensors("a safetensors checkpoint")
+    path = Path(path)
+    cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    header = {"format": _FORMAT, "kind": kind, "sha256": _tensor_digest(cpu), "meta": meta}
+    data = st.save(cpu, metadata={_ST_KEY: json.dumps(header), "format": "pt"})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def is_safetensors_file(path: str | Path) -> bool:
+    """Whether ``path`` looks like a safetensors file (an 8-byte header size, then a JSON object)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+    except OSError:
+        return False
+    return len(head) == 9 and head[8:9] == b"{"
+
+
+def load_safetensors_checkpoint(path: str | Path, *, kind: str,
+                                map_location: str | torch.device = "cpu") -> tuple[dict[str, torch.Tensor], Any]:
+    """Read :func:`atomic_save_safetensors`'s file: ``(tensors, meta)``, every byte checked first.
+
+    Raises:
+        FileNotFoundError: nothing at ``path``.
+        CheckpointError: empty, truncated, not a safetensors file (its header
+            is validated by safetensors), not a populora safetensors
+            checkpoint, of another kind, or its tensors do not match the
+            SHA-256 recorded at save (flipped bytes).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {str(path)!r}")
+    data = path.read_bytes()
+    where = f"checkpoint {str(path)!r}"
+    if not data:
+        raise CheckpointError(f"{where} is empty (0 bytes)")
+    st = _safetensors(f"reading {where}")
+    try:
+        size = int.from_bytes(data[:8], "little")
+        raw = json.loads(data[8:8 + size]) if len(data) >= 8 + size else None
+        tensors = st.load(data)
+    except Exception as err:  # safetensors validates the header and the data offsets
+        raise CheckpointError(f"{where} is not a valid safetensors file ({type(err).__name__}: {err})") from None
+    try:
+        header = json.loads(raw["__metadata__"][_ST_KEY])
+        found, digest, meta = header["kind"], header["sha256"], header["meta"]
+    except (TypeError, KeyError, ValueError):
+        raise CheckpointError(f"{where} is a safetensors file but not a populora checkpoint (no populora "
+                              "metadata)") from None
+    if found != kind:
+        raise CheckpointError(f"{where} holds a {found} checkpoint, expected a {kind} checkpoint")
+    if _tensor_digest(tensors) != digest:
+        raise CheckpointError(f"{where} is corrupted: its tensors do not match the SHA-256 recorded at save")
+    return {k: v.to(map_location) for k, v in tensors.items()}, meta

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from .checkpoint import atomic_save, load_checkpoint
+from .checkpoint import atomic_save, atomic_save_safetensors, is_safetensors_file, load_checkpoint, \
+    load_safetensors_checkpoint
 
 from .checks import check_float, check_one_of, check_seed, is_int, is_real
 from .errors import CheckpointError, PopuloraError
@@ -43,6 +44,7 @@ EXTRA_KEY = "_extra_state"
 _LEGACY_KEYS = ("config", "downs", "ups", "generator", "generation", "eval_seed")
 _EXTRA_KEYS = ("config", "generator", "generation", "eval_seed")
 _CONFIG_KEYS = ("pop_size", "low_rank", "lora_targets")
+_GENERATOR_KEY = EXTRA_KEY + ".generator"  # the generator state's tensor in a safetensors checkpoint
 _CUDA_GENERATOR_STATE_BYTES = 16  # Philox: seed (8 bytes) and offset (8 bytes)
 
 
@@ -232,9 +234,18 @@ def check_extra(extra: Any, mine: Mapping[str, Any] | None = None) -> None:
                               f"({len(targets)}), got {scales!r}")
     history = extra.get("history")
     if history is not None and (not isinstance(history, (list, tuple)) or not all(
-            isinstance(s, (list, tuple)) and len(s) in (3, 4) and is_int(s[0])
-            and all(is_real(v) for v in s[1:]) for s in history)):
-        raise CheckpointError("the state's 'history' must be a list of [generation, best, mean, std] entries")
+            isinstance(s, (list, tuple)) and 3 <= len(s) <= len(GenerationStats._fields) and is_int(s[0])
+            and all(is_real(v) for v in s[1:3]) and all(v is None or is_real(v) for v in s[3:]) for s in history)):
+        raise CheckpointError("the state's 'history' must be a list of [generation, best, mean, std, validated, "
+                              "env_steps] entries (the last three may be None or left out)")
+
+
+def _stats(entry: Sequence[Any]) -> GenerationStats:
+    """A checked history entry as ``GenerationStats`` (``env_steps`` an int, the other fields floats or None)."""
+    values = [int(entry[0]), float(entry[1]), float(entry[2])]
+    for field, v in zip(GenerationStats._fields[3:], entry[3:]):
+        values.append(None if v is None else int(v) if field == "env_steps" else float(v))
+    return GenerationStats(*values)
 
 
 def restore_generator(saved: Tensor, device: torch.device) -> torch.Generator:
@@ -265,6 +276,24 @@ def restore_generator(saved: Tensor, device: torch.device) -> torch.Generator:
     return generator
 
 
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A Population checkpoint file's state dict, whichever format :meth:`Checkpointing.save` wrote.
+
+    A safetensors file (told by its content, not its name) gives its tensors
+    and, under ``_extra_state``, its metadata with the generator state put
+    back; the content hash is checked first (see
+    :func:`populora.checkpoint.load_safetensors_checkpoint`).
+    """
+    if not is_safetensors_file(path):
+        return load_checkpoint(path, kind="Population")
+    tensors, meta = load_safetensors_checkpoint(path, kind="Population")
+    if not isinstance(meta, dict) or _GENERATOR_KEY not in tensors:
+        raise CheckpointError(f"checkpoint {str(path)!r} is a populora safetensors file without the population's "
+                              f"extra state (metadata and {_GENERATOR_KEY!r})")
+    return {**{k: v for k, v in tensors.items() if k != _GENERATOR_KEY},
+            EXTRA_KEY: {**meta, "generator": tensors[_GENERATOR_KEY]}}
+
+
 class Checkpointing:
     """:class:`~populora.Population`'s checkpoint protocol (a mixin ahead of ``nn.Module``).
 
@@ -279,7 +308,7 @@ class Checkpointing:
         """What :meth:`state_dict` holds besides tensors of modules: config, generator, counters, history.
 
         ``{'format', 'config', 'generator' (uint8 state), 'generation',
-        'eval_seed', 'weight_scales', 'history' ([generation, best, mean, std]
+        'eval_seed', 'weight_scales', 'history' (``list(GenerationStats)``
         per entry)}``; the generator state is a copy.
         """
         return {
@@ -291,7 +320,7 @@ class Checkpointing:
             "generation": self.generation,
             "eval_seed": self.eval_seed,
             "weight_scales": list(self.weight_scales),
-            "history": [list(s)[:4] for s in self.history],  # generation, best, mean, std
+            "history": [list(s) for s in self.history],  # GenerationStats' fields, None where not recorded
         }
 
     def set_extra_state(self, state: Any) -> None:
@@ -373,7 +402,7 @@ class Checkpointing:
         if extra.get("weight_scales") is not None:
             self.weight_scales = [float(s) for s in extra["weight_scales"]]
         if extra.get("history") is not None:
-            self.history = [GenerationStats(int(s[0]), *map(float, s[1:])) for s in extra["history"]]
+            self.history = [_stats(s) for s in extra["history"]]
 
     def state(self) -> dict[str, Any]:
         """Deprecated: use :meth:`state_dict` (or :meth:`save`); the 0.1 snapshot layout, CPU copies."""
@@ -388,18 +417,35 @@ class Checkpointing:
                       DeprecationWarning, stacklevel=2)
         self.load_state_dict(state)
 
-    def save(self, path: str | Path) -> Path:
+    def save(self, path: str | Path, *, format: str | None = None) -> Path:
         """Write the adapters and counters (``state_dict(include_model=False)``) atomically; no base model.
+
+        Args:
+            path: the file to write.
+            format: ``'torch'`` (populora's verified ``torch.save`` file) or
+                ``'safetensors'`` (the adapter stacks as safetensors tensors,
+                the config, counters and history as JSON in its metadata, a
+                SHA-256 of the tensors beside them; needs ``safetensors``);
+                default ``None``: ``'safetensors'`` for a ``.safetensors``
+                suffix, else ``'torch'``. :meth:`load` and
+                :meth:`from_checkpoint` read both.
 
         Returns:
             The ``Path`` written.
         """
+        format = check_one_of("format", format, (None, "torch", "safetensors"))
+        if format is None:
+            format = "safetensors" if Path(path).suffix == ".safetensors" else "torch"
         snapshot = {k: v.detach().to("cpu", copy=True) if isinstance(v, Tensor) else v
                     for k, v in self.state_dict(include_model=False).items()}
-        return atomic_save(snapshot, path, kind="Population")
+        if format == "torch":
+            return atomic_save(snapshot, path, kind="Population")
+        extra = dict(snapshot.pop(EXTRA_KEY))
+        snapshot[_GENERATOR_KEY] = extra.pop("generator")
+        return atomic_save_safetensors(snapshot, extra, path, kind="Population")
 
     def load(self, path: str | Path) -> None:
-        """Resume from :meth:`save`'s checkpoint: adapters, generator, generation, eval seed, history.
+        """Resume from :meth:`save`'s checkpoint (either format): adapters, generator, counters, history.
 
         Raises:
             FileNotFoundError: nothing at ``path``.
@@ -407,7 +453,7 @@ class Checkpointing:
                 another kind, or does not fit this population (the file is
                 named); the population is unchanged.
         """
-        state = load_checkpoint(path, kind="Population")
+        state = read_checkpoint(path)
         with naming(path):
             self.load_state_dict(state)
 
@@ -424,7 +470,7 @@ class Checkpointing:
             CheckpointError: the file is damaged, of another kind, or does not
                 fit ``model`` (the file is named).
         """
-        state = load_checkpoint(path, kind="Population")
+        state = read_checkpoint(path)
         with naming(path):
             state = as_state_dict(state)
             check_keys(state, {EXTRA_KEY: None}, strict=False, required=True)
