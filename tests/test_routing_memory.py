@@ -15,9 +15,12 @@ from models import TinyTransformer, mlp
 from torch import nn
 from torch._C._profiler import _EventType
 
-import populora.routing as routing
+import numpy as np
+
+import populora.router as router_module  # the router's _apply reads gather_budget from its own module
 from populora import Population
 from populora.routing import Adapter, Router, gather_budget, routed_call
+from populora.rows import _plan
 
 
 def allocations(fn) -> tuple[int, int]:
@@ -92,11 +95,16 @@ def test_blocked_gather_routes_like_one_block(kind, budget, monkeypatch):
                [4, 1, 2, 4, 1, 2, 4, 1, 2, 4, 1, 2]]  # equal groups of a subset (in place)
     with torch.no_grad():
         one_block = [pop(x, individuals=ids) for ids in layouts]
-        monkeypatch.setattr(routing, "gather_budget", lambda device, activation_bytes: budget)
+        monkeypatch.setattr(router_module, "gather_budget", lambda device, activation_bytes: budget)
         for ids, want in zip(layouts, one_block):
             out = pop(x, individuals=ids)
             torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)  # block shapes differ: tolerance
             torch.testing.assert_close(out, merged_reference(pop, base, x, ids), rtol=1e-5, atol=1e-5)
+            # rows kept in input order (as with a KV cache): each block gathers its rows through `order`
+            route, perm = _plan(np.asarray(ids), 6, torch.device("cpu"), keep_order=True)
+            assert perm is None and route.order is not None
+            kept = pop._router.run(route, pop.adapters(), pop.model, (x,))
+            torch.testing.assert_close(kept, want, rtol=1e-5, atol=1e-6)
 
 
 def test_blocked_gather_with_bias_and_grad(monkeypatch):
@@ -129,7 +137,7 @@ def test_blocked_gather_with_bias_and_grad(monkeypatch):
             h = nn.functional.gelu(h) if k == 0 else h
         expected.append(h)
     torch.testing.assert_close(want, torch.cat(expected).detach(), rtol=1e-5, atol=1e-5)
-    monkeypatch.setattr(routing, "gather_budget", lambda device, activation_bytes: 1)
+    monkeypatch.setattr(router_module, "gather_budget", lambda device, activation_bytes: 1)
     out, grads = run()
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
     for g, w in zip(grads, want_grads):
