@@ -21,12 +21,12 @@ from torch import Tensor, nn
 from . import wrapping
 from .adapters import Adapter, Factors, to_adapter, to_factors
 from .checks import check_bool, check_float, check_index, check_int, check_one_of, check_seed
-from .distributed import resolve_device
 from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError, SpentPopulationError
 from .fitness import NAN_POLICIES
 from .genetic import Evolvable
 from .operators.selection import SelectionResult
 from .population_io import AdapterIO
+from .placement import place
 from .population_state import Checkpointing
 from .routing import RoutedModel, Router, RoutingTarget
 from .stats import GenerationStats
@@ -57,6 +57,9 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
             adapters and every operator draw. No global RNG is touched.
         device: where the model and adapters live; by default the model's
             device, or ``cuda:(local_rank % device_count)`` under torchrun.
+            A model spread over several devices (``device_map="auto"``)
+            stays where it is when ``device`` is None: each target's
+            adapters go on its weight's device (see :mod:`populora.placement`).
         dtype: adapter dtype; defaults to each target weight's dtype.
         init_scale: expected relative change of each target layer's output
             at initialisation (default 0.1, so the individuals differ from
@@ -149,6 +152,7 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
                 raise InvalidValueError(f"`device` must be None, a torch.device or a device string such as 'cpu' or "
                                         f"'cuda:0', got {type(device).__name__} {device!r}") from None
         targets = find_targets(model, lora_targets)
+        placement = place(model, targets, device)  # a model spread over devices stays where it is
         for name, module in targets.items():
             if dtype is None and not module.weight.dtype.is_floating_point:
                 raise InvalidValueError(f"target {name!r} has a {module.weight.dtype} weight; pass a floating-point "
@@ -159,11 +163,11 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
         self.seed = seed
         self.init_scale = float(init_scale)
         self.nan_policy = nan_policy
-        self.device = resolve_device(device, model)
+        self.device = placement.device
         self.generation = 0
         self.eval_seed = seed
         self.history: list[GenerationStats] = []  # one entry per evolve_, see evolve_
-        self.model = model.to(self.device)
+        self.model = model if placement.spread else model.to(self.device)
         self.target_names = list(targets)
         self._targets = targets
         self._spent = False
@@ -177,12 +181,12 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
         self.effective_ranks: list[int] = []  # min(low_rank, d, e) per target
         # reference weight RMS per target: rms(W), floored at the fan-in scale 1/sqrt(d) (rms(W x) >= rms(x))
         self.weight_scales: list[float] = []
-        for module, embedding in zip(targets.values(), self._embedding):
+        for (name, module), embedding in zip(targets.items(), self._embedding):
             d, e = layer_dims(module)
             rank = min(low_rank, d, e)
             weight = module.weight.detach()
             weight_scale = max(weight.double().square().mean().sqrt().item(), 1 / math.sqrt(d))
-            like = {"device": self.device, "dtype": dtype or weight.dtype}
+            like = {"device": placement.targets[name], "dtype": dtype or weight.dtype}
             down = torch.zeros(pop_size, d, low_rank, **like) if embedding else torch.zeros(pop_size, low_rank, d, **like)
             up = torch.zeros(pop_size, low_rank, e, **like)
             self._downs.append(nn.Parameter(down, requires_grad=requires_grad))

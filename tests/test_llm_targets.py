@@ -10,7 +10,7 @@ from models import TinyTransformer
 from torch import nn
 
 from populora import Population
-from populora.errors import TargetNotFoundError
+from populora.errors import InvalidValueError, TargetNotFoundError
 from populora.llm import LLAMA_ALL, LLAMA_ATTENTION, LLAMA_MLP
 from populora.targets import find_targets, quantized_reason
 
@@ -170,3 +170,63 @@ def test_quantized_layers_can_be_excluded():
     assert list(find_targets(model, ["!q", "!k", "!v"])) == ["o"]
     assert list(find_targets(model, ["o"])) == ["o"]
     assert list(find_targets(model, ["*", "!q", "!k", "!v"])) == ["o"]
+
+
+# ------------------------------------------------------------------------ a model spread over devices
+
+class _Spread(nn.Module):
+    """Layers on two devices (as device_map="auto" leaves a model): 'cpu', and 'meta' for an offloaded one."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.a, self.b = nn.Embedding(5, 4), nn.Linear(4, 4), nn.Linear(4, 4).to("meta")
+
+    def forward(self, x):
+        return self.a(self.embed(x))  # the offloaded layer is not used here
+
+
+def _spread():
+    return _Spread()
+
+
+def test_placement_of_a_spread_model():
+    from populora.placement import model_devices, place
+
+    model = _spread()
+    assert model_devices(model) == [torch.device("cpu"), torch.device("meta")]
+    placement = place(model, find_targets(model, ["embed", "a"]), None)
+    assert placement.spread and placement.device == torch.device("cpu")
+    assert placement.targets == {"embed": torch.device("cpu"), "a": torch.device("cpu")}
+    # an explicit device (or a model on one device) puts everything on that one device
+    assert place(model, find_targets(model, ["a"]), "cpu") == (torch.device("cpu"), {"a": torch.device("cpu")}, False)
+    single = nn.Sequential(nn.Linear(2, 2))
+    assert place(single, find_targets(single, None), None) == (torch.device("cpu"), {"0": torch.device("cpu")}, False)
+
+
+def test_a_spread_model_stays_where_it_is_and_adapters_follow_their_targets():
+    model = _spread()
+    pop = Population(model, 3, 2, ["embed", "a"], init_scale=1.0)
+    assert model.b.weight.device.type == "meta" and model.a.weight.device.type == "cpu"  # not moved
+    assert pop.device == torch.device("cpu")
+    assert [(d.device.type, u.device.type) for d, u in pop.factors()] == [("cpu", "cpu"), ("cpu", "cpu")]
+    x = torch.tensor([[1, 2], [3, 4], [0, 1]])
+    with torch.no_grad():  # the in-memory part routes as usual: row i through individual i
+        routed = pop(x, individuals=[0, 1, 2])
+        for i in range(3):
+            dw = pop.delta_weight(i)
+            h = model.embed(x[i]) + dw["embed"][x[i]]
+            expected = h @ (model.a.weight + dw["a"]).T + model.a.bias
+            assert (routed[i] - expected).abs().max() < 1e-5
+
+
+def test_a_target_offloaded_to_meta_is_refused_before_the_model_is_touched():
+    model = _spread()
+    flags = [p.requires_grad for p in model.parameters()]
+    with pytest.raises(InvalidValueError, match=r"spread over \['cpu', 'meta'\] and target\(s\) \['b'\] sit on the meta "
+                                        r"device \(offloaded, not in memory\)"):
+        Population(model, 2, 2, ["a", "b"])
+    assert [p.requires_grad for p in model.parameters()] == flags
+    with pytest.raises(InvalidValueError, match=r"target\(s\) \['b'\]"):
+        Population(model, 2, 2, None)
+    assert list(Population(model, 2, 2, ["!b"]).target_names) == ["a"]
