@@ -20,7 +20,7 @@ from .errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["plot_history"]
 
-_FIELDS = ("generation", "best", "mean", "std")
+_FIELDS = ("generation", "best", "mean", "std", "validated")
 
 
 def plot_history(
@@ -43,7 +43,8 @@ def plot_history(
             ``EvolveResult``, an ES).
         ax: a matplotlib ``Axes`` to draw on; by default a new figure's.
         title: the axes' title.
-        std: shade ``mean ± std`` where the entries record ``std``.
+        std: shade ``mean ± std`` where the entries record ``std``; a
+            ``validated`` score (``evolve_with_env``) is drawn dotted where recorded.
         path: also save the figure there (any format matplotlib writes, by suffix).
 
     Returns:
@@ -75,7 +76,11 @@ def plot_history(
         gens = [r[0] for r in rows]
         (line,) = ax.plot(gens, [r[1] for r in rows], label=f"{prefix}best")
         ax.plot(gens, [r[2] for r in rows], linestyle="--", color=line.get_color(), label=f"{prefix}mean")
-        spread = [(g, m, s) for g, _, m, s in rows if s is not None and math.isfinite(s)]
+        spread = [(g, m, s) for g, _, m, s, _ in rows if s is not None and math.isfinite(s)]
+        checked = [(g, v) for g, _, _, _, v in rows if v is not None and math.isfinite(v)]
+        if checked:  # evolve_with_env's validated scores
+            ax.plot([g for g, _ in checked], [v for _, v in checked], linestyle=":", marker=".",
+                    color=line.get_color(), label=f"{prefix}validated")
         if std and spread:
             ax.fill_between([g for g, _, _ in spread], [m - s for _, m, s in spread], [m + s for _, m, s in spread],
                             color=line.get_color(), alpha=0.2, linewidth=0)
@@ -89,8 +94,8 @@ def plot_history(
     return ax
 
 
-def _series(history: Any) -> dict[str, list[tuple[float, float, float, float | None]]]:
-    """``{name: [(generation, best, mean, std or None), ...]}``; ``''`` names a single series."""
+def _series(history: Any) -> dict[str, list[tuple[float, float, float, float | None, float | None]]]:
+    """``{name: [(generation, best, mean, std or None, validated or None), ...]}``; ``''`` names a single series."""
     if hasattr(history, "history") and not isinstance(history, Mapping):
         history = history.history
     if isinstance(history, Mapping):
@@ -101,7 +106,7 @@ def _series(history: Any) -> dict[str, list[tuple[float, float, float, float | N
     return {"": _rows(history, "history")}
 
 
-def _rows(entries: Any, where: str) -> list[tuple[float, float, float, float | None]]:
+def _rows(entries: Any, where: str) -> list[tuple[float, float, float, float | None, float | None]]:
     if isinstance(entries, (str, bytes)) or not isinstance(entries, Sequence):
         raise InvalidTypeError(f"`{where}` must be a list of per-generation entries (generation, best, mean[, std]), "
                                f"got {type(entries).__name__}")
@@ -110,23 +115,23 @@ def _rows(entries: Any, where: str) -> list[tuple[float, float, float, float | N
     return [_row(entry, f"{where}[{i}]") for i, entry in enumerate(entries)]
 
 
-def _row(entry: Any, where: str) -> tuple[float, float, float, float | None]:
+def _row(entry: Any, where: str) -> tuple[float, float, float, float | None, float | None]:
     if all(hasattr(entry, f) for f in _FIELDS[:3]):
         values = [getattr(entry, f, None) for f in _FIELDS]
     elif isinstance(entry, Mapping) and all(f in entry for f in _FIELDS[:3]):
         values = [entry.get(f) for f in _FIELDS]
-    elif isinstance(entry, Sequence) and not isinstance(entry, (str, bytes)) and len(entry) in (3, 4):
-        values = [*entry, None][:4]
+    elif isinstance(entry, Sequence) and not isinstance(entry, (str, bytes)) and 3 <= len(entry) <= 6:
+        values = [*entry, None, None][:5]  # (generation, best, mean[, std[, validated[, env_steps]]])
     else:
         raise InvalidTypeError(f"`{where}` must have generation, best and mean (a GenerationStats, say), got "
                                f"{type(entry).__name__} {entry!r}")
     for field, value in zip(_FIELDS, values):
-        if field == "std" and value is None:
+        if field in ("std", "validated") and value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (numbers.Real, *_scalar_types(value))):
             raise InvalidTypeError(f"`{where}.{field}` must be a number, got {type(value).__name__} {value!r}")
-    g, best, mean, s = values
-    return float(g), float(best), float(mean), None if s is None else float(s)
+    g, best, mean, s, v = values
+    return float(g), float(best), float(mean), None if s is None else float(s), None if v is None else float(v)
 
 
 def _scalar_types(value: Any) -> tuple[type, ...]:

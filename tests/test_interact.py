@@ -23,7 +23,8 @@ from populora import EnvInteractor, EvolveResult, GenerationStats, Population, e
 from populora.errors import FitnessError, InvalidIndexError, InvalidTypeError, InvalidValueError
 from populora.interact import EnvStepError, ObsNormalizer, episode_seed, episode_seeds
 from populora.interact.envs import DEFAULT_NUM_ENVS
-from populora.interact.schedule import WorkQueue
+from populora.interact.evolve import validation_defaults
+from populora.interact.schedule import REPORTING_STREAM, VALIDATION_STREAM, WorkQueue, stream_seeds
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -398,9 +399,10 @@ def test_evolved_policy_acts_as_during_evolution():
             horizon=120, seed=4, num_episodes=2, normalize_obs=normalize,
         )
         assert isinstance(policy[0], ObsNormalizer) == normalize
-        replay = interact_with_env(gym.make("CartPole-v1")).play(policy, action=argmax, horizon=120,
-                                                                 num_episodes=2, seed=4 + 2)
-        assert replay.mean().item() == pytest.approx(history[-1].best)
+        # the returned policy is the validated champion: it replays its validation episodes exactly
+        replay = interact_with_env(gym.make("CartPole-v1")).play(
+            policy, action=argmax, horizon=120, seeds=stream_seeds(4, VALIDATION_STREAM, validation_defaults(8, 2)[0]))
+        assert replay.mean().item() == pytest.approx(max(h.validated for h in history if h.validated is not None))
 
 
 def test_target_fitness_stops_early_and_return_history_false():
@@ -409,7 +411,8 @@ def test_target_fitness_stops_early_and_return_history_false():
         policy = evolve_with_env([SeededLengthEnv(log)], tiny_net(), 4, 2, num_generations=10, horizon=2,
                                  target_fitness=2.0, return_history=False)
     assert isinstance(policy, nn.Module) and not isinstance(policy, tuple)
-    assert len(log) == 4  # one generation of 4 individuals x 1 episode
+    assert len(log) == 4 + 1 * 3  # one generation: 4 training
+    # episodes (4 individuals x 1), then the top candidate's 3 validation episodes (validation_defaults(4, 1))
 
 
 def test_checkpoint_and_exact_resume(tmp_path):
@@ -473,8 +476,10 @@ def test_episode_returns_and_play():
     returns = interactor.episode_returns(pop, [1, 3], horizon=50, num_episodes=3)
     expected = [float(length_of(3, e)) for e in range(3)]
     assert returns.shape == (2, 3) and returns.tolist() == [expected, expected]
-    played = interactor.play(nn.Sequential(nn.Linear(2, 2)), horizon=50, num_episodes=3, seed=3)
+    played = interactor.play(nn.Sequential(nn.Linear(2, 2)), horizon=50, seeds=episode_seeds(3, 3))
     assert played.tolist() == expected
+    fresh = interactor.play(nn.Sequential(nn.Linear(2, 2)), horizon=50, num_episodes=3, seed=3)  # reporting seeds
+    assert fresh.tolist() == [float(3 + s % 5) for s in stream_seeds(3, REPORTING_STREAM, 3)]
 
 
 def test_env_ssl_wrapper_mock_envs_of_other_simulators():

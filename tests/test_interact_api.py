@@ -157,7 +157,9 @@ def test_evolve_with_env_returns_evolve_result_with_std_and_no_warning():
     policy, history = result  # the seed README's unpacking
     assert isinstance(policy, nn.Module) and result.policy is policy and result.history is history
     expected_std = float(torch.arange(4.0).std(correction=0))
-    assert history == [GenerationStats(0, 3.0, 1.5, expected_std), GenerationStats(1, 3.0, 1.5, expected_std)]
+    # validated: the custom fitness on the validation seeds (it ignores them); env_steps: none taken
+    assert history == [GenerationStats(0, 3.0, 1.5, expected_std, 3.0, 0),
+                       GenerationStats(1, 3.0, 1.5, expected_std, 3.0, 0)]
     assert history == explicit.history
 
 
@@ -181,24 +183,24 @@ def test_resume_reads_version_1_checkpoints(tmp_path):
         model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2))
         return evolve_with_env(gym.make_vec("CartPole-v1", 4, vectorization_mode="sync"), model, 8, 2,
                                action=argmax, num_generations=gens, horizon=40, seed=9, checkpoint_dir=folder,
-                               resume=resume, normalize_obs=True)
+                               resume=resume, normalize_obs=True, validation_episodes=0)  # 0.1's rule
 
     straight = run(3, False, None)
     run(2, False, tmp_path)
     path = tmp_path / CHECKPOINT_NAME
     state = load_checkpoint(path, kind="evolve_with_env")
-    assert state["format"] == "populora.evolve_with_env/2" and len(state["history"][0]) == 4
+    assert state["format"] == "populora.evolve_with_env/2" and len(state["history"][0]) == 6
     old = {"format": "populora.evolve_with_env/1", "population": state["population"],
            "normalizer": state["interactor"]["obs_stats"], "history": [h[:3] for h in state["history"]],
            "base_checksum": state["base_checksum"]}
     atomic_save(old, path, kind="evolve_with_env")
     resumed = run(3, True, tmp_path)
     assert [h[:3] for h in resumed.history] == [h[:3] for h in straight.history]
-    assert resumed.history[0].std is None and resumed.history[-1] == straight.history[-1]
+    assert resumed.history[0].std is None and resumed.history[-1][:4] == straight.history[-1][:4]
     for (name, a), (_, b) in zip(straight.policy.state_dict().items(), resumed.policy.state_dict().items()):
         assert torch.equal(a, b), name
     atomic_save({**old, "history": [(0, 1.0)]}, path, kind="evolve_with_env")
-    with pytest.raises(CheckpointError, match="damaged history: an entry has 2 values, expected 3 or 4"):
+    with pytest.raises(CheckpointError, match="damaged history: an entry has 2 values, expected 3 to 6"):
         run(3, True, tmp_path)
 
 

@@ -102,7 +102,7 @@ def test_target_fitness_is_not_reached_from_one_lucky_training_episode():
 
 
 def test_target_fitness_stops_on_a_validated_score():
-    _, _, _, _, history, _ = _run("independent", num_generations=3, target_fitness=50.0)
+    _, _, _, _, history, _ = _run("independent", num_generations=3, target_fitness=50.0, validation_top=2)
     assert len(history) == 1 and history[0].validated == 50.0
 
 
@@ -142,3 +142,17 @@ def test_bad_validation_options_are_named_before_any_episode():
         evolve_with_env("CartPole-v1", _model(), 4, 1, episode_seeding="shared")
     with pytest.raises(InvalidValueError, match="algorithm"):
         evolve_with_env("CartPole-v1", _model(), 4, 1, algorithm="cma")
+
+
+def test_plot_history_draws_the_validated_scores():
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    from populora import plot_history
+
+    ax = plot_history([GenerationStats(0, 3.0, 1.0, 0.5, 2.0, 10), GenerationStats(1, 4.0, 2.0, 0.5, None, 20),
+                       GenerationStats(2, 5.0, 3.0, 0.5, 4.5, 30)])
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert sorted(lines) == ["best", "mean", "validated"]
+    assert list(lines["validated"].get_xdata()) == [0.0, 2.0] and list(lines["validated"].get_ydata()) == [2.0, 4.5]
+    ax = plot_history([GenerationStats(0, 3.0, 1.0)])
+    assert sorted(line.get_label() for line in ax.get_lines()) == ["best", "mean"]

@@ -32,7 +32,7 @@ from .schedule import training_seeds
 
 __all__ = ["ES_DEFAULTS", "es_fitnesses", "make_es"]
 
-ES_DEFAULTS: dict[str, Any] = {"sigma": 0.1, "lr": 0.03, "fitness_shaping": "centered_rank"}
+ES_DEFAULTS: dict[str, Any] = {"sigma": 0.3, "lr": 0.05, "fitness_shaping": "centered_rank"}
 """Defaults of ``evolve_with_env(..., algorithm='es')``: noise scale, Adam learning rate, centred ranks."""
 
 
@@ -41,7 +41,7 @@ def make_es(model: nn.Module, pop_size: int, low_rank: int, seed: int, lora_targ
     """The ES of ``evolve_with_env(..., algorithm='es')``.
 
     ``es_kwargs`` go to :class:`~populora.EggrollES`; defaults here
-    (:data:`ES_DEFAULTS`): ``sigma=0.1``, ``torch.optim.Adam(lr=0.03)``,
+    (:data:`ES_DEFAULTS`): ``sigma=0.3``, ``torch.optim.Adam(lr=0.05)``,
     ``fitness_shaping='centered_rank'``. ``optimizer=`` replaces Adam (any
     ``torch.optim`` optimizer or ``params -> Optimizer``; ClipUp, PGPE's
     optimiser, is ``lambda ps: torch.optim.SGD(ps, lr=...)`` on a

@@ -36,8 +36,8 @@ from .generations import GenerationInfo, Run, run_es, run_ga, snapshot_populatio
 from .interactor import EnvInteractor, interact_with_env
 from .schedule import EPISODE_SEEDINGS
 
-__all__ = ["ALGORITHMS", "CHECKPOINT_NAME", "DEFAULT_EPISODE_SEEDING", "DEFAULT_VALIDATION_EPISODES",
-           "DEFAULT_VALIDATION_TOP", "EvolveResult", "GenerationInfo", "evolve_with_env"]
+__all__ = ["validation_defaults", "ALGORITHMS", "CHECKPOINT_NAME", "DEFAULT_EPISODE_SEEDING", "DEFAULT_VALIDATION_EPISODES",
+           "DEFAULT_VALIDATION_TOP", "ENV_EVOLVE_DEFAULTS", "EvolveResult", "GenerationInfo", "evolve_with_env"]
 
 ALGORITHMS = ("ga", "es")
 """``algorithm``: the genetic algorithm over a LoRA population, or EggRoll ES (:class:`~populora.EggrollES`)."""
@@ -46,10 +46,31 @@ DEFAULT_EPISODE_SEEDING = "independent"
 """Default ``episode_seeding`` (chosen by measurement, see the README's environment results)."""
 
 DEFAULT_VALIDATION_EPISODES = 5
-"""Default ``validation_episodes``: validation episodes per candidate."""
+"""Most validation episodes per candidate by default (see :func:`validation_defaults`)."""
 
 DEFAULT_VALIDATION_TOP = 2
-"""Default ``validation_top``: candidates (highest training fitness) validated per generation."""
+"""Most candidates (highest training fitness) validated per generation by default."""
+
+
+def validation_defaults(pop_size: int, num_episodes: int) -> tuple[int, int]:
+    """``(validation_episodes, validation_top)`` when left ``None``: about a fifth of the training episodes at most.
+
+    ``validation_episodes = min(5, max(3, P * E // 5))`` and ``validation_top
+    = max(1, min(2, P * E // 5 // validation_episodes))``: 5 episodes of the
+    top 2 for CartPole's 64 individuals, 3 episodes of the top 1 for the seed
+    README's 16 (whose 1000-step episodes make every validation episode cost).
+
+    Example:
+        >>> validation_defaults(64, 1), validation_defaults(16, 1)
+        ((5, 2), (3, 1))
+    """
+    share = pop_size * num_episodes // 5
+    episodes = min(DEFAULT_VALIDATION_EPISODES, max(3, share))
+    return episodes, max(1, min(DEFAULT_VALIDATION_TOP, share // episodes))
+
+ENV_EVOLVE_DEFAULTS: dict[str, Any] = {"epsilon": 0.3}
+"""``Population.evolve_`` options that ``evolve_with_env`` changes by default (``evolve_kwargs`` overrides them):
+mutation scale 0.3 instead of 0.1 (CartPole-v1 with the issue-11 call: 5/5 seeds solved, 3/5 with 0.1)."""
 
 CHECKPOINT_NAME = "evolve_with_env.pt"
 _FORMAT = "populora.evolve_with_env/2"
@@ -98,8 +119,8 @@ def evolve_with_env(
     algorithm: str = "ga",
     es_kwargs: dict[str, Any] | None = None,
     episode_seeding: str = DEFAULT_EPISODE_SEEDING,
-    validation_episodes: int = DEFAULT_VALIDATION_EPISODES,
-    validation_top: int = DEFAULT_VALIDATION_TOP,
+    validation_episodes: int | None = None,
+    validation_top: int | None = None,
     callback: Callable[[GenerationInfo], Any] | None = None,
     max_env_steps: int | None = None,
 ) -> EvolveResult:
@@ -133,7 +154,7 @@ def evolve_with_env(
     of the genetic algorithm: ``pop_size`` individuals (even: antithetic
     pairs) perturb the whole model with rank-``low_rank`` noise and play as
     a population's individuals do; the update uses centred ranks and
-    ``torch.optim.Adam`` (``es_kwargs``: ``sigma=0.1``, ``lr=0.03``,
+    ``torch.optim.Adam`` (``es_kwargs``: ``sigma=0.3``, ``lr=0.05``,
     ``optimizer=``, any other EggrollES argument). The validated individual
     is the ES's centre (its unperturbed model), and the policy returned is
     the best validated centre.
@@ -181,7 +202,8 @@ def evolve_with_env(
             one: the run goes on exactly as if never stopped (same model
             needed: it is checked by checksum).
         evolve_kwargs: keyword arguments of ``Population.evolve_``
-            (``survive_frac``, ``elite_frac``, ``mutation_type``, ``epsilon``, ...).
+            (``survive_frac``, ``elite_frac``, ``mutation_type``, ``epsilon``, ...);
+            ``epsilon`` defaults to 0.3 here (:data:`ENV_EVOLVE_DEFAULTS`).
         num_episodes: training episodes per individual and generation.
         fitness: custom fitness instead of the episode return, in any of the
             three signatures (``fn(population, individuals=...)``,
@@ -200,7 +222,7 @@ def evolve_with_env(
             start; ``nan_policy``; ``dtype``; ...).
         algorithm: ``'ga'`` (the default: the genetic algorithm over a LoRA
             population) or ``'es'`` (EggRoll ES, see above).
-        es_kwargs: with ``algorithm='es'``: ``sigma`` (0.1), ``lr`` (0.03,
+        es_kwargs: with ``algorithm='es'``: ``sigma`` (0.3), ``lr`` (0.05,
             Adam's), ``optimizer`` (replaces Adam), ``fitness_shaping``
             (``'centered_rank'``) and any other :class:`~populora.EggrollES`
             argument.
@@ -208,10 +230,15 @@ def evolve_with_env(
             meets its own training episodes; with ES each antithetic pair its
             own) or ``'common'`` (common random numbers: all individuals of a
             generation meet the same ones). Chosen by measurement (README).
-        validation_episodes: validation episodes per candidate (default
-            :data:`DEFAULT_VALIDATION_EPISODES`, 5; ``0``: no validation).
-        validation_top: candidates validated per generation (default
-            :data:`DEFAULT_VALIDATION_TOP`, 2; the ES validates its centre).
+        validation_episodes: validation episodes per candidate (``0``: no
+            validation); default from :func:`validation_defaults`: 5 for 64
+            individuals, 3 for 16.
+        validation_top: the most candidates validated per generation (the
+            ES validates its centre); default from :func:`validation_defaults`:
+            2 for 64 individuals, 1 for 16. A candidate is validated only while
+            its training fitness is at least the champion's validated score
+            (one below it is unlikely to beat it), and an unchanged one is not
+            replayed.
         callback: ``callback(info)`` after every generation, ``info`` a
             :class:`~populora.interact.generations.GenerationInfo` (stats,
             history, fitnesses, champion score, the population or ES, the
@@ -248,6 +275,8 @@ def evolve_with_env(
                          population_kwargs, dict(action=action, horizon=horizon, num_episodes=num_episodes,
                                                  fitness=fitness, to_range=to_range),
                          dict(seed=seed, episode_seeding=episode_seeding, validation_episodes=validation_episodes,
+                              pop_size=check_int("pop_size", pop_size, low=1),
+                              num_episodes=num_episodes if isinstance(num_episodes, int) else 1,
                               validation_top=validation_top, callback=callback, max_env_steps=max_env_steps))
     if algorithm == "es":
         bad = [name for name, value in (("fitness", fitness), ("evolve_kwargs", evolve_kwargs),
@@ -293,12 +322,14 @@ def _check_options(num_generations: Any, target_fitness: Any, progress: Any, che
         target_fitness = check_float("target_fitness", target_fitness)
     if resume and checkpoint_dir is None:
         raise InvalidValueError("`resume=True` needs `checkpoint_dir`")
-    evolve = dict(evolve_kwargs or {})
+    evolve = {**ENV_EVOLVE_DEFAULTS, **(evolve_kwargs or {})}
     _check_evolve_keys(evolve)
     path = Path(checkpoint_dir) / CHECKPOINT_NAME if checkpoint_dir is not None else None
     seeding = check_one_of("episode_seeding", more["episode_seeding"], EPISODE_SEEDINGS)
-    v_episodes = check_int("validation_episodes", more["validation_episodes"], low=0)
-    v_top = check_int("validation_top", more["validation_top"], low=1)
+    auto_episodes, auto_top = validation_defaults(more["pop_size"], max(1, more["num_episodes"]))
+    v_episodes, v_top = more["validation_episodes"], more["validation_top"]
+    v_episodes = auto_episodes if v_episodes is None else check_int("validation_episodes", v_episodes, low=0)
+    v_top = auto_top if v_top is None else check_int("validation_top", v_top, low=1)
     if more["callback"] is not None and not callable(more["callback"]):
         raise InvalidTypeError(f"`callback` must be callable as callback(info), got {more['callback']!r}")
     budget = more["max_env_steps"]
@@ -394,7 +425,7 @@ def _check_evolve_values(population: Population, options: dict[str, Any]) -> Non
     counters are restored from a copy afterwards, so the run is the same as
     without the check.
     """
-    if not options:  # the defaults are valid by construction
+    if options == ENV_EVOLVE_DEFAULTS:  # the defaults are valid by construction
         return
     saved = snapshot_population(population)
     fitnesses = torch.arange(population.pop_size, dtype=torch.float32, device=population.device)

@@ -99,7 +99,7 @@ class Loop:
     def record(self, generation: int, fitnesses: Tensor, validated: float | None, champion: float | None,
                optimizer: Any) -> bool:
         """Append the generation's stats, report them; whether the run stops here."""
-        f = fitnesses.detach().double()
+        f = fitnesses.detach()  # float32, as Population.history's
         steps = self.steps_before + total_env_steps(self.interactor)
         stats = GenerationStats(generation, float(f.max()), float(f.mean()), float(f.std(correction=0)),
                                 validated, steps)
@@ -140,6 +140,10 @@ def validate_ga(population: Population, interactor: EnvInteractor, run: Run, val
     if not validator.enabled:
         return None
     ids = top_candidates(fitnesses, validator.top)
+    if validator.champion is not None:  # one whose training fitness is below the champion's score is not replayed
+        ids = [i for i in ids if float(fitnesses[i]) >= validator.champion.score]
+    if not ids:
+        return None
     fitness = run.episodes.get("fitness")
     if fitness is not None:  # a custom fitness, run by every rank with the validation eval seed
         saved = population.eval_seed

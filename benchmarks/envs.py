@@ -1,0 +1,132 @@
+"""Fresh-episode scores of ``evolve_with_env`` on gymnasium tasks, at a stated budget.
+
+Each run evolves a policy with :func:`populora.evolve_with_env` (validated
+champions, env steps counted), then plays the returned policy on episodes of
+its own reporting seeds (``EnvInteractor.play(policy, seed=REPORT + seed)``:
+seeds never met by training or validation) and prints one table row:
+
+    task | algorithm | seed | budget | fresh score (mean over N episodes) | target | env steps | wall s
+
+Tasks and their targets (issue 11):
+
+* ``cartpole``: CartPole-v1, the issue's call (16 envs, pop 64, rank 4, up
+  to 30 generations, ``target_fitness=475``, defaults otherwise); >= 475 over
+  20 fresh episodes.
+* ``lunarlander``: LunarLander-v3 (discrete); >= 200 over 30 episodes within
+  2M env steps.
+* ``pendulum``: Pendulum-v1; >= -200 over 30 episodes within 5M env steps.
+* ``lunarlander-continuous``: LunarLanderContinuous-v3; >= 200 over 30
+  episodes within 2M env steps.
+
+``--budget-seconds`` is a total wall-time budget: a run stops (through
+``evolve_with_env``'s ``callback``) once it is spent, and is reported as it
+stands. Run::
+
+    python benchmarks/envs.py --task cartpole --seed 0 1 2 3 4
+    python benchmarks/envs.py --task lunarlander --seed 0 --budget-seconds 900
+    python benchmarks/envs.py --task pendulum --seed 0 --algorithm es
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import torch
+from torch import nn
+
+from populora import evolve_with_env, interact_with_env
+
+REPORT = 7_000_000  # the reporting seeds' run seed offset (play() draws them from its own stream)
+
+
+@dataclass
+class Task:
+    env: str
+    model: Any
+    target: float
+    episodes: int  # fresh episodes reported
+    max_env_steps: int | None
+    num_generations: int
+    options: dict[str, Any] = field(default_factory=dict)  # evolve_with_env's
+    play: dict[str, Any] = field(default_factory=dict)  # action / to_range for play()
+
+
+def _mlp(*sizes: int, out_tanh: bool = False) -> nn.Module:
+    layers: list[nn.Module] = []
+    for a, b in zip(sizes[:-1], sizes[1:]):
+        layers += [nn.Linear(a, b), nn.Tanh()]
+    return nn.Sequential(*(layers if out_tanh else layers[:-1]))
+
+
+def tasks(algorithm: str) -> dict[str, Task]:
+    identity = lambda out: out  # noqa: E731
+    es = algorithm == "es"
+    return {
+        "cartpole": Task("CartPole-v1", lambda: _mlp(4, 32, 2), 475.0, 20, None, 30,
+                         dict(pop_size=64, low_rank=4, target_fitness=475.0, num_envs=16)),
+        "lunarlander": Task("LunarLander-v3", lambda: _mlp(8, 32, 4), 200.0, 30, 2_000_000, 10_000,
+                            dict(pop_size=64, low_rank=4, num_envs=16, num_episodes=2, normalize_obs=True,
+                                 horizon=1000, **({} if es else dict(evolve_kwargs=dict(epsilon=0.1))))),
+        "pendulum": Task("Pendulum-v1", lambda: _mlp(3, 32, 32, 1, out_tanh=True), -200.0, 30, 5_000_000, 10_000,
+                         dict(pop_size=64, low_rank=4, num_envs=16, num_episodes=2, normalize_obs=True, horizon=200,
+                              action=identity, to_range=(-2.0, 2.0)),
+                         dict(action=identity, to_range=(-2.0, 2.0))),
+        "lunarlander-continuous": Task(
+            "LunarLanderContinuous-v3", lambda: _mlp(8, 32, 2, out_tanh=True), 200.0, 30, 2_000_000, 10_000,
+            dict(pop_size=64, low_rank=4, num_envs=16, num_episodes=2, normalize_obs=True, horizon=1000,
+                 action=identity), dict(action=identity)),
+    }
+
+
+def run(task_name: str, seed: int, algorithm: str, deadline: float) -> dict[str, Any]:
+    task = tasks(algorithm)[task_name]
+    torch.manual_seed(seed)
+    options = dict(task.options)
+    pop_size, low_rank = options.pop("pop_size"), options.pop("low_rank")
+    if algorithm == "es":
+        options.pop("evolve_kwargs", None)
+    start = time.perf_counter()
+    policy, history = evolve_with_env(
+        task.env, task.model(), pop_size, low_rank, seed=seed, num_generations=task.num_generations,
+        max_env_steps=task.max_env_steps, algorithm=algorithm,
+        callback=lambda info: time.perf_counter() > deadline, **options)
+    wall = time.perf_counter() - start
+    with interact_with_env(task.env, num_envs=16) as interactor:
+        returns = interactor.play(policy, num_episodes=task.episodes, seed=REPORT + seed,
+                                  horizon=options.get("horizon"), **task.play)
+    return dict(task=task.env, algorithm=algorithm, seed=seed, budget=task.max_env_steps,
+                score=float(returns.mean()), episodes=task.episodes, target=task.target,
+                steps=history[-1].env_steps, generations=len(history), wall=wall,
+                validated=max((h.validated for h in history if h.validated is not None), default=float("nan")))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--task", choices=sorted(tasks("ga")), default="cartpole")
+    parser.add_argument("--seed", type=int, nargs="+", default=[0])
+    parser.add_argument("--algorithm", choices=["ga", "es"], default="ga")
+    parser.add_argument("--budget-seconds", type=float, default=900.0, help="total wall time of all seeds")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    deadline = time.perf_counter() + args.budget_seconds
+    rows = []
+    print("| task | algorithm | seed | env-step budget | fresh score (episodes) | target | best validated "
+          "| generations | env steps | wall s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for seed in args.seed:
+        r = run(args.task, seed, args.algorithm, deadline)
+        rows.append(r)
+        budget = "-" if r["budget"] is None else f"{r['budget']:,}"
+        print(f"| {r['task']} | {r['algorithm']} | {r['seed']} | {budget} | {r['score']:.1f} ({r['episodes']}) "
+              f"| {r['target']:g} | {r['validated']:.1f} | {r['generations']} | {r['steps']:,} | {r['wall']:.0f} |",
+              flush=True)
+    met = sum(r["score"] >= r["target"] for r in rows)
+    print(f"\n{met}/{len(rows)} seeds reach the target")
+
+
+if __name__ == "__main__":
+    main()
