@@ -14,7 +14,8 @@ the same ``2P`` rows:
 
 tokens/s counts every generated token of every row. ``routed/plain`` is the overhead of routing.
 plain and routed are timed ``--repeats`` times, interleaved, best kept (a shared machine is noisy);
-merged and peft once. Also checks that routed and PEFT tokens agree.
+merged and peft once (``--merged-sample K`` times K of the P merged runs, all of the same shape, and
+scales to P). Also checks that routed and PEFT tokens agree.
 
     python benchmarks/generate.py                              # P in 4 16 64, fp32, CPU
     python benchmarks/generate.py --pops 4 16 --new-tokens 16
@@ -63,6 +64,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--skip", nargs="*", default=[], choices=["merged", "peft"])
+    parser.add_argument("--merged-sample", type=int, default=0,
+                        help="time only this many of the P merged runs and scale to P (0: all P)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -102,7 +105,8 @@ def main() -> None:
                 line += ["-", "-"]
             else:
                 merged_s = 0.0
-                for i in range(P):  # merge i, generate its 2 rows, unmerge (only generate is timed)
+                sample = P if args.merged_sample <= 0 else min(P, args.merged_sample)
+                for i in range(sample):  # merge i, generate its 2 rows, unmerge (only generate is timed)
                     deltas = pop.delta_weight(i)
                     for name, delta in deltas.items():
                         model.get_submodule(name).weight.add_(delta.to(dtype))
@@ -110,7 +114,9 @@ def main() -> None:
                     merged_s += s
                     for name, delta in deltas.items():
                         model.get_submodule(name).weight.sub_(delta.to(dtype))
-                line += [f"{tok / merged_s:.1f}", f"{merged_s / routed_s:.2f}x"]
+                merged_s *= P / sample  # the P runs have the same shapes: a sample times them all
+                line += [f"{tok / merged_s:.1f}" + ("" if sample == P else f" ({sample} of {P} runs timed)"),
+                         f"{merged_s / routed_s:.2f}x"]
 
             if peft_base is None:
                 line += ["-", "-", "-"]
