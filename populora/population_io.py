@@ -61,7 +61,8 @@ class AdapterIO:
                                             f"got {tuple(t.shape)}")
                 if not bool(torch.isfinite(t).all()):
                     raise InvalidValueError(f"`factors` {kind} of {name!r} holds non-finite values")
-            new.append(Factors(pair[0].to(down.device, down.dtype, copy=True)[None], pair[1].to(up.device, up.dtype, copy=True)[None]))
+            new.append(Factors(pair[0].to(down.device, down.dtype, copy=True)[None],
+                               pair[1].to(up.device, up.dtype, copy=True)[None]))
         with torch.no_grad():
             self._write(torch.tensor([i], device=self.device), new)
 

@@ -61,7 +61,8 @@ def test_es_on_a_causal_lm_lowers_next_token_loss_and_is_deterministic():
     es = _es(other, seed=1)
     for _ in range(8):
         es.step(SEQ, next_token_loss, SEQ)
-    assert not torch.equal(other.model.layers[0].self_attn.q_proj.weight, runs[0]["model.layers.0.self_attn.q_proj.weight"])
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(other.state_dict()[q], runs[0][q])
 
 
 def test_norm_gains_are_frozen_with_one_warning_or_perturbed_by_choice():

@@ -140,7 +140,8 @@ def test_quantized_reason_names_the_module_and_its_type():
     model = _quantized_model()
     assert quantized_reason(model.q, "q") == ("'q' is a quantized layer (Linear4bit from test_llm_targets, weight "
                                               "Parameter of dtype torch.uint8)")
-    assert "Linear8bitLt from test_llm_targets, weight Int8Params of dtype torch.float32" in quantized_reason(model.k, "k")
+    assert ("Linear8bitLt from test_llm_targets, weight Int8Params of dtype torch.float32"
+            in quantized_reason(model.k, "k"))
     assert "QuantLinear from test_llm_targets, weight Tensor of dtype torch.int8" in quantized_reason(model.v, "v")
     assert quantized_reason(model.o, "o") is None
     assert quantized_reason(nn.Embedding(4, 2)) is None and quantized_reason(nn.ReLU()) is None
@@ -223,8 +224,8 @@ def test_a_spread_model_stays_where_it_is_and_adapters_follow_their_targets():
 def test_a_target_offloaded_to_meta_is_refused_before_the_model_is_touched():
     model = _spread()
     flags = [p.requires_grad for p in model.parameters()]
-    with pytest.raises(InvalidValueError, match=r"spread over \['cpu', 'meta'\] and target\(s\) \['b'\] sit on the meta "
-                                        r"device \(offloaded, not in memory\)"):
+    with pytest.raises(InvalidValueError, match=r"spread over \['cpu', 'meta'\] and target\(s\) \['b'\] sit on "
+                                                r"the meta device \(offloaded, not in memory\)"):
         Population(model, 2, 2, ["a", "b"])
     assert [p.requires_grad for p in model.parameters()] == flags
     with pytest.raises(InvalidValueError, match=r"target\(s\) \['b'\]"):

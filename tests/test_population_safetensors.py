@@ -147,4 +147,5 @@ def test_a_checkpoint_of_another_population_does_not_fit(tmp_path):
 
 def test_import_populora_does_not_import_safetensors():
     code = "import sys, populora; print('safetensors' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
