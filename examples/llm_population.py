@@ -52,7 +52,7 @@ class ByteTokenizer:
         return {"input_ids": torch.tensor([[0] * (width - len(r)) + r for r in ids]),  # left padded
                 "attention_mask": torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in ids])}
 
-    def decode(self, ids: torch.Tensor) -> str:
+    def decode(self, ids: torch.Tensor, skip_special_tokens: bool = True) -> str:
         return bytes(int(i) + 47 for i in ids if 0 < int(i) < 11).decode()  # ids 1..10 read as digits 0..9
 
 
@@ -116,14 +116,14 @@ def main() -> None:
     pop = Population(model, args.pop_size, args.rank, LLAMA_ALL, init_scale=0, seed=args.seed)
     with torch.no_grad():  # every individual starts as the base model (up = 0): score it once
         base_out = pop.generate(ids, mask, individual=0, **gen_kwargs)
-    base_score = sum(verify(tokenizer.decode(row[width:]), a + b) for row, (a, b) in zip(base_out, problems))
+    base_score = sum(verify(tokenizer.decode(row[width:], skip_special_tokens=True), a + b) for row, (a, b) in zip(base_out, problems))
     pop.mutate_("full_gaussian", all_individuals=True, epsilon=args.epsilon)
 
     def score() -> tuple[torch.Tensor, torch.Tensor]:
         """Every individual answers every prompt in one generate call: ``(P,)`` scores, ``(P, b, T)`` tokens."""
         with torch.no_grad():
             out = pop.generate(ids, mask, all_individuals=True, split=True, **gen_kwargs)
-        scores = torch.tensor([[verify(tokenizer.decode(row[width:]), a + b) for row, (a, b) in zip(rows, problems)]
+        scores = torch.tensor([[verify(tokenizer.decode(row[width:], skip_special_tokens=True), a + b) for row, (a, b) in zip(rows, problems)]
                                for rows in out]).mean(1)
         return scores, out
 
@@ -152,7 +152,7 @@ def main() -> None:
         reloaded = peft_model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)
         logit_diff = (peft_model(input_ids=routed, attention_mask=full_mask).logits - routed_logits).abs().max().item()
     same = torch.equal(reloaded, routed) and logit_diff < 1e-3
-    replies = [tokenizer.decode(row[width:]) for row in routed]
+    replies = [tokenizer.decode(row[width:], skip_special_tokens=True) for row in routed]
     (args.out / "scores.json").write_text(json.dumps({
         "model": name, "problems": problems, "base_score": base_score / len(problems), "scores": scores.tolist(),
         "best": best,
