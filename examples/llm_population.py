@@ -109,6 +109,9 @@ def main() -> None:
     batch = encode(tokenizer, [f"What is {a} + {b}?" for a, b in problems])
     ids, mask = batch["input_ids"], batch["attention_mask"]
     width = ids.shape[1]
+    def reply(row: torch.Tensor) -> str:
+        return tokenizer.decode(row[width:], skip_special_tokens=True)
+
     gen_kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
     print(f"{name}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, loaded in "
           f"{time.time() - start:.0f} s", flush=True)
@@ -116,14 +119,14 @@ def main() -> None:
     pop = Population(model, args.pop_size, args.rank, LLAMA_ALL, init_scale=0, seed=args.seed)
     with torch.no_grad():  # every individual starts as the base model (up = 0): score it once
         base_out = pop.generate(ids, mask, individual=0, **gen_kwargs)
-    base_score = sum(verify(tokenizer.decode(row[width:], skip_special_tokens=True), a + b) for row, (a, b) in zip(base_out, problems))
+    base_score = sum(verify(reply(row), a + b) for row, (a, b) in zip(base_out, problems))
     pop.mutate_("full_gaussian", all_individuals=True, epsilon=args.epsilon)
 
     def score() -> tuple[torch.Tensor, torch.Tensor]:
         """Every individual answers every prompt in one generate call: ``(P,)`` scores, ``(P, b, T)`` tokens."""
         with torch.no_grad():
             out = pop.generate(ids, mask, all_individuals=True, split=True, **gen_kwargs)
-        scores = torch.tensor([[verify(tokenizer.decode(row[width:], skip_special_tokens=True), a + b) for row, (a, b) in zip(rows, problems)]
+        scores = torch.tensor([[verify(reply(row), a + b) for row, (a, b) in zip(rows, problems)]
                                for rows in out]).mean(1)
         return scores, out
 
@@ -152,7 +155,7 @@ def main() -> None:
         reloaded = peft_model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)
         logit_diff = (peft_model(input_ids=routed, attention_mask=full_mask).logits - routed_logits).abs().max().item()
     same = torch.equal(reloaded, routed) and logit_diff < 1e-3
-    replies = [tokenizer.decode(row[width:], skip_special_tokens=True) for row in routed]
+    replies = [reply(row) for row in routed]
     (args.out / "scores.json").write_text(json.dumps({
         "model": name, "problems": problems, "base_score": base_score / len(problems), "scores": scores.tolist(),
         "best": best,
