@@ -142,9 +142,12 @@ def seed_dm_control_block() -> None:
     exec(compile(SEED_DM_CONTROL_BLOCK, "<seed README dm_control block>", "exec"), namespace)
     wall, cpu1 = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
     cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
-    best = [round(h.best, 1) for h in namespace["history"]]
+    history = namespace["history"]
+    best = [round(h.best, 1) for h in history]
     print(f"seed dm_control block: wall {wall:.0f} s, CPU {cpu:.0f} s, load average {os.getloadavg()[0]:.1f} "
-          f"on {os.cpu_count()} cores; best per generation {best}")
+          f"on {os.cpu_count()} cores; {history[-1].env_steps:,} env steps (validation included; training alone "
+          f"{16 * 1000 * len(history):,}); best per generation {best}; validated "
+          f"{[None if h.validated is None else round(h.validated, 1) for h in history]}")
 
 
 def main() -> None:

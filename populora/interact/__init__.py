@@ -11,13 +11,16 @@ actions), ``normalize`` (observation statistics), ``schedule`` (work queue
 and episode seeds), ``sources`` / ``vector`` (the slot sources: single envs,
 sub-envs of a ``SyncVectorEnv``, vector envs), ``envs`` (:class:`EnvSlots`
 and :func:`build_slots`), ``rollout`` (the episode loop), ``interactor``
-(:class:`EnvInteractor`), ``evolve`` (:func:`evolve_with_env`).
+(:class:`EnvInteractor`), ``champion`` (validation episodes and the
+champion), ``es_env`` (EggrollES individuals playing episodes),
+``generations`` (the GA and ES loops), ``evolve`` (:func:`evolve_with_env`).
 """
 
 from ..stats import GenerationStats
 from .actions import ActionFormat
 from .envs import EnvStepError
 from .evolve import EvolveResult, evolve_with_env
+from .generations import GenerationInfo
 from .interactor import EnvInteractor, episode_seed, episode_seeds, interact_with_env
 from .normalize import ObsNormalizer
 
@@ -26,6 +29,7 @@ __all__ = [
     "EnvInteractor",
     "EnvStepError",
     "EvolveResult",
+    "GenerationInfo",
     "GenerationStats",
     "ObsNormalizer",
     "episode_seed",
