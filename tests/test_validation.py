@@ -156,3 +156,18 @@ def test_plot_history_draws_the_validated_scores():
     assert list(lines["validated"].get_xdata()) == [0.0, 2.0] and list(lines["validated"].get_ydata()) == [2.0, 4.5]
     ax = plot_history([GenerationStats(0, 3.0, 1.0)])
     assert sorted(line.get_label() for line in ax.get_lines()) == ["best", "mean"]
+
+
+def test_a_champion_reaching_the_target_is_confirmed_on_more_episodes_before_the_run_stops():
+    actions, lucky, robust, train = _setup("independent")
+    val = stream_seeds(SEED, VALIDATION_STREAM, 9)
+    log: list = []
+    envs = [_Oracle(actions, lucky, robust, train | set(val[:3]), log) for _ in range(4)]  # lucky on the 3 too
+    policy, history = evolve_with_env(envs, _model(), POP, 1, action=lambda out: out, seed=SEED, num_generations=3,
+                                      target_fitness=90.0, validation_episodes=3, validation_top=2)
+    assert history[0].best == 100.0
+    assert history[0].validated == 50.0  # the lucky one: 100 on 3 episodes, 0 on the 6 confirmation ones: 33.3
+    assert len(history) == 3  # the run did not stop
+    assert {s for _, s in log} >= set(val)  # the 6 confirmation seeds were played
+    with torch.no_grad():
+        assert float(policy(torch.ones(1, 1))[0, 0]) == pytest.approx(actions[robust], abs=1e-5)  # robust: 50

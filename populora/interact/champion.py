@@ -52,6 +52,7 @@ class Champion:
     index: int
     state: dict[str, Any]
     interactor: dict[str, Any]
+    confirmed: bool = False  # its score is the mean over the confirmation episodes too
 
 
 def top_candidates(fitnesses: Tensor, top: int) -> list[int]:
@@ -89,9 +90,12 @@ class Validator:
 
     def __init__(self, seed: int, episodes: int, top: int):
         self.episodes, self.top = int(episodes), int(top)
-        self.seeds = stream_seeds(seed, VALIDATION_STREAM, self.episodes)
+        both = stream_seeds(seed, VALIDATION_STREAM, 3 * self.episodes)
+        self.seeds = both[: self.episodes]
+        self.confirm_seeds = both[self.episodes :]  # 2x more, played once by a champion that reaches the target
         self.eval_seed = stream_seeds(seed, VALIDATION_STREAM + 16, 1)[0]  # a custom fitness's validation eval_seed
         self.champion: Champion | None = None
+        self.previous: Champion | None = None  # the champion before the current one
         self.cache: dict[str, float] = {}
 
     @property
@@ -130,14 +134,47 @@ class Validator:
         best_score, best_id = max(finite, key=lambda t: (t[0], -t[1]))
         if self.champion is None or best_score > self.champion.score:
             state, interactor = snapshot()
+            self.previous = self.champion
             self.champion = Champion(best_score, generation, best_id, state, interactor)
         return best_score
+
+    def confirm(self, generation: int, target: float | None, key: str, play: Any) -> float | None:
+        """Before a run stops at ``target``: replay this generation's new champion on the confirmation episodes.
+
+        A champion of ``generation`` whose validated score reaches ``target``
+        plays the ``2 * validation_episodes`` confirmation episodes (fixed
+        seeds of the same stream); its score becomes the mean over all
+        ``3 * validation_episodes``, so a stop is judged on three times as
+        many episodes as the ranking (the best of several candidates on a few
+        episodes is biased upwards). ``play(seeds) -> mean`` runs on the main
+        rank. Returns the confirmed score, or ``None`` when nothing was confirmed.
+        """
+        c = self.champion
+        if target is None or c is None or c.generation != generation or c.confirmed or c.score < target:
+            return None
+        more = self.scores([key + "/confirm"], lambda _: [play(self.confirm_seeds)])[0]
+        c.score = (c.score * len(self.seeds) + more * len(self.confirm_seeds)) / (len(self.seeds) + len(self.confirm_seeds))
+        c.confirmed = True
+        return c.score
+
+    def reconsider(self, generation: int, ids: list[int], scores: list[float], snapshot: Any) -> None:
+        """After a confirmation lowered the champion's score: the best of it, the previous champion and
+        this generation's other candidates (``ids`` / ``scores``) is the champion."""
+        c, prev = self.champion, self.previous
+        others = [(s, i) for s, i in zip(scores, ids) if i != c.index and np.isfinite(s)]
+        best_other = max(others, key=lambda t: (t[0], -t[1])) if others else None
+        if best_other is not None and best_other[0] > c.score and (prev is None or best_other[0] > prev.score):
+            state, interactor = snapshot()
+            self.champion = Champion(best_other[0], generation, best_other[1], state, interactor)
+        elif prev is not None and prev.score > c.score:
+            self.champion = prev
 
     def state_dict(self) -> dict[str, Any]:
         """The champion and the cache (for checkpoints)."""
         c = self.champion
         return {"champion": None if c is None else dict(score=c.score, generation=c.generation, index=c.index,
-                                                         state=c.state, interactor=c.interactor),
+                                                         state=c.state, interactor=c.interactor,
+                                                         confirmed=c.confirmed),
                 "cache": dict(self.cache)}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
@@ -145,5 +182,5 @@ class Validator:
             return
         c = state.get("champion")
         self.champion = None if c is None else Champion(float(c["score"]), int(c["generation"]), int(c["index"]),
-                                                        c["state"], c["interactor"])
+                                                        c["state"], c["interactor"], bool(c.get("confirmed")))
         self.cache = {str(k): float(v) for k, v in state.get("cache", {}).items()}

@@ -166,8 +166,22 @@ def validate_ga(population: Population, interactor: EnvInteractor, run: Run, val
             return returns.mean(dim=1)
 
         scores = validator.scores(keys, play)
-    return validator.offer(population.generation, ids, scores,
+    best = validator.offer(population.generation, ids, scores,
                            lambda: (snapshot_population(population), interactor.state_dict()))
+    if fitness is None and validator.champion is not None:
+        champion = validator.champion
+        key = keys[ids.index(champion.index)] if champion.generation == population.generation else ""
+
+        def confirm(seeds: list[int]) -> float:
+            return float(interactor.episode_returns(population, [champion.index], seeds=seeds, **options).mean())
+
+        confirmed = validator.confirm(population.generation, run.target_fitness, key, confirm)
+        if confirmed is not None:  # the generation's best is now judged on more episodes
+            others = [sc for i, sc in zip(ids, scores) if i != champion.index]
+            best = max([confirmed, *others])
+            validator.reconsider(population.generation, ids, scores,
+                                 lambda: (snapshot_population(population), interactor.state_dict()))
+    return best
 
 
 def run_ga(population: Population, interactor: EnvInteractor, run: Run, history: list[GenerationStats],
@@ -227,7 +241,16 @@ def validate_es(es: Any, interactor: EnvInteractor, run: Run, validator: Validat
         return [float(returns[0].mean())]
 
     scores = validator.scores([key], play)
-    return validator.offer(es.generation, [0], scores, lambda: (state, interactor.state_dict()))
+    best = validator.offer(es.generation, [0], scores, lambda: (state, interactor.state_dict()))
+
+    def confirm(seeds: list[int]) -> float:
+        return float(interactor._play(es.model, [0], seeds=seeds, base_seed=run.seed, **run_opts)[0].mean())
+
+    confirmed = validator.confirm(es.generation, run.target_fitness, key, confirm)
+    if confirmed is None:
+        return best
+    validator.reconsider(es.generation, [], [], lambda: (state, interactor.state_dict()))
+    return confirmed
 
 
 def run_es(es: Any, interactor: EnvInteractor, run: Run, history: list[GenerationStats], validator: Validator,
