@@ -314,7 +314,7 @@ class TestHistory:
 
     def test_generation_stats_stays_positional(self):
         s = GenerationStats(2, 1.0, 0.5)
-        assert s.std is None and tuple(s) == (2, 1.0, 0.5, None)
+        assert s.std is None and tuple(s) == (2, 1.0, 0.5, None, None, None)
         g, best, mean, *_ = s
         assert (g, best, mean) == (2, 1.0, 0.5)
 
