@@ -53,6 +53,7 @@ class Champion:
     state: dict[str, Any]
     interactor: dict[str, Any]
     confirmed: bool = False  # its score is the mean over the confirmation episodes too
+    lower: float = float("-inf")  # confirmed: score minus two standard errors (what target_fitness judges)
 
 
 def top_candidates(fitnesses: Tensor, top: int) -> list[int]:
@@ -139,23 +140,41 @@ class Validator:
         return best_score
 
     def confirm(self, generation: int, target: float | None, key: str, play: Any) -> float | None:
-        """Before a run stops at ``target``: replay this generation's new champion on the confirmation episodes.
+        """Before a run stops at ``target``: replay this generation's new champion on more episodes.
 
         A champion of ``generation`` whose validated score reaches ``target``
-        plays the ``2 * validation_episodes`` confirmation episodes (fixed
-        seeds of the same stream); its score becomes the mean over all
-        ``3 * validation_episodes``, so a stop is judged on three times as
-        many episodes as the ranking (the best of several candidates on a few
-        episodes is biased upwards). ``play(seeds) -> mean`` runs on the main
-        rank. Returns the confirmed score, or ``None`` when nothing was confirmed.
+        plays the validation episodes and the ``2 * validation_episodes``
+        confirmation episodes (fixed seeds of the same stream); its score
+        becomes their mean and :attr:`Champion.lower` that mean minus two
+        standard errors. The run stops only when ``lower`` reaches the target:
+        a stop is judged on three times as many episodes as the ranking, with
+        their spread (the best of several candidates on a few episodes is
+        biased upwards, and an occasional failed episode shows in the spread).
+        ``play(seeds) -> returns`` runs on the main rank. Returns the
+        confirmed score, or ``None`` when nothing was confirmed.
         """
         c = self.champion
         if target is None or c is None or c.generation != generation or c.confirmed or c.score < target:
             return None
-        more = self.scores([key + "/confirm"], lambda _: [play(self.confirm_seeds)])[0]
-        c.score = (c.score * len(self.seeds) + more * len(self.confirm_seeds)) / (len(self.seeds) + len(self.confirm_seeds))
-        c.confirmed = True
+
+        def stats(_: list[int]) -> list[float]:
+            r = np.asarray(play(self.seeds + self.confirm_seeds), dtype=np.float64)
+            return [float(r.mean()), 2.0 * float(r.std() / np.sqrt(r.size))]  # two standard errors
+
+        keys = [key + "/confirm-mean", key + "/confirm-se"]
+        mean, se = self._pair(keys, stats)
+        c.score, c.lower, c.confirmed = mean, mean - se, True
         return c.score
+
+    def _pair(self, keys: list[str], stats: Any) -> tuple[float, float]:
+        """Two numbers computed together on the main rank (cached, broadcast like :meth:`scores`)."""
+        values: list[float] = []
+        if not all(k in self.cache for k in keys):
+            values = stats([]) if is_main_rank() else []
+            if world_size() > 1:
+                values = list(broadcast_object(values))
+            self.cache.update(zip(keys, values))
+        return self.cache[keys[0]], self.cache[keys[1]]
 
     def reconsider(self, generation: int, ids: list[int], scores: list[float], snapshot: Any) -> None:
         """After a confirmation lowered the champion's score: the best of it, the previous champion and
@@ -174,7 +193,7 @@ class Validator:
         c = self.champion
         return {"champion": None if c is None else dict(score=c.score, generation=c.generation, index=c.index,
                                                          state=c.state, interactor=c.interactor,
-                                                         confirmed=c.confirmed),
+                                                         confirmed=c.confirmed, lower=c.lower),
                 "cache": dict(self.cache)}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
@@ -182,5 +201,6 @@ class Validator:
             return
         c = state.get("champion")
         self.champion = None if c is None else Champion(float(c["score"]), int(c["generation"]), int(c["index"]),
-                                                        c["state"], c["interactor"], bool(c.get("confirmed")))
+                                                        c["state"], c["interactor"], bool(c.get("confirmed")),
+                                                        float(c.get("lower", float("-inf"))))
         self.cache = {str(k): float(v) for k, v in state.get("cache", {}).items()}

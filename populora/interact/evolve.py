@@ -142,8 +142,11 @@ def evolve_with_env(
     :meth:`~populora.EnvInteractor.play`), the same every generation. The
     returned policy is the best validated individual of the whole run (with
     the observation normaliser of its own generation), and ``target_fitness``
-    stops the run once a validated mean reaches it, never on one lucky
-    training episode. Validation steps count in ``env_steps`` and
+    stops the run on a validated score, never on one lucky training episode:
+    a new champion whose validated mean reaches the target replays the
+    validation episodes and ``2 * validation_episodes`` more (fixed seeds of
+    the same stream), and the run stops once the mean of those minus two
+    standard errors still reaches it. Validation steps count in ``env_steps`` and
     ``max_env_steps``; an individual carried over unchanged is not replayed.
     With a custom ``fitness=fn`` the same rule applies to what ``fn`` returns
     with ``population.eval_seed`` set to the run's validation seed (fixed for
@@ -189,9 +192,10 @@ def evolve_with_env(
         horizon: maximum steps of one episode (``None``: until the env ends it).
         seed: seeds the population (adapters, operators, episode seeds).
         progress: tqdm bar over generations with best / mean fitness (main rank).
-        target_fitness: stop after the first generation where the best
-            validated score of the run reaches it (the training best with
-            ``validation_episodes=0``).
+        target_fitness: stop after the first generation whose champion's
+            confirmed score (mean minus two standard errors over ``3 *
+            validation_episodes`` fixed episodes) reaches it; the training
+            best with ``validation_episodes=0``.
         return_history: ``True`` (the default): the result is
             ``EvolveResult(policy, history)``. Deprecated ``False`` returns the
             policy alone, with a ``DeprecationWarning``; from the next release

@@ -97,8 +97,12 @@ class Loop:
         return bar
 
     def record(self, generation: int, fitnesses: Tensor, validated: float | None, champion: float | None,
-               optimizer: Any) -> bool:
-        """Append the generation's stats, report them; whether the run stops here."""
+               optimizer: Any, lower: float | None = None) -> bool:
+        """Append the generation's stats, report them; whether the run stops here.
+
+        ``target_fitness`` judges ``lower``, the confirmed champion's score minus
+        two standard errors (the training best without validation).
+        """
         f = fitnesses.detach()  # float32, as Population.history's
         steps = self.steps_before + total_env_steps(self.interactor)
         stats = GenerationStats(generation, float(f.max()), float(f.mean()), float(f.std(correction=0)),
@@ -112,7 +116,7 @@ class Loop:
             self.bar.set_postfix(**post)
         run = self.run
         validating = run.validation_episodes > 0 and run.validation_top > 0
-        score = champion if validating else stats.best  # without validation: the training best (the 0.1 rule)
+        score = lower if validating else stats.best  # without validation: the training best (the 0.1 rule)
         stop = run.target_fitness is not None and score is not None and score >= run.target_fitness
         stop = stop or (run.max_env_steps is not None and steps >= run.max_env_steps)
         if run.callback is not None:
@@ -172,8 +176,8 @@ def validate_ga(population: Population, interactor: EnvInteractor, run: Run, val
         champion = validator.champion
         key = keys[ids.index(champion.index)] if champion.generation == population.generation else ""
 
-        def confirm(seeds: list[int]) -> float:
-            return float(interactor.episode_returns(population, [champion.index], seeds=seeds, **options).mean())
+        def confirm(seeds: list[int]) -> list[float]:
+            return interactor.episode_returns(population, [champion.index], seeds=seeds, **options)[0].tolist()
 
         confirmed = validator.confirm(population.generation, run.target_fitness, key, confirm)
         if confirmed is not None:  # the generation's best is now judged on more episodes
@@ -197,7 +201,8 @@ def run_ga(population: Population, interactor: EnvInteractor, run: Run, history:
             fitnesses = population.validate_fitnesses(interactor.evaluate(population, **episodes))
             validated = validate_ga(population, interactor, run, validator, fitnesses)
             champion = None if validator.champion is None else validator.champion.score
-            if loop.record(population.generation, fitnesses, validated, champion, population):
+            lower = None if validator.champion is None else validator.champion.lower
+            if loop.record(population.generation, fitnesses, validated, champion, population, lower):
                 break
             population.evolve_(fitnesses, **run.evolve)
             interactor.update_obs_stats(population)  # fold this generation's observations in (all ranks)
@@ -243,8 +248,8 @@ def validate_es(es: Any, interactor: EnvInteractor, run: Run, validator: Validat
     scores = validator.scores([key], play)
     best = validator.offer(es.generation, [0], scores, lambda: (state, interactor.state_dict()))
 
-    def confirm(seeds: list[int]) -> float:
-        return float(interactor._play(es.model, [0], seeds=seeds, base_seed=run.seed, **run_opts)[0].mean())
+    def confirm(seeds: list[int]) -> list[float]:
+        return interactor._play(es.model, [0], seeds=seeds, base_seed=run.seed, **run_opts)[0].tolist()
 
     confirmed = validator.confirm(es.generation, run.target_fitness, key, confirm)
     if confirmed is None:
@@ -264,7 +269,8 @@ def run_es(es: Any, interactor: EnvInteractor, run: Run, history: list[Generatio
             validated = validate_es(es, interactor, run, validator)
             fitnesses = es_fitnesses(interactor, es, seed=run.seed, episode_seeding=run.episode_seeding, **episodes)
             champion = None if validator.champion is None else validator.champion.score
-            stop = loop.record(es.generation, fitnesses, validated, champion, es)
+            lower = None if validator.champion is None else validator.champion.lower
+            stop = loop.record(es.generation, fitnesses, validated, champion, es, lower)
             es.tell(fitnesses)
             if run.checkpoint is not None and save is not None and is_main_rank():
                 atomic_save(save(), run.checkpoint, kind="evolve_with_env")
