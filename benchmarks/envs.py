@@ -64,13 +64,12 @@ def _mlp(*sizes: int, out_tanh: bool = False) -> nn.Module:
 
 def tasks(algorithm: str) -> dict[str, Task]:
     identity = lambda out: out  # noqa: E731
-    es = algorithm == "es"
     return {
         "cartpole": Task("CartPole-v1", lambda: _mlp(4, 32, 2), 475.0, 20, None, 30,
                          dict(pop_size=64, low_rank=4, target_fitness=475.0, num_envs=16)),
         "lunarlander": Task("LunarLander-v3", lambda: _mlp(8, 32, 4), 200.0, 30, 2_000_000, 10_000,
                             dict(pop_size=64, low_rank=4, num_envs=16, num_episodes=2, normalize_obs=True,
-                                 horizon=1000, **({} if es else dict(evolve_kwargs=dict(epsilon=0.1))))),
+                                 horizon=1000)),
         "pendulum": Task("Pendulum-v1", lambda: _mlp(3, 32, 32, 1, out_tanh=True), -200.0, 30, 5_000_000, 10_000,
                          dict(pop_size=64, low_rank=4, num_envs=16, num_episodes=2, normalize_obs=True, horizon=200,
                               action=identity, to_range=(-2.0, 2.0)),
