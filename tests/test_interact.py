@@ -411,8 +411,9 @@ def test_target_fitness_stops_early_and_return_history_false():
         policy = evolve_with_env([SeededLengthEnv(log)], tiny_net(), 4, 2, num_generations=10, horizon=2,
                                  target_fitness=2.0, return_history=False)
     assert isinstance(policy, nn.Module) and not isinstance(policy, tuple)
-    assert len(log) == 4 + 1 * 3  # one generation: 4 training
-    # episodes (4 individuals x 1), then the top candidate's 3 validation episodes (validation_defaults(4, 1))
+    assert len(log) == 4 + 3 + 9  # one generation: 4 training episodes (4 individuals x 1), the top candidate's
+    # 3 validation episodes (validation_defaults(4, 1)), then, as it reached the target, its confirmation: the 3
+    # again and 6 more (every return is 2: the mean minus two standard errors is 2)
 
 
 def test_checkpoint_and_exact_resume(tmp_path):
