@@ -45,6 +45,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--generations", type=int, default=30, help="at most this many generations")
+    parser.add_argument("--quiet", action="store_true", help="no line per generation")
     args = parser.parse_args()
     torch.set_num_threads(1)  # tiny matmuls: threads only add overhead
 
@@ -54,7 +55,7 @@ def main() -> None:
     start = time.perf_counter()
     policy, history = evolve_with_env("CartPole-v1", model, pop_size=64, low_rank=4, num_envs=16,
                                       num_generations=args.generations, target_fitness=SOLVED, seed=args.seed,
-                                      callback=log)
+                                      callback=None if args.quiet else log)
     seconds = time.perf_counter() - start
 
     with interact_with_env("CartPole-v1", num_envs=16) as interactor:
