@@ -37,6 +37,8 @@ import torch
 from populora import Population
 from populora.llm import LLAMA_ALL
 
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "outputs" / "llm_population"  # git-ignored
+
 
 class ByteTokenizer:
     """Bytes as token ids (mod the vocabulary): just enough tokenizer for the tiny random model."""
@@ -98,7 +100,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=Path("outputs/llm_population"))
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     start = time.time()
