@@ -32,7 +32,7 @@ from .operators import (
 )
 from .population import Population, SelectionResult
 from .stats import GenerationStats
-from .interact import EnvInteractor, EnvStepError, EvolveResult, evolve_with_env, interact_with_env
+from .interact import EnvInteractor, EnvStepError, EvolveResult, GenerationInfo, evolve_with_env, interact_with_env
 from .coevolve import Coevolve
 from .hall_of_fame import HallOfFame
 from .plotting import plot_history
@@ -51,6 +51,7 @@ __all__ = [
     "EvolveResult",
     "Factors",
     "FitnessError",
+    "GenerationInfo",
     "GenerationStats",
     "HallOfFame",
     "InvalidIndexError",
