@@ -41,11 +41,16 @@ def atomic_save(obj: Any, path: str | Path, *, kind: str) -> Path:
     payload = buffer.getvalue()
     header = json.dumps({"format": _FORMAT, "kind": kind, "size": len(payload),
                          "sha256": hashlib.sha256(payload).hexdigest()}).encode() + b"\n"
+    return _write_atomically(path, _MAGIC + header + payload)
+
+
+def _write_atomically(path: Path, data: bytes) -> Path:
+    """``data`` to ``path`` through a temp file in the same folder + ``os.replace`` (atomic on POSIX)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(_MAGIC + header + payload)
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -130,19 +135,7 @@ def atomic_save_safetensors(tensors: dict[str, torch.Tensor], meta: dict[str, An
     path = Path(path)
     cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     header = {"format": _FORMAT, "kind": kind, "sha256": _tensor_digest(cpu), "meta": meta}
-    data = st.save(cpu, metadata={_ST_KEY: json.dumps(header), "format": "pt"})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return _write_atomically(path, st.save(cpu, metadata={_ST_KEY: json.dumps(header), "format": "pt"}))
 
 
 def is_safetensors_file(path: str | Path) -> bool:
