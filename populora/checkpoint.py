@@ -60,6 +60,18 @@ def _write_atomically(path: Path, data: bytes) -> Path:
     return path
 
 
+def _read(path: str | Path) -> tuple[bytes, str]:
+    """The bytes of the checkpoint at ``path`` and how messages name it; missing or empty files raise."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {str(path)!r}")
+    data = path.read_bytes()
+    where = f"checkpoint {str(path)!r}"
+    if not data:
+        raise CheckpointError(f"{where} is empty (0 bytes)")
+    return data, where
+
+
 def load_checkpoint(path: str | Path, *, kind: str, map_location: str | torch.device = "cpu") -> Any:
     """Read a checkpoint of ``kind`` written by :func:`atomic_save`.
 
@@ -68,13 +80,7 @@ def load_checkpoint(path: str | Path, *, kind: str, map_location: str | torch.de
         CheckpointError: ``path`` is empty, truncated, corrupted, not a
             populora checkpoint, or a checkpoint of another kind (named).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {str(path)!r}")
-    data = path.read_bytes()
-    where = f"checkpoint {str(path)!r}"
-    if not data:
-        raise CheckpointError(f"{where} is empty (0 bytes)")
+    data, where = _read(path)
     if not data.startswith(_MAGIC):
         raise CheckpointError(f"{where} is not a populora checkpoint (it starts with {data[:16]!r})")
     end = data.find(b"\n", len(_MAGIC))
@@ -159,13 +165,7 @@ def load_safetensors_checkpoint(path: str | Path, *, kind: str,
             checkpoint, of another kind, or its tensors do not match the
             SHA-256 recorded at save (flipped bytes).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {str(path)!r}")
-    data = path.read_bytes()
-    where = f"checkpoint {str(path)!r}"
-    if not data:
-        raise CheckpointError(f"{where} is empty (0 bytes)")
+    data, where = _read(path)
     st = _safetensors(f"reading {where}")
     try:
         size = int.from_bytes(data[:8], "little")
