@@ -76,7 +76,7 @@ def _openskill_models() -> Any:
     """``openskill.models``, with an error saying how to install it."""
     try:
         import openskill.models as models
-    except ImportError as err:  # pragma: no cover - exercised by monkeypatching sys.modules
+    except ImportError as err:
         raise ImportError("populora.matchmaking.Ratings needs the `openskill` package: "
                           "pip install openskill (or pip install 'populora[llm]')") from err
     return models
