@@ -443,3 +443,10 @@ def test_missing_openskill_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "openskill.models", None)
     with pytest.raises(ImportError, match="pip install openskill"):
         Ratings({"a": 2})
+
+
+def test_openskill_is_imported_only_when_ratings_are_built():
+    import subprocess
+    code = ("import sys, populora, populora.matchmaking as m; assert 'openskill' not in sys.modules; "
+            "m.Ratings({'a': 2}); assert 'openskill' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
