@@ -1,0 +1,227 @@
+"""The task interface: :class:`Problem` (one instance), :class:`Task` (a generator and exact checker
+with a difficulty knob) and :class:`Mixture` (several tasks, one drawn per problem).
+
+Every task is pure Python plus ``torch.Generator`` draws: ``task.sample(n, generator)`` gives the
+same problems for the same generator state, and ``problem.check(reply)`` works on a problem whose
+task object is gone (a problem rebuilt from its fields after a checkpoint): each family registers
+its checker under its name when its class is defined.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from populora.checks import check_int
+from populora.errors import InvalidTypeError, InvalidValueError
+from populora.tasks.parsing import proposal_segments
+
+__all__ = ["Mixture", "Problem", "Task", "check_replies", "randint"]
+
+_CHECKERS: dict[str, Callable[[Problem, str], bool]] = {}
+
+
+def register_checker(family: str, checker: Callable[[Problem, str], bool]) -> None:
+    """Make ``Problem.check`` of the ``family`` call ``checker(problem, reply)`` (a later call replaces it)."""
+    _CHECKERS[family] = checker
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One task instance.
+
+    ``task`` is the family name (``"arithmetic"``, ``"linear"``, ``"sorting"``, ``"successor"``,
+    ``"comparison"``, ``"countdown"``, ...), ``question`` the problem text, ``answer`` the canonical
+    answer (an int, a tuple of ints for sorting; countdown: the target, where :meth:`check` verifies
+    an expression) and ``data`` the structured fields (numbers, target, expression, ...).
+    """
+
+    task: str
+    question: str
+    answer: Any
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    def check(self, reply: str) -> bool:
+        """Whether ``reply`` answers this problem: its family's lenient parse, then an exact comparison."""
+        checker = _CHECKERS.get(self.task)
+        if checker is None:
+            raise InvalidValueError(f"no checker for the task family {self.task!r}; known: {sorted(_CHECKERS)}")
+        if not isinstance(reply, str):
+            raise InvalidTypeError(f"`reply` must be a str, got {type(reply).__name__}")
+        return bool(checker(self, reply))
+
+
+def randint(generator: torch.Generator, low: int, high: int) -> int:
+    """One integer drawn uniformly from ``[low, high]`` (both included) with ``generator``."""
+    return int(torch.randint(low, high + 1, (1,), generator=generator).item())
+
+
+def _check_generator(generator: Any) -> torch.Generator:
+    if not isinstance(generator, torch.Generator):
+        raise InvalidTypeError(f"`generator` must be a torch.Generator, got {type(generator).__name__}")
+    return generator
+
+
+class Task:
+    """A family of verifiable problems with a difficulty knob (``1 .. max_difficulty``, documented by
+    each subclass).
+
+    Subclasses set ``name`` and ``max_difficulty`` and implement ``_sample_one(generator)``,
+    the static ``check_reply(problem, reply)`` (registered for :meth:`Problem.check`),
+    ``instruction`` (appended to the question in :meth:`prompt`), :meth:`proposal_prompt` and
+    ``_proposal(segment)`` (one candidate line of a teacher's text -> a Problem, or raise
+    ``ValueError`` / return None).
+    """
+
+    name: ClassVar[str] = ""
+    max_difficulty: ClassVar[int] = 1
+    instruction: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        checker = cls.__dict__.get("check_reply")
+        if cls.name and checker is not None:
+            register_checker(cls.name, checker.__func__ if isinstance(checker, staticmethod) else checker)
+
+    def __init__(self, difficulty: int = 1) -> None:
+        self.difficulty = check_int("difficulty", difficulty, low=1, high=self.max_difficulty)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(difficulty={self.difficulty})"
+
+    def sample(self, n: int, generator: torch.Generator) -> list[Problem]:
+        """``n`` problems drawn with ``generator`` (same generator state, same problems)."""
+        n = check_int("n", n, low=0)
+        generator = _check_generator(generator)
+        return [self._sample_one(generator) for _ in range(n)]
+
+    def _sample_one(self, generator: torch.Generator) -> Problem:
+        raise NotImplementedError(f"{type(self).__name__} must implement _sample_one")
+
+    @staticmethod
+    def check_reply(problem: Problem, reply: str) -> bool:
+        raise NotImplementedError("a task family must implement check_reply")
+
+    def check(self, problem: Problem, reply: str) -> bool:
+        """Whether ``reply`` answers ``problem`` (a problem of this task's family)."""
+        if not isinstance(problem, Problem):
+            raise InvalidTypeError(f"`problem` must be a Problem, got {type(problem).__name__}")
+        if problem.task != self.name:
+            raise InvalidValueError(f"{self!r} checks {self.name!r} problems, got a {problem.task!r} problem")
+        return problem.check(reply)
+
+    def prompt(self, problem: Problem) -> str:
+        """The solver's user message: the question and how to give the answer."""
+        if not isinstance(problem, Problem):
+            raise InvalidTypeError(f"`problem` must be a Problem, got {type(problem).__name__}")
+        return f"{problem.question} {self.instruction}".strip()
+
+    def proposal_prompt(self) -> str:
+        """The teacher's user message: propose ONE new problem in the format :meth:`parse_proposal` reads."""
+        raise NotImplementedError(f"{type(self).__name__} must implement proposal_prompt")
+
+    def parse_proposal(self, text: str) -> Problem | None:
+        """A teacher's ``text`` -> a verified, in-bounds :class:`Problem` with the answer computed here,
+        or None (never raises on model output). The first candidate segment
+        (:func:`~populora.tasks.parsing.proposal_segments`) that is a valid instance wins."""
+        if not isinstance(text, str):
+            raise InvalidTypeError(f"`text` must be a str, got {type(text).__name__}")
+        for segment in proposal_segments(text):
+            try:
+                problem = self._proposal(segment)
+            except (ValueError, ArithmeticError):  # InvalidValueError included
+                continue
+            if problem is not None:
+                return problem
+        return None
+
+    def _proposal(self, segment: str) -> Problem | None:
+        raise NotImplementedError(f"{type(self).__name__} must implement _proposal")
+
+
+def check_replies(problems: Sequence[Problem], replies: Sequence[str]) -> torch.Tensor:
+    """``(n,)`` bool: whether ``replies[i]`` answers ``problems[i]``."""
+    if len(problems) != len(replies):
+        raise InvalidValueError(f"got {len(problems)} problems but {len(replies)} replies")
+    return torch.tensor([problem.check(reply) for problem, reply in zip(problems, replies)], dtype=torch.bool)
+
+
+class Mixture(Task):
+    """Several tasks: each problem's task is drawn with probability proportional to ``weights``
+    (uniform when None); :meth:`check` and :meth:`prompt` delegate to the problem's family.
+
+    Member names must differ. ``difficulty`` is None (each member has its own). The teacher's
+    :meth:`proposal_prompt` lists every member's format; :meth:`parse_proposal` tries the members in
+    order and the first that accepts the text wins.
+    """
+
+    name = "mixture"
+
+    def __init__(self, tasks: Sequence[Task], weights: Sequence[float] | None = None) -> None:
+        tasks = list(tasks)
+        if not tasks:
+            raise InvalidValueError("`tasks` must hold at least one Task, got none")
+        for i, task in enumerate(tasks):
+            if not isinstance(task, Task) or isinstance(task, Mixture):
+                raise InvalidTypeError(f"`tasks[{i}]` must be a Task (not a Mixture), got {type(task).__name__}")
+        names = [task.name for task in tasks]
+        if len(set(names)) != len(names):
+            raise InvalidValueError(f"`tasks` must have distinct names, got {names}")
+        if weights is None:
+            weights = [1.0] * len(tasks)
+        weights = list(weights)
+        if len(weights) != len(tasks):
+            raise InvalidValueError(f"`weights` must have {len(tasks)} entries (one per task), got {len(weights)}")
+        for i, w in enumerate(weights):
+            if isinstance(w, bool) or not isinstance(w, numbers.Real) or not 0 <= float(w) < float("inf"):
+                raise InvalidValueError(f"`weights[{i}]` must be a finite number >= 0, got {w!r}")
+        if sum(float(w) for w in weights) <= 0:
+            raise InvalidValueError(f"`weights` must not all be zero, got {weights}")
+        self.tasks: tuple[Task, ...] = tuple(tasks)
+        self.weights = torch.tensor([float(w) for w in weights], dtype=torch.float64)
+        self.difficulty = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Mixture({list(self.tasks)}, weights={self.weights.tolist()})"
+
+    def task(self, name: str) -> Task:
+        """The member task of family ``name``."""
+        for task in self.tasks:
+            if task.name == name:
+                return task
+        raise InvalidValueError(f"this Mixture has no task {name!r}; it has {[t.name for t in self.tasks]}")
+
+    def sample(self, n: int, generator: torch.Generator) -> list[Problem]:
+        n = check_int("n", n, low=0)
+        generator = _check_generator(generator)
+        if n == 0:
+            return []
+        which = torch.multinomial(self.weights, n, replacement=True, generator=generator).tolist()
+        return [self.tasks[i].sample(1, generator)[0] for i in which]
+
+    def check(self, problem: Problem, reply: str) -> bool:
+        if not isinstance(problem, Problem):
+            raise InvalidTypeError(f"`problem` must be a Problem, got {type(problem).__name__}")
+        return self.task(problem.task).check(problem, reply)
+
+    def prompt(self, problem: Problem) -> str:
+        if not isinstance(problem, Problem):
+            raise InvalidTypeError(f"`problem` must be a Problem, got {type(problem).__name__}")
+        return self.task(problem.task).prompt(problem)
+
+    def proposal_prompt(self) -> str:
+        kinds = "\n".join(f"- {task.proposal_prompt()}" for task in self.tasks)
+        return f"Write one new problem of ONE of these kinds, following its instructions:\n{kinds}"
+
+    def parse_proposal(self, text: str) -> Problem | None:
+        if not isinstance(text, str):
+            raise InvalidTypeError(f"`text` must be a str, got {type(text).__name__}")
+        for task in self.tasks:
+            problem = task.parse_proposal(text)
+            if problem is not None:
+                return problem
+        return None
