@@ -9,11 +9,12 @@ Sorting
 Successor
     Difficulty ``d`` (1 .. 12) asks for the number after ``N``, a ``d``-digit number
     (``0 .. 9`` at level 1, ``10**(d-1) .. 10**d - 1`` above). Teacher format: ``Problem: 457``
-    (exactly one number, ``0 .. 10**d - 1``).
+    (exactly one number, ``0 .. 10**d - 1``, in a plain line of at most 100 characters: no brackets
+    or operators).
 Comparison
     Difficulty ``d`` (1 .. 12): the larger of two distinct ``d``-digit numbers (ranges as for
     Successor). Teacher format: ``Problem: 457 or 812`` (exactly two distinct numbers in
-    ``0 .. 10**d - 1``).
+    ``0 .. 10**d - 1``, a plain line as for Successor).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ __all__ = ["Comparison", "Sorting", "Successor"]
 
 SORT_MAX = 99
 _EXAMPLE_DIGITS = "457812369012"
+_NOT_PLAIN = set("()[]{}+*/=<>^%&|~")
 
 
 class Sorting(Task):
@@ -77,6 +79,12 @@ class _Digits(Task):
         low = 0 if self.difficulty == 1 else 10 ** (self.difficulty - 1)
         return randint(generator, low, self.high)
 
+    def _numbers(self, segment: str) -> list[int]:
+        """The numbers of a short plain-text segment; [] for one with brackets or operators."""
+        if len(segment) > 100 or any(c in _NOT_PLAIN for c in segment):
+            return []
+        return find_ints(segment)
+
     def _example(self, k: int = 0) -> str:
         digits = _EXAMPLE_DIGITS[k:] + _EXAMPLE_DIGITS[:k]
         return digits[: self.difficulty]
@@ -104,7 +112,7 @@ class Successor(_Digits):
                 f"Reply with one line in exactly this format: Problem: {self._example()}")
 
     def _proposal(self, segment: str) -> Problem | None:
-        values = find_ints(segment)
+        values = self._numbers(segment)
         if len(values) != 1 or not 0 <= values[0] <= self.high:
             return None
         return self._make(values[0])
@@ -137,7 +145,7 @@ class Comparison(_Digits):
                 f"Reply with one line in exactly this format: Problem: {self._example()} or {self._example(3)}")
 
     def _proposal(self, segment: str) -> Problem | None:
-        values = find_ints(segment)
+        values = self._numbers(segment)
         if len(values) != 2 or values[0] == values[1] or not all(0 <= v <= self.high for v in values):
             return None
         return self._make(values[0], values[1])
