@@ -155,6 +155,16 @@ def test_oversized_input_is_refused_before_parsing(monkeypatch):
     assert calls == []  # the parser never saw them
 
 
+@pytest.mark.parametrize("text", [
+    "(" * 49_999 + "1" + ")" * 49_999, "-" * 99_999 + "1", "1+" * 49_999 + "1", "~" * 99_999 + "1",
+    "not " * 20_000 + "1", "[" * 99_999, "9" * 99_999,
+])
+def test_deep_inputs_within_a_large_max_length_raise_our_error(text):
+    # the parser's own limits (nesting, recursion, stack) come back as InvalidValueError
+    with pytest.raises(InvalidValueError, match="not valid syntax|cannot be parsed|deeper than|more than max_nodes"):
+        safe_eval(text, max_length=100_000)
+
+
 def test_bounds_are_configurable_and_checked():
     assert safe_eval("1+" * 20 + "1", max_depth=20) == 21
     with pytest.raises(InvalidValueError, match="deeper than max_depth=19"):

@@ -158,6 +158,9 @@ def test_a_problem_rebuilt_from_its_fields_still_checks():
         problem = task.sample(1, gen(5))[0]
         rebuilt = Problem(**asdict(problem))
         assert rebuilt == problem and rebuilt.check(right_reply(problem))
+    assert len({problem, Problem(**asdict(problem))}) == 1  # hashable although data is a dict
+    with pytest.raises(InvalidTypeError, match="`question` must be a str, got int"):
+        Problem("arithmetic", 3, 1)
     with pytest.raises(InvalidValueError, match="no checker for the task family 'nope'"):
         Problem("nope", "q", 1).check("1")
     with pytest.raises(InvalidTypeError, match="`reply` must be a str, got int"):

@@ -37,13 +37,22 @@ class Problem:
     ``task`` is the family name (``"arithmetic"``, ``"linear"``, ``"sorting"``, ``"successor"``,
     ``"comparison"``, ``"countdown"``, ...), ``question`` the problem text, ``answer`` the canonical
     answer (an int, a tuple of ints for sorting; countdown: the target, where :meth:`check` verifies
-    an expression) and ``data`` the structured fields (numbers, target, expression, ...).
+    an expression; a reasoning-gym problem: the dataset's answer string) and ``data`` the
+    structured fields (numbers, target, expression, ...). Problems compare by all four fields and
+    hash by the first three (``data`` is a dict); ``Problem(**dataclasses.asdict(p))`` rebuilds one.
     """
 
     task: str
     question: str
-    answer: Any
-    data: Mapping[str, Any] = field(default_factory=dict)
+    answer: int | tuple[int, ...] | Any
+    data: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        for name in ("task", "question"):
+            if not isinstance(getattr(self, name), str):
+                raise InvalidTypeError(f"`{name}` must be a str, got {type(getattr(self, name)).__name__}")
+        if not isinstance(self.data, Mapping):
+            raise InvalidTypeError(f"`data` must be a mapping, got {type(self.data).__name__}")
 
     def check(self, reply: str) -> bool:
         """Whether ``reply`` answers this problem: its family's lenient parse, then an exact comparison."""
