@@ -24,16 +24,33 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..checks import check_float
+from ..checks import check_float, check_one_of
 from ..errors import InvalidTypeError, InvalidValueError
 from ..es import EggrollES
 from .interactor import EnvInteractor
 from .schedule import training_seeds
 
-__all__ = ["ES_DEFAULTS", "es_fitnesses", "make_es"]
+__all__ = ["ES_DEFAULTS", "ES_OPTIMIZERS", "es_fitnesses", "make_es"]
 
 ES_DEFAULTS: dict[str, Any] = {"sigma": 0.3, "lr": 0.05, "fitness_shaping": "centered_rank"}
 """Defaults of ``evolve_with_env(..., algorithm='es')``: noise scale, Adam learning rate, centred ranks."""
+
+ES_OPTIMIZERS = ("adam", "clipup", "sgd")
+"""Optimizers ``es_kwargs['optimizer']`` may name (``lr`` is theirs; ``max_speed`` / ``momentum`` for ClipUp)."""
+
+
+def _named_optimizer(name: str, lr: float, options: dict[str, Any]) -> Any:
+    """``params -> Optimizer`` for ``es_kwargs['optimizer']`` given by name; pops ClipUp's options."""
+    from ..optim import ClipUp
+
+    extra = {key: options.pop(key) for key in ("max_speed", "momentum") if key in options}
+    if extra and name != "clipup":
+        raise InvalidValueError(f"es_kwargs {sorted(extra)} are ClipUp's options, but `optimizer` is {name!r}")
+    if name == "clipup":
+        return lambda params: ClipUp(params, lr=lr, **extra)
+    if name == "sgd":
+        return lambda params: torch.optim.SGD(params, lr=lr)
+    return lambda params: torch.optim.Adam(params, lr=lr)
 
 
 def make_es(model: nn.Module, pop_size: int, low_rank: int, seed: int, lora_targets: str | Sequence[str] | None,
@@ -42,18 +59,25 @@ def make_es(model: nn.Module, pop_size: int, low_rank: int, seed: int, lora_targ
 
     ``es_kwargs`` go to :class:`~populora.EggrollES`; defaults here
     (:data:`ES_DEFAULTS`): ``sigma=0.3``, ``torch.optim.Adam(lr=0.05)``,
-    ``fitness_shaping='centered_rank'``. ``optimizer=`` replaces Adam (any
-    ``torch.optim`` optimizer or ``params -> Optimizer``; ClipUp, PGPE's
-    optimiser, is ``lambda ps: torch.optim.SGD(ps, lr=...)`` on a
-    norm-clipped gradient, not shipped). ``lora_targets`` (module names) select
+    ``fitness_shaping='centered_rank'``. ``optimizer=`` replaces Adam: a name
+    of :data:`ES_OPTIMIZERS` (``'clipup'``: :class:`~populora.optim.ClipUp`,
+    PGPE's optimiser, with ``lr`` its step size and optional
+    ``max_speed`` (default ``2 * lr``) and ``momentum`` (0.9) in
+    ``es_kwargs``; ``'adam'``; ``'sgd'``), a ``torch.optim`` optimizer, or
+    ``params -> Optimizer``. ``lora_targets`` (module names) select
     the evolved parameters (those of the named modules), like a Population's
     targets; ``None`` evolves every parameter of every ``nn.Linear`` /
     ``nn.Embedding``.
     """
     options = {**ES_DEFAULTS, **(es_kwargs or {})}
     lr = check_float("es_kwargs['lr']", options.pop("lr"), low=0.0, low_open=True)
-    if "optimizer" not in options or options["optimizer"] is None:
-        options["optimizer"] = lambda params: torch.optim.Adam(params, lr=lr)
+    chosen = options.get("optimizer")
+    if chosen is None or isinstance(chosen, str):
+        name = check_one_of("es_kwargs['optimizer']", "adam" if chosen is None else chosen, ES_OPTIMIZERS)
+        options["optimizer"] = _named_optimizer(name, lr, options)
+    elif "max_speed" in options or "momentum" in options:
+        raise InvalidValueError("es_kwargs 'max_speed' / 'momentum' go with optimizer='clipup'; set them on the "
+                                "optimizer you pass instead")
     if lora_targets is not None:
         names = [lora_targets] if isinstance(lora_targets, str) else list(lora_targets)
         if "param_filter" in options:
