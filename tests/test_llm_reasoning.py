@@ -211,8 +211,8 @@ def test_verifier_rewards_equal_per_member_generation_and_check():
     assert 0 < float(rewards.mean()) < 1 and len({tuple(r) for r in replies}) > 1  # members differ
     assert float(group_normalize(rewards).abs().sum()) > 0  # some prompts separate the members
     # member 2's replies are those of a plain model holding member 2's weights (same batch shape)
+    es.close()  # the model's own forwards again, then a copy holding member 2's weights
     merged = copy.deepcopy(model)
-    es.close()
     with torch.no_grad():
         for name, value in es.individual_params(2).items():
             merged.get_parameter(name).copy_(value)
