@@ -19,7 +19,9 @@ Each :meth:`SelfPlay.step`:
    student failed, or AZR's learnability);
 6. every valid problem is a rated match (teacher wins when the student fails,
    :func:`~populora.selfplay_fitness.match_scores`);
-7. each population evolves one generation (``evolve_kwargs`` per population);
+7. (optional, ``student_pg_lr > 0``) every student takes a policy-gradient step
+   on its own answers (PopuLoRA's hybrid); then each population evolves one
+   generation (``evolve_kwargs`` per population);
 8. the ratings follow the culled slots (``Ratings.follow_``).
 
 Distributed (``step(distributed=True)`` under torchrun): each rank generates
@@ -45,12 +47,13 @@ import torch
 from torch import Tensor
 
 from . import distributed as pd
-from .checks import check_bool, check_int, check_one_of, check_seed, is_int
+from .checks import check_bool, check_float, check_int, check_one_of, check_seed, is_int
 from .coevolve import _snapshot
 from .coevolve_specs import check_evolve_kwargs
 from .errors import CheckpointError, FitnessError, InvalidTypeError, InvalidValueError
 from .matchmaking import PAIRING_MODES, Ratings
 from .population import Population
+from .selfplay_pg import policy_gradient_step_
 from .selfplay_fitness import TEACHER_REWARDS, SelfPlayRecord, match_scores, selfplay_fitnesses
 from .selfplay_text import chat_text, generate_replies, pad_id
 from .snapshots import Snapshot
@@ -136,6 +139,12 @@ class SelfPlay(Snapshot):
         student_generate: options of the students (default
             ``max_new_tokens=24, do_sample=False``: greedy).
         chat: wrap every prompt in the tokenizer's chat template.
+        student_pg_lr: ``> 0`` turns on PopuLoRA's hybrid: before ``evolve_``, every
+            student takes one REINFORCE step on its own answers of the step
+            (reward 1 right / 0 wrong, baseline the student's mean reward), of
+            L2 norm ``student_pg_lr`` over its adapter factors
+            (:func:`~populora.selfplay_pg.policy_gradient_step_`). ``0`` (default): evolution only.
+        pg_micro_batch: rows per forward / backward of that step.
         evolve_kwargs: ``{'teachers': {...}, 'students': {...}}``, options of each ``evolve_``.
         seed: seeds SelfPlay's generator (matchmaking, sampling seeds, anchors).
 
@@ -176,6 +185,8 @@ class SelfPlay(Snapshot):
         teacher_generate: Mapping[str, Any] | None = None,
         student_generate: Mapping[str, Any] | None = None,
         chat: bool = True,
+        student_pg_lr: float = 0.0,
+        pg_micro_batch: int = 8,
         evolve_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
         seed: int = 0,
     ):
@@ -233,6 +244,8 @@ class SelfPlay(Snapshot):
                                     "answers: pass student_generate=dict(do_sample=True)")
         members = {n: SimpleNamespace(population=p) for n, p in zip(NAMES, (teachers, students))}
         self.evolve_kwargs: dict[str, dict[str, Any]] = check_evolve_kwargs(evolve_kwargs, members)
+        self.student_pg_lr = check_float("student_pg_lr", student_pg_lr, low=0.0)
+        self.pg_micro_batch = check_int("pg_micro_batch", pg_micro_batch, low=1)
         self.seed = check_seed("seed", seed)
         self.teachers, self.students, self.tokenizer, self.task, self.ratings = teachers, students, tokenizer, task, ratings
         self.chat = chat
@@ -279,10 +292,11 @@ class SelfPlay(Snapshot):
             # teachers: one routed generate over p_t * k rows of the same proposal prompt
             prompt = chat_text(self.tokenizer, self.task.proposal_prompt(), self.chat)
             start = time.perf_counter()
-            proposals, n = generate_replies(t_pop, self.tokenizer, torch.arange(p_t).repeat_interleave(k).tolist(),
-                                            [prompt] * (p_t * k), self._draw_seed(), self.teacher_generate, use_dist)
+            proposals = generate_replies(t_pop, self.tokenizer, torch.arange(p_t).repeat_interleave(k).tolist(),
+                                         [prompt] * (p_t * k), self._draw_seed(), self.teacher_generate, use_dist)
             seconds += time.perf_counter() - start
-            tokens += n
+            tokens += proposals.tokens
+            proposals = proposals.texts
             problems = [self.task.parse_proposal(text) for text in proposals]
             valid = torch.tensor([p is not None for p in problems], dtype=torch.bool).view(p_t, k)
             anchors = self.task.sample(self.anchors, self.generator) if self.anchors else []
@@ -293,10 +307,11 @@ class SelfPlay(Snapshot):
             ids = [s for s, _ in rows for _ in range(a)]
             texts = [chat_text(self.tokenizer, self.task.prompt(p), self.chat) for _, p in rows for _ in range(a)]
             start = time.perf_counter()
-            replies, n = generate_replies(s_pop, self.tokenizer, ids, texts, self._draw_seed(), self.student_generate,
-                                          use_dist)
+            answers = generate_replies(s_pop, self.tokenizer, ids, texts, self._draw_seed(), self.student_generate,
+                                       use_dist)
             seconds += time.perf_counter() - start
-            tokens += n
+            tokens += answers.tokens
+        replies = answers.texts
         right = torch.tensor([self.task.check(p, reply) for (_, p), reply in zip((r for r in rows for _ in range(a)), replies)],
                              dtype=torch.bool).view(len(rows), a)
         q = int(valid.sum())
@@ -309,6 +324,10 @@ class SelfPlay(Snapshot):
         t_ids, s_ids, scores = match_scores(opponents, valid, solved)
         if q:
             self.ratings.rate_many_("teachers", t_ids, "students", s_ids, scores)
+        if self.student_pg_lr > 0 and ids:
+            policy_gradient_step_(s_pop, ids, answers.prompt_ids, answers.reply_ids, right.flatten().float(),
+                                  lr=self.student_pg_lr, pad=pad_id(self.tokenizer), micro_batch=self.pg_micro_batch,
+                                  distributed=use_dist)
         record = self._record(valid, teacher_f, student_f, anchor_solved, q, tokens, seconds)
         self._evolve_both(teacher_f, student_f)
         self.history.append(record)
@@ -403,7 +422,7 @@ class SelfPlay(Snapshot):
             for start in range(0, len(rows), batch_size):
                 chunk = rows[start:start + batch_size]
                 texts = [chat_text(self.tokenizer, self.task.prompt(p), self.chat) for _, p in chunk]
-                replies, _ = generate_replies(pop, self.tokenizer, [i for i, _ in chunk], texts, 0, kwargs, False)
+                replies = generate_replies(pop, self.tokenizer, [i for i, _ in chunk], texts, 0, kwargs, False).texts
                 out += [self.task.check(p, r) for (_, p), r in zip(chunk, replies)]
         return torch.tensor(out, dtype=torch.bool).view(len(ids), len(problems))
 

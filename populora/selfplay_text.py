@@ -10,7 +10,7 @@ rank) and decodes the new tokens.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -63,10 +63,26 @@ def new_tokens(out: Tensor, width: int, eos: int | None) -> tuple[Tensor, list[i
     return gen, first.tolist()
 
 
+class Replies(NamedTuple):
+    """Decoded replies of a routed generate, row by row, with what a policy-gradient step needs.
+
+    Attributes:
+        texts: the decoded new tokens of each row (special tokens skipped).
+        prompt_ids: each row's prompt token ids (no padding).
+        reply_ids: each row's new token ids up to and including its first eos.
+        tokens: total new tokens (``sum(len(r) for r in reply_ids)``).
+    """
+
+    texts: list[str]
+    prompt_ids: list[list[int]]
+    reply_ids: list[list[int]]
+    tokens: int
+
+
 def _generate_local(population: Any, tokenizer: Any, ids: Sequence[int], texts: Sequence[str], seed: int,
-                    kwargs: dict[str, Any]) -> tuple[list[str], int]:
+                    kwargs: dict[str, Any]) -> Replies:
     if not texts:
-        return [], 0
+        return Replies([], [], [], 0)
     input_ids, mask = encode(tokenizer, texts)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -77,12 +93,13 @@ def _generate_local(population: Any, tokenizer: Any, ids: Sequence[int], texts: 
     eos = getattr(tokenizer, "eos_token_id", None)
     gen, lengths = new_tokens(out.cpu(), input_ids.shape[1], eos)
     replies = [tokenizer.decode(row[:n], skip_special_tokens=True) for row, n in zip(gen, lengths)]
-    return replies, int(sum(lengths))
+    prompts = [row[m.bool()].tolist() for row, m in zip(input_ids, mask)]
+    return Replies(replies, prompts, [row[:n].tolist() for row, n in zip(gen, lengths)], int(sum(lengths)))
 
 
 def generate_replies(population: Any, tokenizer: Any, ids: Sequence[int], texts: Sequence[str], seed: int,
-                     kwargs: dict[str, Any], distributed: bool) -> tuple[list[str], int]:
-    """Row ``j`` (``texts[j]``) answered by individual ``ids[j]``: ``(replies, tokens generated)``.
+                     kwargs: dict[str, Any], distributed: bool) -> Replies:
+    """Row ``j`` (``texts[j]``) answered by individual ``ids[j]``: the :class:`Replies`.
 
     Locally: one ``population.generate`` call over every row, sampling seeded
     from ``seed``. Distributed: rank ``r`` generates its :func:`~populora.distributed.partition`
@@ -96,17 +113,19 @@ def generate_replies(population: Any, tokenizer: Any, ids: Sequence[int], texts:
     world, me = pd.world_size(), pd.process_rank()
     share = pd.partition(len(texts), me, world)
     payload: tuple[bool, Any]
+    failure: BaseException | None = None
     try:
-        payload = (True, _generate_local(population, tokenizer, [ids[i] for i in share],
-                                         [texts[i] for i in share], (seed + me) % 2**62, kwargs))
+        payload = (True, tuple(_generate_local(population, tokenizer, [ids[i] for i in share],
+                                               [texts[i] for i in share], (seed + me) % 2**62, kwargs)))
     except Exception as error:  # noqa: BLE001 - shared with the other ranks, then raised everywhere
         payload, failure = (False, f"{type(error).__name__}: {error}"), error
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, payload)
     for rank, (ok, value) in enumerate(gathered):
         if not ok:
-            if rank == me:
+            if rank == me and failure is not None:
                 raise failure
             raise RuntimeError(f"generation failed on rank {rank}: {value}")
-    replies = [reply for _, (chunk, _) in gathered for reply in chunk]
-    return replies, int(sum(tokens for _, (_, tokens) in gathered))
+    parts = [Replies(*value) for _, value in gathered]
+    return Replies([t for p in parts for t in p.texts], [t for p in parts for t in p.prompt_ids],
+                   [t for p in parts for t in p.reply_ids], int(sum(p.tokens for p in parts)))

@@ -21,6 +21,7 @@ from populora.errors import CheckpointError, InvalidTypeError, InvalidValueError
 from populora.matchmaking import Ratings  # noqa: E402
 from populora.selfplay import SelfPlay  # noqa: E402
 from populora.selfplay_fitness import match_scores, selfplay_fitnesses  # noqa: E402
+from populora.selfplay_pg import advantages, policy_gradient_step_  # noqa: E402
 from populora.tasks import Problem, Task  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -258,6 +259,51 @@ class TestSteps:
         assert torch.equal(right[0], right[1]) and torch.equal(right[0], right[2])
         assert torch.equal(sp.solve_rate(problems, [1]), right[1:2])
         assert torch.equal(sp.generator.get_state(), state) and sp.steps == 0
+
+
+# ---------------------------------------------------------------------------------------------- hybrid
+
+def _reply_logp(pop: Population, individual: int, prompt: list[int], reply: list[int]) -> float:
+    x = torch.tensor([prompt + reply])
+    with torch.no_grad():
+        logits = pop(x, use_cache=False, individual=individual).logits
+    logp = torch.log_softmax(logits[0, :-1].double(), -1).gather(-1, x[0, 1:, None]).squeeze(-1)
+    return float(logp[-len(reply):].mean())
+
+
+class TestPolicyGradient:
+    def test_advantages_subtract_each_individuals_mean_reward(self):
+        adv = advantages([0, 0, 1, 2, 2, 2], torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0, 0.0]), 4)
+        assert adv.tolist() == pytest.approx([0.5, -0.5, 0.0, 1 / 3, 1 / 3, -2 / 3])
+
+    def test_a_step_moves_each_individual_by_lr_toward_its_rewarded_replies(self):
+        pop = Population(tiny_llama(), 3, 2, BLOCK, seed=4, init_scale=0.5)
+        before = [(d.clone(), u.clone()) for d, u in pop.factors()]
+        prompt, good, bad = [2, 40, 41, 42, 98], [50, 51, 52, 1], [60, 61, 1]
+        logp_good, logp_bad = _reply_logp(pop, 0, prompt, good), _reply_logp(pop, 0, prompt[1:], bad)
+        # individual 0: one rewarded and one unrewarded reply; individual 1: all alike (no move); 2: no rows
+        norms = policy_gradient_step_(pop, [0, 0, 1, 1], [prompt, prompt[1:], prompt, prompt], [good, bad, good, bad],
+                                      torch.tensor([1.0, 0.0, 1.0, 1.0]), lr=1e-2, pad=PAD, micro_batch=3)
+        assert norms.shape == (3,) and norms[0] > 0 and norms[1] == 0 and norms[2] == 0
+        step = sum(float((d[0] - d0[0]).double().square().sum() + (u[0] - u0[0]).double().square().sum())
+                   for (d, u), (d0, u0) in zip(pop.factors(), before)) ** 0.5
+        assert step == pytest.approx(1e-2, rel=1e-4)
+        for i in (1, 2):
+            assert all(torch.equal(d[i], d0[i]) and torch.equal(u[i], u0[i])
+                       for (d, u), (d0, u0) in zip(pop.factors(), before))
+        assert _reply_logp(pop, 0, prompt, good) > logp_good
+        assert _reply_logp(pop, 0, prompt[1:], bad) < logp_bad
+        assert not any(p.requires_grad for p in pop.parameters())
+
+    def test_selfplay_hybrid_step_is_deterministic_and_differs_from_evolution_only(self):
+        a, b, plain = make(student_pg_lr=0.05), make(student_pg_lr=0.05), make()
+        for sp in (a, b, plain):
+            sp.step()
+        assert all(torch.equal(x, y) for x, y in zip(adapters(a.students), adapters(b.students)))
+        assert any(not torch.equal(x, y) for x, y in zip(adapters(a.students), adapters(plain.students)))
+        assert all(torch.equal(x, y) for x, y in zip(adapters(a.teachers), adapters(plain.teachers)))
+        with pytest.raises(InvalidValueError, match="student_pg_lr"):
+            make(student_pg_lr=-1.0)
 
 
 # ---------------------------------------------------------------------------------------------- resume
