@@ -275,6 +275,11 @@ class SelfPlay(Snapshot):
         Returns:
             A :class:`SelfPlayOutcome`; its ``record`` is appended to :attr:`history`.
 
+        A step that raises changes nothing but the first step's failed writes
+        are undone too: SelfPlay's generator is restored (a retry draws the
+        same matches and sampling seeds), and if ``evolve_`` rejects an option
+        at the first step, the ratings and both populations are restored.
+
         Raises:
             FitnessError: a fitness could not be used by ``evolve_`` (nothing evolved).
             RuntimeError: (distributed) on every rank when generation fails on one.
@@ -282,6 +287,14 @@ class SelfPlay(Snapshot):
         use_dist = bool(distributed) and pd.is_distributed()
         if use_dist and not self._synced:
             self._sync_from_rank0()
+        generator_state = self.generator.get_state()
+        try:
+            return self._step(use_dist)
+        except BaseException:
+            self.generator.set_state(generator_state)  # a retry draws the same matches and seeds
+            raise
+
+    def _step(self, use_dist: bool) -> SelfPlayOutcome:
         t_pop, s_pop = self.teachers, self.students
         p_t, p_s, k, a = t_pop.pop_size, s_pop.pop_size, self.proposals, self.attempts
         tokens, seconds = 0, 0.0
@@ -322,14 +335,29 @@ class SelfPlay(Snapshot):
                                                   anchor_solved if self.anchors else None,
                                                   teacher_reward=self.teacher_reward)
         t_ids, s_ids, scores = match_scores(opponents, valid, solved)
-        if q:
-            self.ratings.rate_many_("teachers", t_ids, "students", s_ids, scores)
-        if self.student_pg_lr > 0 and ids:
-            policy_gradient_step_(s_pop, ids, answers.prompt_ids, answers.reply_ids, right.flatten().float(),
-                                  lr=self.student_pg_lr, pad=pad_id(self.tokenizer), micro_batch=self.pg_micro_batch,
-                                  distributed=use_dist)
-        record = self._record(valid, teacher_f, student_f, anchor_solved, q, tokens, seconds)
-        self._evolve_both(teacher_f, student_f)
+        fitnesses = {name: self._validated(name, f) for name, f in (("teachers", teacher_f), ("students", student_f))}
+        pops = {"teachers": t_pop, "students": s_pop}
+        # the first step may still fail in evolve_ (an option it rejects): undo every write then
+        snapshots = None if self._evolve_checked else ({n: _snapshot(p) for n, p in pops.items()},
+                                                       self.ratings.state_dict())
+        try:
+            if q:
+                self.ratings.rate_many_("teachers", t_ids, "students", s_ids, scores)
+            record = self._record(valid, teacher_f, student_f, anchor_solved, q, tokens, seconds)
+            if self.student_pg_lr > 0 and ids:
+                policy_gradient_step_(s_pop, ids, answers.prompt_ids, answers.reply_ids, right.flatten().float(),
+                                      lr=self.student_pg_lr, pad=pad_id(self.tokenizer),
+                                      micro_batch=self.pg_micro_batch, distributed=use_dist)
+            results = {n: p.evolve_(fitnesses[n], **self.evolve_kwargs.get(n, {})) for n, p in pops.items()}
+            for n, result in results.items():
+                self.ratings.follow_(n, result)
+        except BaseException:
+            if snapshots is not None:
+                for n, state in snapshots[0].items():
+                    pops[n].load_state_dict(state)
+                self.ratings.load_state_dict(snapshots[1])
+            raise
+        self._evolve_checked = True
         self.history.append(record)
         self.steps += 1
         return SelfPlayOutcome(opponents, proposals, problems, valid, solved, anchors, anchor_solved,
@@ -365,30 +393,12 @@ class SelfPlay(Snapshot):
             matches=matches, tokens=int(tokens), seconds=float(seconds),
             tokens_per_s=float(tokens / seconds) if seconds > 0 else 0.0)
 
-    def _evolve_both(self, teacher_f: Tensor, student_f: Tensor) -> None:
-        fitnesses = {}
-        for name, pop, f in (("teachers", self.teachers, teacher_f), ("students", self.students, student_f)):
-            try:
-                fitnesses[name] = pop.validate_fitnesses(f)
-            except (FitnessError, TypeError, ValueError) as error:
-                raise FitnessError(f"fitness of the {name} is invalid: {error}") from error
-        pops = {"teachers": self.teachers, "students": self.students}
-        snapshots = {} if self._evolve_checked else {n: _snapshot(p) for n, p in pops.items()}
-        ratings_state = None if self._evolve_checked else self.ratings.state_dict()
+    def _validated(self, name: str, f: Tensor) -> Tensor:
+        pop = self.teachers if name == "teachers" else self.students
         try:
-            results = {n: p.evolve_(fitnesses[n], **self.evolve_kwargs.get(n, {})) for n, p in pops.items()}
-        except BaseException:
-            for n, state in snapshots.items():
-                pops[n].load_state_dict(state)
-            raise
-        try:
-            for n, result in results.items():
-                self.ratings.follow_(n, result)
-        except BaseException:
-            if ratings_state is not None:
-                self.ratings.load_state_dict(ratings_state)
-            raise
-        self._evolve_checked = True
+            return pop.validate_fitnesses(f)
+        except (FitnessError, TypeError, ValueError) as error:
+            raise FitnessError(f"fitness of the {name} is invalid: {error}") from error
 
     # ------------------------------------------------------------------ evaluation
 

@@ -238,6 +238,19 @@ class TestSteps:
         assert all(torch.equal(x, y) for x, y in zip(adapters(a.students), adapters(b.students)))
         assert [r.proposals for r in runs[0]] != [r.proposals for r in runs[2]]  # another seed, another run
 
+    def test_an_option_evolve_rejects_at_the_first_step_changes_nothing(self):
+        sp = make(evolve_kwargs={"students": {"survive_frac": 1.0}})  # teachers evolve, then students raise
+        teachers, ratings, gen = adapters(sp.teachers), sp.ratings.state_dict(), sp.generator.get_state()
+        with pytest.raises(ValueError, match="survive_frac"):
+            sp.step()
+        assert all(torch.equal(x, y) for x, y in zip(teachers, adapters(sp.teachers)))
+        assert sp.teachers.generation == 0 and sp.steps == 0 and sp.history == []
+        assert torch.equal(sp.ratings.mu("teachers"), ratings["mu"]["teachers"]) and sp.ratings.played == 0
+        assert torch.equal(sp.generator.get_state(), gen)
+        sp.evolve_kwargs["students"] = {}
+        first = sp.step()
+        assert torch.equal(first.opponents, make().step().opponents)  # the retry draws what a fresh run draws
+
     def test_learnability_with_sampled_attempts(self):
         sp = make(attempts=3, teacher_reward="learnability",
                   student_generate=dict(max_new_tokens=5, do_sample=True, temperature=1.0))
