@@ -4,7 +4,11 @@ Model ``Linear(256, 1024) - ReLU - Linear(1024, 256)``, batch ``b = 64`` rows,
 rank 4, MSE loss (fitness = -loss), for ``N`` in {32, 128, 512, 1024, 2048}:
 
 - ``plain``:  the model on the same ``N*b`` rows, one forward (no ES at all),
+- ``plain_loss``: ``plain`` plus the same MSE per member (``torch.func.vmap`` over the ``(N, b, 256)``
+  outputs, as the ES evaluates it): the baseline issue 15 names, "plain inference of the same rows + the
+  same loss",
 - ``plain_rows``: ``plain`` in chunks of ``--max-rows`` rows (cache-sized chunks are faster on CPU),
+- ``plain_rows_loss``: ``plain_rows`` plus the same loss, chunk by chunk,
 - ``ours``:   ``EggrollES.step(x, mse, y)``, every member on the shared batch ``(b, 256)``,
 - ``ours_pm``: ``EggrollES.step(xs, mse, ys, per_individual=True)``, member ``i`` on its own ``(b, 256)`` rows,
 - ``ours_rows``: ``ours`` with ``max_rows=--max-rows`` (members evaluated in chunks: bounded memory),
@@ -18,7 +22,10 @@ Every measurement runs in a fresh subprocess (so peak memory is that
 process's own, read as the peak-RSS watermark above the level before the
 steps; with ``MALLOC_MMAP_THRESHOLD_=65536`` so freed buffers leave RSS),
 and the methods are interleaved over ``--repeats`` rounds; the table keeps
-each method's best median step time. torcheggroll is never a dependency:
+each method's best median step time. On CPU a step's time is the process's
+CPU time (``time.process_time``: one intra-op thread, so other processes on
+a shared machine do not inflate it); on CUDA it is CUDA-event time around
+the step (the host waits for it before the next step). torcheggroll is never a dependency:
 point ``--torcheggroll-python`` at an interpreter that has it (e.g. a
 scratch venv: ``python3 -m venv /tmp/tegg && /tmp/tegg/bin/pip install
 torch==2.13.0 torcheggroll==0.2.0``); its worker imports only torch and torcheggroll.
@@ -26,6 +33,13 @@ torch==2.13.0 torcheggroll==0.2.0``); its worker imports only torch and torchegg
     python benchmarks/es.py                                        # CPU, 1 thread, ours vs plain
     python benchmarks/es.py --torcheggroll-python /tmp/tegg/bin/python
     python benchmarks/es.py --device cuda                          # CUDA events, allocator peak
+    python benchmarks/es.py --pops 512 --methods plain,plain_loss,ours --repeats 5 --json es.json
+
+``thr`` columns are throughput relative to a baseline (its time / the
+method's time): ``thr`` against plain inference alone, ``thr+loss`` against
+plain inference plus the same loss (the issue's measure; target >= 0.85 at
+N = 512 on CPU, >= 0.9 on GPU). ``--json PATH`` also writes every
+measurement and ratio as JSON (``benchmarks/gpu.sh`` reads it).
 """
 
 from __future__ import annotations
@@ -41,9 +55,14 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-METHODS = ("plain", "plain_rows", "ours", "ours_pm", "ours_rows", "ours_pm_rows", "ours_fb", "tegg")
+METHODS = ("plain", "plain_loss", "plain_rows", "plain_rows_loss", "ours", "ours_pm", "ours_rows", "ours_pm_rows",
+           "ours_fb", "tegg")
 BASELINE = {"ours": "plain", "ours_pm": "plain", "ours_rows": "plain_rows", "ours_pm_rows": "plain_rows",
             "ours_fb": "plain", "tegg": "plain"}
+"""Each ES method's plain-inference baseline (``thr`` columns)."""
+LOSS_BASELINE = {"ours": "plain_loss", "ours_pm": "plain_loss", "ours_rows": "plain_rows_loss",
+                 "ours_pm_rows": "plain_rows_loss", "ours_fb": "plain_loss", "tegg": "plain_loss"}
+"""Each ES method's plain-inference-plus-the-same-loss baseline (``thr+loss`` columns)."""
 
 
 # ------------------------------------------------------------------------------------------------ worker
@@ -82,35 +101,70 @@ def _peak_tracker(device):
     return reset, read
 
 
-def worker(method: str, pop: int, device_name: str, threads: int, min_time: float, max_rows: int) -> dict:
+def _step_timer(device):
+    """``time(step) -> seconds``: CUDA-event time on CUDA, the process's CPU time elsewhere."""
+    import torch
+
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+        def timed(step):
+            start.record()
+            step()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+
+        return timed
+
+    def timed(step):
+        t0 = time.process_time()
+        step()
+        return time.process_time() - t0
+
+    return timed
+
+
+def worker(method: str, pop: int, device_name: str, threads: int, min_time: float, max_rows: int,
+           dtype_name: str = "float32") -> dict:
     import torch
     from torch import nn
 
     torch.set_num_threads(threads)
     device = torch.device(device_name)
-    dtype = torch.float32
+    dtype = getattr(torch, dtype_name)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256)).to(device, dtype)
     b = 64
     gen = torch.Generator().manual_seed(0)
-    x, y = torch.randn(b, 256, generator=gen).to(device), torch.randn(b, 256, generator=gen).to(device)
+    x = torch.randn(b, 256, generator=gen).to(device, dtype)
+    y = torch.randn(b, 256, generator=gen).to(device, dtype)
 
     def mse(out, target):
         return ((out - target) ** 2).mean()
 
-    if method == "plain":
+    per_member_mse = torch.func.vmap(mse, in_dims=(0, None))  # the loss as the ES evaluates it, per member
+
+    if method in ("plain", "plain_loss"):
         rows = x.repeat(pop, 1)  # the same N*b rows the ES forward runs
+        loss = method == "plain_loss"
 
         def step():
             with torch.no_grad():
-                model(rows)
-    elif method == "plain_rows":
+                out = model(rows)
+                if loss:
+                    per_member_mse(out.view(pop, b, -1), y).cpu()
+    elif method in ("plain_rows", "plain_rows_loss"):
         rows = x.repeat(pop, 1)
+        loss = method == "plain_rows_loss"
+        chunk = max(b, max_rows // b * b)  # whole members per chunk, as the ES's max_rows does
 
         def step():
             with torch.no_grad():
-                for start in range(0, len(rows), max_rows):
-                    model(rows[start : start + max_rows])
+                for start in range(0, len(rows), chunk):
+                    out = model(rows[start : start + chunk])
+                    if loss:
+                        per_member_mse(out.view(-1, b, out.shape[-1]), y).cpu()
     elif method == "tegg":
         from torcheggroll import TorchEggrollES
 
@@ -135,8 +189,8 @@ def worker(method: str, pop: int, device_name: str, threads: int, min_time: floa
             model = nn.Sequential(model[0], Gain(1024), model[1], model[2]).to(device, dtype)
         es = EggrollES(model, pop, 0.02, 0.05, 4, device=device, perturb_unroutable=method == "ours_fb")
         if method in ("ours_pm", "ours_pm_rows"):
-            xs = torch.randn(pop, b, 256, generator=gen).to(device)
-            ys = torch.randn(pop, b, 256, generator=gen).to(device)
+            xs = torch.randn(pop, b, 256, generator=gen).to(device, dtype)
+            ys = torch.randn(pop, b, 256, generator=gen).to(device, dtype)
             chunk = max_rows if method == "ours_pm_rows" else None
 
             def step():
@@ -155,13 +209,11 @@ def worker(method: str, pop: int, device_name: str, threads: int, min_time: floa
     sync()
     reset, read = _peak_tracker(device)
     reset()
+    timed = _step_timer(device)
     times: list[float] = []
     start = time.perf_counter()
     while len(times) < 2 or (time.perf_counter() - start < min_time and len(times) < 50):
-        t0 = time.perf_counter()
-        step()
-        sync()
-        times.append(time.perf_counter() - t0)
+        times.append(timed(step))
     return {"method": method, "pop": pop, "seconds": statistics.median(times), "steps": len(times), "peak_mb": read()}
 
 
@@ -169,10 +221,17 @@ def worker(method: str, pop: int, device_name: str, threads: int, min_time: floa
 
 
 def run_one(python: str, method: str, pop: int, args: argparse.Namespace) -> dict | None:
+    if args.in_process and method != "tegg":  # quick checks: no interpreter start per measurement
+        try:
+            return worker(method, pop, args.device, args.threads, args.min_time, args.max_rows, args.dtype)
+        except Exception as error:  # report and go on, as a failed subprocess does
+            print(f"  {method} N={pop}: failed: {type(error).__name__}: {error}", file=sys.stderr)
+            return None
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS=str(args.threads),
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])))
     cmd = [python, str(Path(__file__).resolve()), "--worker", method, "--pop", str(pop), "--device", args.device,
-           "--threads", str(args.threads), "--min-time", str(args.min_time), "--max-rows", str(args.max_rows)]
+           "--threads", str(args.threads), "--min-time", str(args.min_time), "--max-rows", str(args.max_rows),
+           "--dtype", args.dtype]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
@@ -193,19 +252,31 @@ def main() -> None:
     parser.add_argument("--tegg-max-pop", type=int, default=2048, help="skip torcheggroll above this N (memory)")
     parser.add_argument("--max-rows", type=int, default=2048, help="rows per forward of the *_rows methods")
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--methods", default=",".join(m for m in METHODS if m != "tegg"),
+                        help="comma-separated methods to run (tegg is added when importable)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "float64"))
+    parser.add_argument("--json", default=None, help="also write the measurements and ratios to this JSON file")
+    parser.add_argument("--in-process", action="store_true",
+                        help="measure in this process instead of a fresh subprocess each (quick checks; the peak "
+                             "memory then includes earlier measurements' leftovers)")
     parser.add_argument("--worker", choices=METHODS, help=argparse.SUPPRESS)
     parser.add_argument("--pop", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.worker:
-        print(json.dumps(worker(args.worker, args.pop, args.device, args.threads, args.min_time, args.max_rows)))
+        print(json.dumps(worker(args.worker, args.pop, args.device, args.threads, args.min_time, args.max_rows,
+                                args.dtype)))
         return
 
     pops = [int(p) for p in args.pops.split(",")]
+    chosen = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in chosen if m not in METHODS]
+    if unknown:
+        parser.error(f"unknown --methods {unknown}; choose from {list(METHODS)}")
     tegg_python = args.torcheggroll_python or sys.executable
     has_tegg = subprocess.run([tegg_python, "-c", "import torcheggroll"], capture_output=True).returncode == 0
-    methods = [m for m in METHODS if m != "tegg" or has_tegg]
-    print(f"device={args.device} threads={args.threads} pops={pops} repeats={args.repeats} "
+    methods = [m for m in METHODS if (m in chosen or m == "tegg") and (m != "tegg" or has_tegg)]
+    print(f"device={args.device} dtype={args.dtype} threads={args.threads} pops={pops} repeats={args.repeats} "
           f"torcheggroll={'yes (' + tegg_python + ')' if has_tegg else 'not importable: skipped'}", flush=True)
 
     best: dict[tuple[str, int], dict] = {}
@@ -234,17 +305,20 @@ def main() -> None:
         return f"{ra[key] / rb[key]:.2f}" if ra and rb and rb[key] > 0 else "-"
 
     cols = [m for m in METHODS if any((m, p) in best for p in pops)]
+    thr = [m for m in cols if m in BASELINE and BASELINE[m] in cols]
+    thr_loss = [m for m in cols if m in LOSS_BASELINE and LOSS_BASELINE[m] in cols]
     print()
     print(f"| N | {' | '.join(f'{m} ms' for m in cols)} | "
-          + " | ".join(f"{m} thr" for m in cols if m in BASELINE)
-          + (" | tegg/ours time" if "tegg" in cols else "")
-          + f" | {' | '.join(f'{m} MB' for m in cols)}"
+          + "".join(f"{m} thr | " for m in thr) + "".join(f"{m} thr+loss | " for m in thr_loss)
+          + ("tegg/ours time | " if "tegg" in cols else "")
+          + f"{' | '.join(f'{m} MB' for m in cols)}"
           + (" | tegg/ours mem | tegg/ours_rows mem" if "tegg" in cols else "") + " |")
-    ncols = 1 + 2 * len(cols) + sum(m in BASELINE for m in cols) + (3 if "tegg" in cols else 0)
+    ncols = 1 + 2 * len(cols) + len(thr) + len(thr_loss) + (3 if "tegg" in cols else 0)
     print("|---:" * ncols + "|")
     for pop in pops:
         row = [str(pop)] + [cell(m, pop, "seconds", ".1f") for m in cols]
-        row += [ratio(BASELINE[m], m, pop, "seconds") for m in cols if m in BASELINE]
+        row += [ratio(BASELINE[m], m, pop, "seconds") for m in thr]
+        row += [ratio(LOSS_BASELINE[m], m, pop, "seconds") for m in thr_loss]
         if "tegg" in cols:
             row.append(ratio("tegg", "ours", pop, "seconds"))
         row += [cell(m, pop, "peak_mb", ".0f") for m in cols]
@@ -252,8 +326,23 @@ def main() -> None:
             row += [ratio("tegg", "ours", pop, "peak_mb"), ratio("tegg", "ours_rows", pop, "peak_mb")]
         print("| " + " | ".join(row) + " |")
     print("\nthr = throughput of the ES step relative to plain inference of the same N*b rows (time plain / time "
-          "method; the *_rows methods against plain_rows, chunked alike); tegg/ours = how many times more time / "
+          "method; the *_rows methods against plain_rows, chunked alike); thr+loss = the same against plain "
+          "inference plus the same loss (plain_loss / plain_rows_loss); tegg/ours = how many times more time / "
           "memory torcheggroll 0.2.0 needs than populora.")
+    if args.json:
+        ratios = {}
+        for pop in pops:
+            for kind, table, methods_ in (("thr", BASELINE, thr), ("thr+loss", LOSS_BASELINE, thr_loss)):
+                for m in methods_:
+                    a, b = best.get((table[m], pop)), best.get((m, pop))
+                    if a and b and b["seconds"] > 0:
+                        ratios[f"{m} {kind} N={pop}"] = a["seconds"] / b["seconds"]
+        report = {"device": args.device, "dtype": args.dtype, "threads": args.threads, "pops": pops,
+                  "repeats": args.repeats, "command": " ".join(sys.argv),
+                  "results": [best[k] for k in sorted(best, key=lambda k: (k[1], METHODS.index(k[0])))],
+                  "ratios": ratios}
+        Path(args.json).write_text(json.dumps(report, indent=1))
+
 
 if __name__ == "__main__":
     main()

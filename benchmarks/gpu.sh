@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# The GPU figures of issue 15 in one run: routed forward vs pure inference at d = 4096 (bf16) and one ES
+# step vs plain inference, then ONE summary table on stdout.
+#
+#   bash benchmarks/gpu.sh               # one CUDA GPU; finishes in well under 6 minutes on an H200
+#   bash benchmarks/gpu.sh --cpu-smoke   # the same script path on CPU, tiny sizes (POPULORA_GPU_SMOKE=1 too)
+#
+# It needs only torch and populora's own dependencies and installs nothing. It runs
+#   benchmarks/forward.py --device cuda --min-time 0.1            (bf16; its grid at d = 4096)
+#   benchmarks/es.py --device cuda --pops 512,2048 --repeats 2 --min-time 0.5 \
+#       --methods plain,plain_loss,ours,ours_pm --json es.json    (float32, as the CPU table)
+# each under its own time limit, keeps their full output in the output folder ($GPU_BENCH_OUT, else
+# $OUT, else outputs/gpu/ in the repository: forward.log, es.log, es.json, summary.md), and prints the
+# summary: geometric mean and worst of `all / pure` over the judged points (adapters smaller than the
+# base weights) at the largest d measured, `ids / all`, each transformer point, and the ES step's
+# throughput relative to plain inference alone and to plain inference plus the same loss.
+# Progress goes to stderr; the exit status is 0 when both benchmarks ran and their tables were read.
+#
+# Environment: PYTHON (interpreter; default the repository's .venv, else python3), GPU_BENCH_OUT,
+# FORWARD_TIMEOUT / ES_TIMEOUT (seconds; defaults 200 / 130 on CUDA).
+
+set -u
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SMOKE="${POPULORA_GPU_SMOKE:-0}"
+for arg in "$@"; do
+  case "$arg" in
+    --cpu-smoke) SMOKE=1 ;;
+    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu.sh: unknown argument '$arg' (expected --cpu-smoke or --help)" >&2; exit 2 ;;
+  esac
+done
+[ "$SMOKE" = "1" ] || SMOKE=0
+
+PY="${PYTHON:-}"
+if [ -z "$PY" ]; then
+  if [ -x "$REPO/.venv/bin/python" ]; then PY="$REPO/.venv/bin/python"; else PY=python3; fi
+fi
+OUTDIR="${GPU_BENCH_OUT:-${OUT:-$REPO/outputs/gpu}}"
+mkdir -p "$OUTDIR" || exit 2
+cd "$REPO" || exit 2
+export PYTHONUNBUFFERED=1 PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+
+if [ "$SMOKE" = "1" ]; then
+  DEVICE=cpu
+  FORWARD_ARGS=(--device cpu --quick --no-loop --min-time 0.01)
+  ES_ARGS=(--device cpu --pops 4 --repeats 1 --min-time 0.01 --methods plain,plain_loss,ours,ours_pm --in-process)
+  FORWARD_TIMEOUT="${FORWARD_TIMEOUT:-300}"
+  ES_TIMEOUT="${ES_TIMEOUT:-120}"
+else
+  DEVICE=cuda
+  FORWARD_ARGS=(--device cuda --min-time 0.1)
+  ES_ARGS=(--device cuda --pops 512,2048 --repeats 2 --min-time 0.5 --methods plain,plain_loss,ours,ours_pm)
+  FORWARD_TIMEOUT="${FORWARD_TIMEOUT:-200}"
+  ES_TIMEOUT="${ES_TIMEOUT:-130}"
+fi
+
+# what runs where (and, on CUDA, that there is a GPU at all)
+if ! "$PY" - "$DEVICE" >"$OUTDIR/env.txt" 2>&1 <<'PY'
+import sys
+import torch
+if sys.argv[1] == "cuda":
+    if not torch.cuda.is_available():
+        sys.exit("no CUDA device visible to torch " + torch.__version__ + ": run with --cpu-smoke for the CPU check")
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, CUDA {torch.version.cuda}")
+else:
+    print(f"torch {torch.__version__}, CPU (smoke run: tiny sizes, figures not meaningful)")
+PY
+then
+  cat "$OUTDIR/env.txt" >&2
+  exit 2
+fi
+echo "gpu.sh: $(cat "$OUTDIR/env.txt"); logs in $OUTDIR" >&2
+
+run() {  # run NAME TIMEOUT CMD...: the command's output to NAME.log; its exit status in NAME.rc
+  local name="$1" limit="$2"
+  shift 2
+  local begin=$SECONDS
+  echo "gpu.sh: $name: $*" >&2
+  timeout --kill-after=10 "$limit" "$@" >"$OUTDIR/$name.log" 2>&1
+  local rc=$?
+  echo "$rc" >"$OUTDIR/$name.rc"
+  echo "gpu.sh: $name: exit $rc after $((SECONDS - begin)) s" >&2
+}
+
+rm -f "$OUTDIR/es.json"
+run forward "$FORWARD_TIMEOUT" "$PY" -u benchmarks/forward.py "${FORWARD_ARGS[@]}"
+run es "$ES_TIMEOUT" "$PY" -u benchmarks/es.py "${ES_ARGS[@]}" --json "$OUTDIR/es.json"
+
+"$PY" - "$OUTDIR" "$FORWARD_TIMEOUT" "$ES_TIMEOUT" "python benchmarks/forward.py ${FORWARD_ARGS[*]}" \
+  "python benchmarks/es.py ${ES_ARGS[*]}" <<'PY'
+"""Read forward.log and es.json; print the one summary table (also written to summary.md)."""
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+out, fwd_limit, es_limit, fwd_cmd, es_cmd = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+rc = {name: (out / f"{name}.rc").read_text().strip() for name in ("forward", "es")}
+notes, rows = [], []
+POINT = re.compile(r"^(?P<label>(?:mlp|transformer) .*?)(?P<star> \*)?\s+(?P<n>\d+)\s+(?P<pure>[\d.]+)\s+"
+                   r"(?P<all>[\d.]+)\s+(?P<ids>[\d.]+)\s+(?P<ids_all>[\d.]+)\s")
+
+
+def stage_note(name, limit):
+    code = rc[name]
+    if code == "0":
+        return
+    why = f"timed out after {limit} s" if code in ("124", "137") else f"exit {code}"
+    notes.append(f"{name} failed ({why}); see {out / (name + '.log')}")
+
+
+def fmt(value):
+    return "-" if value is None or not math.isfinite(value) else f"{value:.3f}"
+
+
+geo = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+# ---- routed forward
+stage_note("forward", fwd_limit)
+log = (out / "forward.log").read_text(errors="replace") if (out / "forward.log").exists() else ""
+points = []
+for line in log.splitlines():
+    m = POINT.match(line)
+    if m:
+        dim = re.search(r"\bd(?:im)?=(\d+)", m["label"])
+        points.append(dict(label=m["label"].strip(), judged=not m["star"], kind=m["label"].split()[0],
+                           d=int(dim[1]) if dim else 0, all=float(m["all"]), ids_all=float(m["ids_all"])))
+mlps = [p for p in points if p["kind"] == "mlp"]
+if not mlps:
+    notes.append(f"no routed-forward points found in {out / 'forward.log'}")
+d = max((p["d"] for p in mlps), default=None)
+at_d = [p for p in mlps if p["d"] == d]
+judged = [p for p in at_d if p["judged"]]
+worst = max(judged, key=lambda p: p["all"], default=None)
+where = f"mlp d={d}" if d else "mlp"
+rows.append(("forward all / pure, geometric mean, judged points", f"{where} ({len(judged)} points)",
+             fmt(geo([p["all"] for p in judged])), "<= 1.05"))
+rows.append(("forward all / pure, worst judged point", worst["label"] if worst else where,
+             fmt(worst["all"] if worst else None), "<= 1.30"))
+rows.append(("forward all / pure, geometric mean, all points", f"{where} ({len(at_d)} points)",
+             fmt(geo([p["all"] for p in at_d])), "reported"))
+rows.append(("forward ids / all, geometric mean", f"{where} ({len(at_d)} points)",
+             fmt(geo([p["ids_all"] for p in at_d])), "<= 1.10"))
+for p in points:
+    if p["kind"] == "transformer":
+        rows.append(("forward all / pure, transformer", p["label"] + ("" if p["judged"] else " *"), fmt(p["all"]),
+                     "reported"))
+
+# ---- ES step
+stage_note("es", es_limit)
+ratios, pops = {}, []
+if (out / "es.json").exists():
+    report = json.loads((out / "es.json").read_text())
+    ratios, pops = report["ratios"], report["pops"]
+else:
+    notes.append(f"no ES results ({out / 'es.json'} missing)")
+for pop in pops or ["-"]:
+    for method, kind, what, target in (("ours", "thr", "plain inference", "reported"),
+                                       ("ours", "thr+loss", "plain inference + the same loss", ">= 0.90"),
+                                       ("ours_pm", "thr+loss", "plain inference + the same loss", "reported")):
+        label = "ES step throughput / " + what + (", own rows per member" if method == "ours_pm" else "")
+        rows.append((label, f"N={pop}", fmt(ratios.get(f"{method} {kind} N={pop}")), target))
+
+lines = [f"device: {(out / 'env.txt').read_text().strip()}",
+         f"commands: {fwd_cmd}; {es_cmd}", "",
+         "| measure | point | value | target |", "| --- | --- | ---: | --- |"]
+lines += [f"| {a} | {b} | {c} | {t} |" for a, b, c, t in rows]
+lines += [""] + [f"note: {n}" for n in notes]
+text = "\n".join(lines).rstrip() + "\n"
+(out / "summary.md").write_text(text)
+print(text, end="")
+missing = any(r[2] == "-" for r in rows)
+sys.exit(1 if notes or missing else 0)
+PY
