@@ -18,6 +18,14 @@ Tasks and their targets (issue 11):
 * ``lunarlander-continuous``: LunarLanderContinuous-v3; >= 200 over 30
   episodes within 2M env steps.
 
+Each task runs its best measured configuration by default (``--algorithm``
+picks another): the GA for CartPole, LunarLander and Pendulum; for
+LunarLanderContinuous EggRoll ES with ClipUp (``populora.optim.ClipUp``) on
+a zero-started linear policy, 128 members, rank-2 noise of scale 0.1, ClipUp
+step 0.03 (max speed 0.06), centred ranks, normalised observations. The
+env-step budget is passed 2.5% low (:attr:`Task.step_cap`) because a run
+stops after the generation that reaches it.
+
 ``--budget-seconds`` is a total wall-time budget: a run stops (through
 ``evolve_with_env``'s ``callback``) once it is spent, and is reported as it
 stands. Run::
@@ -25,12 +33,14 @@ stands. Run::
     python benchmarks/envs.py --task cartpole --seed 0 1 2 3 4
     python benchmarks/envs.py --task lunarlander --seed 0 --budget-seconds 900
     python benchmarks/envs.py --task pendulum --seed 0 --algorithm es
+    python benchmarks/envs.py --task lunarlander-continuous --seed 0 1 2 --budget-seconds 3600
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,13 +56,19 @@ REPORT = 7_000_000  # the reporting seeds' run seed offset (play() draws them fr
 @dataclass
 class Task:
     env: str
-    model: Any
     target: float
     episodes: int  # fresh episodes reported
     max_env_steps: int | None
-    num_generations: int
-    options: dict[str, Any] = field(default_factory=dict)  # evolve_with_env's
+    default: str  # the algorithm run unless --algorithm says otherwise
+    configs: dict[str, tuple[Callable[[], nn.Module], dict[str, Any]]]  # algorithm -> (model, evolve_with_env's)
     play: dict[str, Any] = field(default_factory=dict)  # action / to_range for play()
+    num_generations: int = 100_000
+
+    @property
+    def step_cap(self) -> int | None:
+        """``max_env_steps`` passed: 2.5% under the budget, since a run stops after the generation that reaches it
+        (one LunarLander generation of 128 members takes up to 40k steps)."""
+        return None if self.max_env_steps is None else int(self.max_env_steps * 0.975)
 
 
 def _mlp(*sizes: int, out_tanh: bool = False) -> nn.Module:
@@ -62,36 +78,60 @@ def _mlp(*sizes: int, out_tanh: bool = False) -> nn.Module:
     return nn.Sequential(*(layers if out_tanh else layers[:-1]))
 
 
-def tasks(algorithm: str) -> dict[str, Task]:
-    identity = lambda out: out  # noqa: E731
+def _linear(d: int, e: int) -> nn.Module:
+    """A linear policy starting at zero (as PGPE's usual start): ``(b, d) -> (b, e)``."""
+    layer = nn.Linear(d, e)
+    with torch.no_grad():
+        layer.weight.zero_()
+        layer.bias.zero_()
+    return nn.Sequential(layer)
+
+
+def _identity(out: Any) -> Any:
+    return out
+
+
+def tasks() -> dict[str, Task]:
+    lander = dict(num_envs=16, normalize_obs=True, horizon=1000)
     return {
-        "cartpole": Task("CartPole-v1", lambda: _mlp(4, 32, 2), 475.0, 20, None, 30,
-                         dict(pop_size=64, low_rank=4, target_fitness=475.0, num_envs=16)),
-        "lunarlander": Task("LunarLander-v3", lambda: _mlp(8, 32, 4), 200.0, 30, 2_000_000, 10_000,
-                            dict(pop_size=64, low_rank=4, num_envs=16, num_episodes=2, normalize_obs=True,
-                                 horizon=1000)),
-        "pendulum": Task("Pendulum-v1", lambda: _mlp(3, 32, 32, 1, out_tanh=True), -200.0, 30, 5_000_000, 10_000,
-                         dict(pop_size=64, low_rank=4, num_envs=16, num_episodes=2, normalize_obs=True, horizon=200,
-                              action=identity, to_range=(-2.0, 2.0)),
-                         dict(action=identity, to_range=(-2.0, 2.0))),
-        "lunarlander-continuous": Task(
-            "LunarLanderContinuous-v3", lambda: _mlp(8, 32, 2, out_tanh=True), 200.0, 30, 2_000_000, 10_000,
-            dict(pop_size=64, low_rank=4, num_envs=16, num_episodes=2, normalize_obs=True, horizon=1000,
-                 action=identity), dict(action=identity)),
+        "cartpole": Task("CartPole-v1", 475.0, 20, None, "ga", {
+            "ga": (lambda: _mlp(4, 32, 2), dict(pop_size=64, low_rank=4, target_fitness=475.0, num_envs=16)),
+        }, num_generations=30),
+        "lunarlander": Task("LunarLander-v3", 200.0, 30, 2_000_000, "ga", {
+            "ga": (lambda: _mlp(8, 32, 4), dict(pop_size=64, low_rank=4, num_episodes=2, **lander)),
+            "es": (lambda: _linear(8, 4), dict(pop_size=128, low_rank=2, **lander,
+                                               es_kwargs=dict(sigma=0.1, optimizer="clipup", lr=0.03))),
+        }),
+        "pendulum": Task("Pendulum-v1", -200.0, 30, 5_000_000, "ga", {
+            "ga": (lambda: _mlp(3, 32, 32, 1, out_tanh=True),
+                   dict(pop_size=64, low_rank=4, num_episodes=2, num_envs=16, normalize_obs=True, horizon=200,
+                        action=_identity, to_range=(-2.0, 2.0))),
+            "es": (lambda: _mlp(3, 16, 1, out_tanh=True),
+                   dict(pop_size=128, low_rank=2, num_envs=16, normalize_obs=True, horizon=200, action=_identity,
+                        to_range=(-2.0, 2.0), es_kwargs=dict(sigma=0.1, optimizer="clipup", lr=0.03))),
+        }, dict(action=_identity, to_range=(-2.0, 2.0))),
+        "lunarlander-continuous": Task("LunarLanderContinuous-v3", 200.0, 30, 2_000_000, "es", {
+            "ga": (lambda: _mlp(8, 32, 2, out_tanh=True), dict(pop_size=64, low_rank=4, num_episodes=2,
+                                                               action=_identity, **lander)),
+            "es": (lambda: _linear(8, 2), dict(pop_size=128, low_rank=2, action=_identity, **lander,
+                                               es_kwargs=dict(sigma=0.1, optimizer="clipup", lr=0.03))),
+        }, dict(action=_identity)),
     }
 
 
-def run(task_name: str, seed: int, algorithm: str, deadline: float) -> dict[str, Any]:
-    task = tasks(algorithm)[task_name]
+def run(task_name: str, seed: int, algorithm: str | None, deadline: float) -> dict[str, Any]:
+    task = tasks()[task_name]
+    algorithm = algorithm or task.default
+    if algorithm not in task.configs:
+        raise SystemExit(f"task {task_name!r} has no {algorithm!r} configuration; it has {sorted(task.configs)}")
+    make_model, options = task.configs[algorithm]
+    options = dict(options)
     torch.manual_seed(seed)
-    options = dict(task.options)
     pop_size, low_rank = options.pop("pop_size"), options.pop("low_rank")
-    if algorithm == "es":
-        options.pop("evolve_kwargs", None)
     start = time.perf_counter()
     policy, history = evolve_with_env(
-        task.env, task.model(), pop_size, low_rank, seed=seed, num_generations=task.num_generations,
-        max_env_steps=task.max_env_steps, algorithm=algorithm,
+        task.env, make_model(), pop_size, low_rank, seed=seed, num_generations=task.num_generations,
+        max_env_steps=task.step_cap, algorithm=algorithm,
         callback=lambda info: time.perf_counter() > deadline, **options)
     wall = time.perf_counter() - start
     with interact_with_env(task.env, num_envs=16) as interactor:
@@ -105,9 +145,10 @@ def run(task_name: str, seed: int, algorithm: str, deadline: float) -> dict[str,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--task", choices=sorted(tasks("ga")), default="cartpole")
+    parser.add_argument("--task", choices=sorted(tasks()), default="cartpole")
     parser.add_argument("--seed", type=int, nargs="+", default=[0])
-    parser.add_argument("--algorithm", choices=["ga", "es"], default="ga")
+    parser.add_argument("--algorithm", choices=["ga", "es"], default=None,
+                        help="default: the task's best measured one (see the module docstring)")
     parser.add_argument("--budget-seconds", type=float, default=900.0, help="total wall time of all seeds")
     args = parser.parse_args()
     torch.set_num_threads(1)

@@ -160,7 +160,7 @@ def evolve_with_env(
     pairs) perturb the whole model with rank-``low_rank`` noise and play as
     a population's individuals do; the update uses centred ranks and
     ``torch.optim.Adam`` (``es_kwargs``: ``sigma=0.3``, ``lr=0.05``,
-    ``optimizer=``, any other EggrollES argument). The validated individual
+    ``optimizer=`` (e.g. ``'clipup'``), any other EggrollES argument). The validated individual
     is the ES's centre (its unperturbed model), and the policy returned is
     the best validated centre.
 
@@ -229,9 +229,15 @@ def evolve_with_env(
         algorithm: ``'ga'`` (the default: the genetic algorithm over a LoRA
             population) or ``'es'`` (EggRoll ES, see above).
         es_kwargs: with ``algorithm='es'``: ``sigma`` (0.3), ``lr`` (0.05,
-            Adam's), ``optimizer`` (replaces Adam), ``fitness_shaping``
+            the optimizer's), ``optimizer`` (``'adam'``, the default;
+            ``'clipup'``: :class:`~populora.optim.ClipUp`, PGPE's optimiser,
+            with ``max_speed`` (``2 * lr``) and ``momentum`` (0.9) also in
+            ``es_kwargs``; ``'sgd'``; or a ``torch.optim`` optimizer or
+            ``params -> Optimizer``), ``fitness_shaping``
             (``'centered_rank'``) and any other :class:`~populora.EggrollES`
-            argument.
+            argument. LunarLanderContinuous-v3 is solved with a zero-started
+            linear policy and ``es_kwargs=dict(sigma=0.1, optimizer='clipup',
+            lr=0.03)``, 128 members (``examples/lunar_lander_continuous.py``).
         episode_seeding: ``'independent'`` (the default: every individual
             meets its own training episodes; with ES each antithetic pair its
             own) or ``'common'`` (common random numbers: all individuals of a
