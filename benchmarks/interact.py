@@ -29,6 +29,24 @@ tail) and "near a controller" (adapters of scale 0.3 around a hand-set
 balancing controller: long episodes, as after a few generations of
 evolution).
 
+``critical path``: at generation 0 with 256 slots one long episode plays
+alone for ~460 timesteps, so no loop can reach the random-action throughput.
+The bound is the time the evaluation would take if each of its timesteps cost
+what one random-action step of the same wrapped vector env costs with as many
+slots as were playing then (``sum_t cost(n_t)``: the counts ``n_t`` are
+recorded in an untimed run of the same, deterministic evaluation; ``cost(n)``
+is measured at ``n = 1, 2, 4, .., N`` and interpolated linearly); the column is
+that bound over evaluate's time (100%: as fast as stepping the env with random
+actions, timestep by timestep).
+
+``--compile`` instead times the per-timestep policy (``pop(obs,
+individuals=ids).argmax(-1)``) eager against ``torch.compile`` of the same
+function (inductor, ``dynamic=True``), at the row counts an evaluation meets.
+
+``--cpu-time`` times with the process's CPU time instead of the wall clock
+(everything here runs on one thread, so on a loaded machine that is close to
+the wall time the same run takes on a free core).
+
 Timings are the best of ``--repeats`` runs on each side (the machine this
 was written on is shared, and the best run is the least disturbed one).
 
@@ -47,6 +65,8 @@ from __future__ import annotations
 
 import argparse
 import time
+
+import numpy as np
 
 import gymnasium as gym
 import torch
@@ -73,6 +93,9 @@ def controller_mlp() -> nn.Module:
     return model
 
 
+CLOCK = time.perf_counter
+"""The clock every timing reads (``--cpu-time``: ``time.process_time``)."""
+
 POPULATIONS = {"generation 0": (random_mlp, 1.0), "near a controller": (controller_mlp, 0.3)}
 
 
@@ -89,10 +112,40 @@ def baseline(num: int, steps: int) -> float:
     g = torch.Generator().manual_seed(0)
     for _ in range(20):
         env.step(torch.randint(0, 2, (num,), generator=g))
-    start = time.perf_counter()
+    start = CLOCK()
     for _ in range(steps):
         env.step(torch.randint(0, 2, (num,), generator=g))
-    return num * steps / (time.perf_counter() - start)
+    return num * steps / (CLOCK() - start)
+
+
+def step_costs(num: int) -> dict[int, float]:
+    """Seconds per random-action step of the wrapped vector env with ``n = 1, 2, 4, .., num`` slots."""
+    sizes = sorted({*(1 << i for i in range(num.bit_length()) if 1 << i <= num), num})
+    return {n: n / baseline(n, max(20, 2560 // n)) for n in sizes}
+
+
+def playing_counts(num: int, pop_size: int, episodes: int, which: str) -> np.ndarray:
+    """``(T,)`` slots playing at each timestep of the evaluation :func:`evaluate` times (an untimed rerun)."""
+    make_model, init_scale = POPULATIONS[which]
+    interactor = interact_with_env(vector_env(num))
+    population = interactor.population(make_model(), pop_size=pop_size, low_rank=4, seed=0, init_scale=init_scale)
+    interactor.evaluate(population, horizon=5)
+    counts: list[int] = []
+    step = interactor._slots.step
+
+    def counting(actions, slots):
+        counts.append(len(slots))
+        return step(actions, slots)
+
+    interactor._slots.step = counting
+    interactor.evaluate(population, horizon=500, num_episodes=episodes)
+    return np.asarray(counts, dtype=np.float64)
+
+
+def critical_path(counts: np.ndarray, costs: dict[int, float]) -> float:
+    """``sum_t cost(n_t)`` seconds, ``cost`` interpolated linearly between the measured sizes."""
+    sizes = np.asarray(sorted(costs), dtype=np.float64)
+    return float(np.interp(counts, sizes, [costs[int(n)] for n in sizes]).sum())
 
 
 def evaluate(num: int, pop_size: int, episodes: int, which: str, vector_path: bool = False) -> tuple[float, ...]:
@@ -103,12 +156,45 @@ def evaluate(num: int, pop_size: int, episodes: int, which: str, vector_path: bo
     population = interactor.population(make_model(), pop_size=pop_size, low_rank=4, seed=0, init_scale=init_scale)
     interactor.evaluate(population, horizon=5)  # warm up
     before = dict(interactor.counters)
-    start = time.perf_counter()
+    start = CLOCK()
     fitness = interactor.evaluate(population, horizon=500, num_episodes=episodes)
-    seconds = time.perf_counter() - start
+    seconds = CLOCK() - start
     steps = interactor.counters["env_steps"] - before["env_steps"]
     timesteps = interactor.counters["timesteps"] - before["timesteps"]
     return steps / seconds, steps / (timesteps * num), timesteps, fitness.mean().item()
+
+
+def compiled_policy(repeats: int) -> None:
+    """Per-call time of the per-timestep policy, eager vs ``torch.compile`` (inductor, dynamic shapes)."""
+    make_model, init_scale = POPULATIONS["generation 0"]
+    interactor = interact_with_env(vector_env(1))
+    population = interactor.population(make_model(), pop_size=256, low_rank=4, seed=0, init_scale=init_scale)
+
+    def policy(obs, ids):
+        return population(obs, individuals=ids).argmax(-1)
+
+    compiled = torch.compile(policy, dynamic=True)
+    g = torch.Generator().manual_seed(0)
+    print(f"per-timestep policy (4-32-2 MLP, P=256, r=4), torch {torch.__version__}, 1 thread, best of {repeats}")
+    print("| rows | eager (us) | compiled (us) | compiled / eager | first call (s) | same actions |")
+    print("|---:|---:|---:|---:|---:|:---:|")
+    with torch.no_grad():  # dynamo guards fail on inference tensors (torch 2.13)
+        for n in (1, 2, 16, 64, 256):
+            obs = torch.randn(n, 4, generator=g)
+            ids = torch.randint(0, 256, (n,), generator=g).sort().values
+            start = CLOCK()
+            same = torch.equal(compiled(obs, ids), policy(obs, ids))
+            first = CLOCK() - start
+            times = {"eager": float("inf"), "compiled": float("inf")}
+            for _ in range(repeats):  # interleaved
+                for name, fn in (("eager", policy), ("compiled", compiled)):
+                    start = CLOCK()
+                    for _ in range(200):
+                        fn(obs, ids)
+                    times[name] = min(times[name], (CLOCK() - start) / 200)
+            print(f"| {n} | {times['eager'] * 1e6:.0f} | {times['compiled'] * 1e6:.0f} | "
+                  f"{times['compiled'] / times['eager']:.2f} | {first:.1f} | {'yes' if same else 'no'} |")
+    interactor.close()
 
 
 SEED_DM_CONTROL_BLOCK = """\
@@ -156,30 +242,50 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one run per measurement")
     parser.add_argument("--seed-dm-control-block", action="store_true",
                         help="time the seed README's dm_control block as written instead")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time with the process's CPU time (a loaded machine) instead of the wall clock")
+    parser.add_argument("--no-vector-path", action="store_true", help="skip the vector-path column")
+    parser.add_argument("--compile", action="store_true",
+                        help="time the per-timestep policy eager vs torch.compile instead (minutes to compile)")
     args = parser.parse_args()
     if args.seed_dm_control_block:
         seed_dm_control_block()
         return
     torch.set_num_threads(1)
+    if args.cpu_time:
+        global CLOCK
+        CLOCK = time.process_time
     repeats = 1 if args.quick else args.repeats
+    if args.compile:
+        compiled_policy(repeats)
+        return
     rows = []
     for num, pop_size, episodes in ((64, 64, 4), (256, 256, 2)):
         for which in POPULATIONS:
-            bases, runs, vector = [], [], []
+            counts = playing_counts(num, pop_size, episodes, which)
+            bases, runs, vector, costs = [], [], [], {}
             for _ in range(repeats):  # interleaved, so every side meets the same load
                 bases.append(baseline(num, 12800 // num))
                 runs.append(evaluate(num, pop_size, episodes, which))
-                vector.append(evaluate(num, pop_size, episodes, which, vector_path=True)[0])
+                if not args.no_vector_path:
+                    vector.append(evaluate(num, pop_size, episodes, which, vector_path=True)[0])
+                for n, cost in step_costs(num).items():
+                    costs[n] = min(cost, costs.get(n, cost))
             rate, util, timesteps, fit = max(runs)
-            rows.append((num, f"{pop_size} x {episodes}", which, fit, max(bases), rate, max(vector), util, timesteps))
+            bound = critical_path(counts, costs)
+            rows.append((num, f"{pop_size} x {episodes}", which, fit, max(bases), rate, max(vector, default=None),
+                         util, timesteps, bound))
     print(f"CartPole-v1, SyncVectorEnv + env-ssl-wrapper, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} thread, best of {repeats}")
+          f"{torch.get_num_threads()} thread, best of {repeats}, {'CPU' if args.cpu_time else 'wall'} time")
     print("| slots | individuals x episodes | population (mean return) | wrapped env, random actions (steps/s) "
-          "| evaluate (steps/s) | ratio | vector path (steps/s) | utilisation | timesteps | us / timestep |")
-    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
-    for num, work, which, fit, base, rate, vec, util, timesteps in rows:
+          "| evaluate (steps/s) | ratio | critical path (ms) | evaluate (ms) | ratio to critical path "
+          "| vector path (steps/s) | utilisation | timesteps | us / timestep |")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for num, work, which, fit, base, rate, vec, util, timesteps, bound in rows:
         seconds = util * timesteps * num / rate
-        print(f"| {num} | {work} | {which} ({fit:.0f}) | {base:,.0f} | {rate:,.0f} | {rate / base:.0%} | {vec:,.0f} | "
+        vec_text = "-" if vec is None else f"{vec:,.0f}"
+        print(f"| {num} | {work} | {which} ({fit:.0f}) | {base:,.0f} | {rate:,.0f} | {rate / base:.0%} | "
+              f"{bound * 1e3:.1f} | {seconds * 1e3:.1f} | {bound / seconds:.0%} | {vec_text} | "
               f"{util:.0%} | {timesteps} | {seconds / timesteps * 1e6:.0f} |")
 
 

@@ -57,6 +57,8 @@ class ActionFormat:
             self.integer = True
             self.start = int(np.asarray(getattr(space, "start", 0)))
             self.n = int(n)
+            self._np_start = np.int64(self.start)
+            self._np_n = np.uint64(self.n)
         else:
             self.shape = tuple(int(s) for s in shape) if self.known else ()
             dtype = getattr(space, "dtype", None)
@@ -76,6 +78,14 @@ class ActionFormat:
             InvalidTypeError: floating actions for an integer space, or not a tensor / array.
         """
         if not self.known:
+            return actions
+        if (self.discrete and to_range is None and type(actions) is Tensor and actions.dtype == torch.int64
+                and actions.device.type == "cpu" and actions.shape == (k,)):
+            # the common case (argmax of logits on the CPU): one range check in numpy, on the same memory
+            if actions.requires_grad:
+                actions = actions.detach()
+            if k and self._out_of_range(actions):
+                self._raise_out_of_range(actions)
             return actions
         if not isinstance(actions, Tensor):
             try:
@@ -107,16 +117,30 @@ class ActionFormat:
                     f"{actions.dtype}" + (" (did you forget `.argmax(-1)`?)" if self.discrete else "")
                 )
             actions = actions.long()
-            if self.discrete and actions.numel():
-                lo_v, hi_v = (int(v) for v in torch.aminmax(actions))
-                if lo_v < self.start or hi_v >= self.start + self.n:
-                    raise InvalidValueError(
-                        f"`action(logits)` returned actions from {lo_v} to {hi_v}, outside the action space "
-                        f"{self.name} (valid: {self.start} to {self.start + self.n - 1})"
-                    )
+            if self.discrete and actions.numel() and self._out_of_range(actions):
+                self._raise_out_of_range(actions)
         elif actions.dtype != torch.float32:
             actions = actions.to(torch.float32)
         return actions
+
+
+    def _out_of_range(self, actions: Tensor) -> bool:
+        """Whether a ``(k,)`` int64 CPU tensor holds a value outside ``[start, start + n)``.
+
+        One reduction: ``a - start`` seen as unsigned is ``>= n`` exactly for
+        the values outside (negative differences wrap to huge numbers).
+        """
+        values = actions.contiguous().numpy()
+        if self.start:
+            values = values - self._np_start
+        return bool(values.view(np.uint64).max() >= self._np_n)
+
+    def _raise_out_of_range(self, actions: Tensor) -> None:
+        lo_v, hi_v = (int(v) for v in torch.aminmax(actions))
+        raise InvalidValueError(
+            f"`action(logits)` returned actions from {lo_v} to {hi_v}, outside the action space "
+            f"{self.name} (valid: {self.start} to {self.start + self.n - 1})"
+        )
 
 
 def check_to_range(to_range: Any, fmt: ActionFormat) -> tuple[Tensor, Tensor] | None:

@@ -149,18 +149,24 @@ class Rollout:
             if (row >= 0).any():
                 return
             free = self.every_slot
-        new, new_seeds = [], []
-        for slot in free.tolist():
-            item = self.queue.take()
-            if item is None:
-                row[slot] = -1
-                continue
-            row[slot], self.ep[slot] = item
-            new.append(slot)
-            new_seeds.append(int(self.seeds[item] if self.per_row else self.seeds[item[1]]))
-        if not new:
+        take = self.queue.take
+        new_rows, new_eps = [], []
+        for _ in range(free.size):
+            item = take()
+            if item is None:  # the queue is empty (and stays so): the other free slots idle
+                break
+            new_rows.append(item[0])
+            new_eps.append(item[1])
+        row[free[len(new_rows):]] = -1
+        if not new_rows:
             return
-        chosen = np.asarray(new, dtype=np.int64)
+        chosen = free[: len(new_rows)]
+        row[chosen] = new_rows
+        self.ep[chosen] = new_eps
+        if self.per_row:
+            new_seeds = [int(s) for s in self.seeds[new_rows, new_eps].tolist()]
+        else:
+            new_seeds = [int(self.seeds[e]) for e in new_eps]
         self.steps[chosen] = 0
         self.ret[chosen] = 0.0
         whole = None
@@ -191,7 +197,7 @@ class Rollout:
             active, ids = active[order], ids[order]
         if ids[0] == ids[-1]:
             return active, {"individual": int(ids[0])}
-        return active, {"individuals": torch.from_numpy(ids)}
+        return active, {"individuals": ids}  # host ids as they are (the route plan is made on the host)
 
     # ------------------------------------------------------------------ the loop
 
@@ -204,6 +210,8 @@ class Rollout:
         self.start(self.every_slot)
         active, route = self.playing()
         ret_a, steps_a = self.ret[active], self.steps[active]  # of the playing slots, in their order
+        # timesteps until the longest-running playing episode reaches the horizon (all steps move together)
+        due = limit - int(steps_a.max()) if bounded and active.size else math.inf
         env_steps = timesteps = 0
         try:
             while active.size:
@@ -229,12 +237,15 @@ class Rollout:
                 env_steps += n_act
                 ret_a += rewards
                 steps_a += 1
-                finished = done | (steps_a >= limit) if bounded else done
+                due -= 1
+                finished = done | (steps_a >= limit) if due <= 0 else done
                 total = rewards.sum()  # one reduction to rule out NaN and inf rewards
                 if not math.isfinite(total) and not (ok := np.isfinite(rewards)).all():
                     finished = finished | self._bad_rewards(rewards, ok, active, steps_a)
                 if finished.any():
                     active, route, ret_a, steps_a = self._end(active, finished, ret_a, steps_a)
+                    if bounded and active.size:
+                        due = limit - int(steps_a.max())
         finally:
             self.env_steps += env_steps
             self.timesteps += timesteps

@@ -119,10 +119,12 @@ class WorkQueue:
     """
 
     def __init__(self, k: int, num_episodes: int):
+        # plain lists: the loop reads and writes single entries, which numpy scalars make several times slower
         self.num_episodes = num_episodes
-        self.next_episode = np.zeros(k, dtype=np.int64)
-        self.playing = np.zeros(k, dtype=np.int64)
+        self.next_episode = [0] * k
+        self.playing = [0] * k
         self.ready: deque[int] = deque(range(k))
+        self._queued = [True] * k  # whether a row is in `ready` (a membership test of a deque is a scan)
         self.left = k * num_episodes
 
     def take(self) -> tuple[int, int] | None:
@@ -131,10 +133,12 @@ class WorkQueue:
             return None
         if self.ready:
             row = self.ready.popleft()
-        else:  # everyone with episodes left is playing: double up on the one with most left
-            row = int(np.argmax(self.num_episodes - self.next_episode))
-        episode = int(self.next_episode[row])
-        self.next_episode[row] += 1
+            self._queued[row] = False
+        else:  # everyone with episodes left is playing: double up on the one with most left (the first such)
+            started = self.next_episode
+            row = started.index(min(started))
+        episode = self.next_episode[row]
+        self.next_episode[row] = episode + 1
         self.playing[row] += 1
         self.left -= 1
         return row, episode
@@ -142,5 +146,6 @@ class WorkQueue:
     def finish(self, row: int) -> None:
         """An episode of ``row`` ended; it is ready again if it has episodes left and no other running."""
         self.playing[row] -= 1
-        if self.playing[row] == 0 and self.next_episode[row] < self.num_episodes and row not in self.ready:
+        if self.playing[row] == 0 and self.next_episode[row] < self.num_episodes and not self._queued[row]:
             self.ready.append(row)
+            self._queued[row] = True

@@ -283,7 +283,10 @@ class SubEnvSource(SlotSource):
                 return out
 
             self._batch = batch
+            # the observations as they go to the model: one (k, D) float32 tensor straight from the batch
+            self._direct = flatten and len(shape) == 1 and np.dtype(dtype) == np.float32
         else:
+            self._direct = False
             self._batch = lambda rows: concatenate(obs_space, rows, create_empty_array(obs_space, len(rows), fn=np.empty))
         if type(batch_actions) in (Box, MultiDiscrete, MultiBinary):
             self._rows = iter
@@ -324,7 +327,8 @@ class SubEnvSource(SlotSource):
         reward = np.array(reward, dtype=np.float32).reshape(k).astype(np.float64)
         done = np.logical_or(terminated, truncated)
         try:
-            batch = as_batch(self._batch(obs), k, self.flatten)
+            batch = self._batch(obs)
+            batch = torch.from_numpy(batch) if self._direct else as_batch(batch, k, self.flatten)
         except Exception as error:
             raise SlotFailure((local + self.start).tolist(), "step", error) from error
         return batch, local, reward, done if done.shape == (k,) else done.reshape(k)
