@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from .adapters import Adapter
 from .errors import RouteError
 
-__all__ = ["Adapter", "Route", "Router", "gather_budget"]
+__all__ = ["GROUPED_MM", "Adapter", "Route", "Router", "gather_budget", "route_on"]
 
 
 Index = Tensor | slice | None
@@ -61,6 +61,9 @@ class Route(NamedTuple):
         order: ``(n,)`` the rows sorted by group (``dest[order]`` increasing),
             when the rows stay in input order (a route that must not permute
             rows, e.g. with a KV cache in play), else ``None``.
+        ids: ``(u,)`` int64, the distinct ids of unequal groups (``dest`` set), in sorted order, or ``None``.
+        offs: ``(u,)`` int32, the end of each id's rows in the sorted rows (``grouped_mm``'s ``offs``), or
+            ``None``.
     """
 
     n: int
@@ -70,6 +73,60 @@ class Route(NamedTuple):
     dest: Tensor | None = None
     dest_host: np.ndarray | None = None
     order: Tensor | None = None
+    ids: Tensor | None = None
+    offs: Tensor | None = None
+
+
+_ROUTE_TENSORS = ("index", "dest", "order", "ids", "offs")
+
+
+def route_on(route: Route, device: torch.device) -> Route:
+    """``route`` with its index tensors on ``device`` (the same object when they already are there).
+
+    A model spread over devices (``device_map="auto"``) has targets whose
+    outputs live on different devices; each target reads the route's index
+    tensors on its own output's device (:class:`Router` keeps one copy per
+    device and forward).
+    """
+    moved = {name: t.to(device, non_blocking=True) for name in _ROUTE_TENSORS
+             if isinstance(t := getattr(route, name), Tensor) and t.device != device}
+    return route._replace(**moved) if moved else route
+
+
+GROUPED_MM: bool | None = None
+"""Whether unequal groups use ``torch.nn.functional.grouped_mm`` (one fused kernel per factor, no padding).
+
+``None`` (default): where it has a fused kernel, CUDA devices of compute
+capability 9.0 / 10.0 with bfloat16 adapters and activations; ``True``: on
+every device (CPU included: tests use it to compare both paths); ``False``:
+never. Either way only where its operands have 16-byte aligned strides
+(``d``, ``e`` and ``r`` multiples of 8 in bfloat16, of 4 in float32), for
+``nn.Linear`` targets without a bias perturbation, and when the adapters of
+the ids present fit :func:`gather_budget`; the padded ``(k c)`` path
+everywhere else.
+"""
+
+_FUSED_CAPABILITY: dict[torch.device, bool] = {}
+
+
+def _grouped_ok(x: Tensor, out: Tensor, adapter: Adapter) -> bool:
+    """Whether this target's delta runs on ``grouped_mm`` (see :data:`GROUPED_MM`)."""
+    if GROUPED_MM is False or adapter.bias is not None or not hasattr(nn.functional, "grouped_mm"):
+        return False
+    down = adapter.down
+    if not (down.dtype == x.dtype == out.dtype) or x.dim() < 2:
+        return False
+    size = x.element_size()
+    if any((v * size) % 16 for v in (down.shape[1], down.shape[2], adapter.up.shape[2])):
+        return False
+    if GROUPED_MM:
+        return True
+    if x.device.type != "cuda" or x.dtype != torch.bfloat16:
+        return False
+    fused = _FUSED_CAPABILITY.get(x.device)
+    if fused is None:
+        fused = _FUSED_CAPABILITY[x.device] = torch.cuda.get_device_capability(x.device) in ((9, 0), (10, 0))
+    return fused
 
 
 def _take(stack: Tensor, index: Index) -> Tensor:
@@ -159,6 +216,7 @@ class Router:
         self.last_plan: tuple[tuple, tuple[Route, Tensor | None]] | None = None  # routed_call's one-entry cache
         self._removed = False
         self._warned: set[str] = set()
+        self._moved: dict[torch.device, tuple[Route, Route]] = {}  # device -> (route, its copy there), see route_on
         self._wrapped: list[tuple[nn.Module, partial, Callable | None]] = []  # (module, wrapper, previous)
         for i, module in enumerate(targets.values()):
             previous = vars(module).get("forward")
@@ -238,6 +296,13 @@ class Router:
                     module.forward = previous
         self._wrapped = []
 
+    def _local(self, route: Route, device: torch.device) -> Route:
+        """``route`` with its index tensors on ``device``, moved once per route and device (:func:`route_on`)."""
+        entry = self._moved.get(device)
+        if entry is None or entry[0] is not route:
+            entry = self._moved[device] = (route, route_on(route, device))
+        return entry[1]
+
     def _apply(self, i: int, module: nn.Module, x: Tensor, out: Tensor, state: tuple) -> Tensor:
         """``out`` plus each row's delta (in place when the layout allows)."""
         route, adapters, called, origin = state
@@ -250,6 +315,9 @@ class Router:
                 f"{route.n}{origin.routed()}; the batch must be the leading dimension of every target's input"
             )
         adapter = adapters[i]
+        if route.dest is not None or isinstance(route.index, Tensor):  # index tensors on this target's device
+            if (route.index if isinstance(route.index, Tensor) else route.dest).device != out.device:
+                route = self._local(route, out.device)
         if route.n == 0:  # an empty batch: nothing to add (the base output is already (0, ..))
             if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in adapter):
                 out = out + sum(t.sum() for t in adapter if t is not None) * 0  # still a function of the adapters
@@ -283,6 +351,9 @@ class Router:
                 h, up = _factors(x[g0 * c : g1 * c], module, adapter, index[g0:g1], g1 - g0, out.dtype)
                 view[g0:g1].baddbmm_(h, up)
             return out
+        if (block == k and route.offs is not None and type(module) is not nn.Embedding
+                and _grouped_ok(x, out, adapter)):
+            return _grouped_delta(x, out, adapter, route)
         # unequal groups: pack each block's rows into (k c), padded, and add its delta to those rows in place;
         # rows are sorted by group, so a block of groups owns a contiguous range of rows
         # (rows in input order, `route.order` set: the same, each block's rows gathered through `order`)
@@ -311,6 +382,29 @@ class Router:
             else:
                 out.index_add_(0, rows, delta)
         return out
+
+
+def _grouped_delta(x: Tensor, out: Tensor, adapter: Adapter, route: Route) -> Tensor:
+    """``out`` plus the delta of unequal groups in two ``grouped_mm`` calls (rows sorted by id, no padding).
+
+    ``x`` is ``(n, .., d)``, ``out`` ``(n, .., e)`` (contiguous); the rows of
+    id ``route.ids[j]`` are the sorted rows ``offs[j-1] .. offs[j]`` (through
+    ``route.order`` when the rows stay in input order).
+    """
+    d, e = x.shape[-1], out.shape[-1]
+    rows = x if route.order is None else x.index_select(0, route.order)
+    per_row = rows.numel() // (route.n * d)  # tokens of each row
+    offs = route.offs if per_row == 1 else route.offs * per_row
+    ids, down, up = route.ids, adapter.down, adapter.up
+    if ids.shape[0] != down.shape[0]:  # (sorted distinct ids: all P of them are arange(P))
+        down, up = down.index_select(0, ids), up.index_select(0, ids)
+    h = nn.functional.grouped_mm(rows.reshape(-1, d), down.transpose(1, 2), offs=offs)  # (n.., r)
+    delta = nn.functional.grouped_mm(h, up, offs=offs)  # (n.., e)
+    if route.order is None:
+        out.view(-1, e).add_(delta)
+    else:
+        out.index_add_(0, route.order, delta.view(route.n, *out.shape[1:]))
+    return out
 
 
 class _Origin(NamedTuple):

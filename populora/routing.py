@@ -145,6 +145,9 @@ def parse_route(
         InvalidValueError: ``individuals`` that is not 1-D.
         RouteError: conflicting arguments (named).
     """
+    if torch.compiler.is_compiling():  # host-side checks of Python / NumPy values: eagerly, outside the graph
+        return _parse_route_eager(num, individual=individual, individuals=individuals, all_individuals=all_individuals,
+                                  broadcast=broadcast, split=split, per_individual=per_individual)
     all_individuals = check_bool("all_individuals", all_individuals)
     broadcast = check_bool("broadcast", broadcast)
     split = check_bool("split", split)
@@ -167,6 +170,9 @@ def parse_route(
         individual = check_index("individual", individual, num)
     ids = None if individuals is None else _host_ids(individuals)
     return RouteRequest(individual, ids, all_individuals, broadcast, split, per_individual)
+
+
+_parse_route_eager = torch.compiler.disable(parse_route)
 
 
 def run_route(target: RoutingTarget, request: RouteRequest, args: tuple, kwargs: dict) -> Any:
@@ -196,7 +202,8 @@ def run_route(target: RoutingTarget, request: RouteRequest, args: tuple, kwargs:
     perm = None
     times, how = 1, ""  # the route's rows are `times` copies of the user's batch
     if individual is not None:
-        route = Route(n=n_in, groups=1, chunk=n_in, index=slice(individual, individual + 1))
+        route = _one_route_eager(n_in, individual, dev) if torch.compiler.is_compiling() else Route(
+            n=n_in, groups=1, chunk=n_in, index=slice(individual, individual + 1))
     elif all_individuals:
         if (n_in == 1 and not request.per_individual) or request.broadcast:
             args, kwargs = _expand((args, kwargs), num, on_batch)
@@ -222,13 +229,7 @@ def run_route(target: RoutingTarget, request: RouteRequest, args: tuple, kwargs:
                 f"row, a batch divisible by {m} (split (p b)), or `broadcast=True`"
             )
         repeats = n_in if expand else n_in // m if m else 0
-        keep = _keeps_order(model, kwargs)
-        key = (ids.dtype, ids.tobytes(), repeats, num, dev, keep)
-        if router.last_plan is not None and router.last_plan[0] == key:  # same rows as last call (env loops)
-            route, perm = router.last_plan[1]
-        else:
-            route, perm = _plan(np.repeat(_check_range(ids, num), repeats), num, dev, keep_order=keep)
-            router.last_plan = (key, (route, perm))
+        route, perm = _ids_plan(router, ids, repeats, num, dev, _keeps_order(model, kwargs))
         if perm is not None:  # group rows by id once for the whole forward; unsorted once at the end
             args, kwargs = map_tensors((args, kwargs), lambda t: t.index_select(0, perm) if on_batch(t) else t)
 
@@ -242,13 +243,43 @@ def run_route(target: RoutingTarget, request: RouteRequest, args: tuple, kwargs:
                            "above count the repeated rows")
         raise
     n = route.n
-    if perm is not None:
-        out = map_tensors(out, lambda t: torch.empty_like(t).index_copy_(0, perm, t) if t.dim() and t.shape[0] == n else t)
+    if perm is not None:  # (an output may sit on another device than the inputs: a model spread by device_map)
+        out = map_tensors(out, lambda t: torch.empty_like(t).index_copy_(
+            0, perm if perm.device == t.device else perm.to(t.device), t) if t.dim() and t.shape[0] == n else t)
     if request.split and individual is None:
         m = num if all_individuals else ids.size
         b = n // m if m else (n_in if times > 1 else 0)
         out = map_tensors(out, lambda t: t.reshape(m, b, *t.shape[1:]) if t.dim() and t.shape[0] == n else t)
     return out
+
+
+@torch.compiler.disable
+def _one_route_eager(n: int, individual: int, device: torch.device) -> Route:
+    """Under torch.compile, the route of ``individual=i`` with ``i`` in a tensor (one graph for every ``i``)."""
+    return Route(n=n, groups=1, chunk=n, index=torch.tensor([individual], device=device))
+
+
+def _ids_plan(router: Router, ids: np.ndarray, repeats: int, num: int, device: torch.device, keep: bool,
+              ) -> tuple[Route, Tensor | None]:
+    """The route of ``individuals=ids`` (each repeated ``repeats`` times) and the row permutation, if any.
+
+    The plan is data-dependent host work: it runs eagerly under
+    ``torch.compile`` (the compiled graphs take the route's index tensors as
+    inputs, so new id values of the same group sizes reuse them). The last
+    plan is cached on the router: an env loop routing the same ids every
+    timestep plans once.
+    """
+    if torch.compiler.is_compiling():
+        return _ids_plan_eager(router, ids, repeats, num, device, keep)
+    key = (ids.dtype, ids.tobytes(), repeats, num, device, keep)
+    if router.last_plan is not None and router.last_plan[0] == key:  # same rows as last call (env loops)
+        return router.last_plan[1]
+    plan = _plan(np.repeat(_check_range(ids, num), repeats), num, device, keep_order=keep)
+    router.last_plan = (key, plan)
+    return plan
+
+
+_ids_plan_eager = torch.compiler.disable(_ids_plan)
 
 
 def routed_call(

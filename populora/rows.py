@@ -78,7 +78,7 @@ def _batch_first(leaves: list[Tensor], kwargs: dict) -> tuple[int, Callable[[Ten
     batch and is not batch-first either; any other leading dim than ``n``
     raises. Only batch-first tensors are expanded or permuted.
     """
-    skip = {id(t) for name in NOT_BATCH_FIRST if isinstance(t := kwargs.get(name), Tensor)}
+    skip = {id(kwargs[name]) for name in NOT_BATCH_FIRST if isinstance(kwargs.get(name), Tensor)}  # (no walrus: torch.compile)
     sizes = {t.shape[0] for t in leaves if t.dim() > 0 and id(t) not in skip}
     if not sizes:
         raise RouteError("a routed forward needs at least one tensor input with a leading batch dimension")
@@ -177,7 +177,8 @@ def _plan(row_ids: np.ndarray, num: int, device: torch.device, keep_order: bool 
     offset = np.arange(n) - starts[group]
     dest = (first_chunk[group] + offset // c) * c + offset % c
     return Route(n=n, groups=int(chunks.sum()), chunk=c, index=to_device(np.repeat(uniq, chunks)),
-                 dest=to_device(dest), dest_host=dest), perm
+                 dest=to_device(dest), dest_host=dest, ids=to_device(uniq),
+                 offs=to_device(np.cumsum(counts).astype(np.int32))), perm
 
 
 
