@@ -138,7 +138,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                              f"{ES_AT_SCALE.prompts_per_step})")
     parser.add_argument("--group-size", type=int, default=None,
                         help="members per group (EGGROLL layout: each group answers its own prompts)")
-    parser.add_argument("--shaping", choices=["raw", "zscore", "centered_rank"], default="raw",
+    parser.add_argument("--shaping", choices=["zscore", "raw", "centered_rank"], default="zscore",
                         help="the ES's shaping of the group-normalised fitnesses")
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--heldout", type=int, default=200)

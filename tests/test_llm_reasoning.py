@@ -336,3 +336,32 @@ def test_es_countdown_example_tiny_mode(tmp_path):
     assert saved["heldout"]["n"] == saved["config"]["heldout"]
     assert saved["tokens_per_s"] > 0 and saved["wall_s"] > 0
     assert (tmp_path / "curve.png").stat().st_size > 1000
+
+
+def test_verifier_rewards_on_populora_tasks_problems_use_task_prompt_and_problem_check():
+    tasks = pytest.importorskip("populora.tasks")
+    task = tasks.Countdown(1)
+    problems = task.sample(4, torch.Generator().manual_seed(0))
+    es = _es(tiny_llama(), n=4)
+    members = es.ask()
+    rewards, replies = verifier_rewards(members, TOK, problems, max_new_tokens=NEW, task=task, return_replies=True)
+    batch = encode_prompts(TOK, [task.prompt(p) for p in problems])
+    out = members.generate(batch["input_ids"].repeat(4, 1), batch["attention_mask"].repeat(4, 1),
+                           individuals=torch.arange(4).repeat_interleave(4), max_new_tokens=NEW, do_sample=False,
+                           pad_token_id=0)
+    texts = TOK.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert replies == [texts[4 * i:4 * i + 4] for i in range(4)]
+    assert rewards.tolist() == [[float(p.check(r)) for p, r in zip(problems, row)] for row in replies]
+    # a reply that solves problem 0 scores 1 through Problem.check
+    solved = verifier_rewards(members, TOK, problems[:1], max_new_tokens=NEW, task=task,
+                              reward_fn=lambda p, r: p.check(p.data["expression"]))
+    assert torch.equal(solved, torch.ones(4, 1))
+
+
+def test_verifier_step_grouped_uses_the_es_groups():
+    es = _es(tiny_llama(), n=4, group_size=2)
+    before = {k: v.detach().clone() for k, v in es.model.named_parameters()}
+    stats, rewards = verifier_step(es, TOK, PROBLEMS[:4], max_new_tokens=NEW, grouped=True)
+    assert rewards.shape == (4, 2) and stats.generation == 0 and es.generation == 1
+    moved = any(not torch.equal(p.detach(), before[k]) for k, p in es.model.named_parameters())
+    assert moved == bool(group_normalize(rewards, es.groups()).abs().sum() > 0)

@@ -11,7 +11,7 @@ the ES steps on it::
 
     N, sigma = 8, 1e-3                                              # ES_AT_SCALE.pop_size = 30 when it fits
     es = EggrollES(model, N, sigma, es_at_scale_lr(5e-4, sigma, N), rank=1,
-                   fitness_shaping="raw", param_filter=block_weights)
+                   fitness_shaping="zscore", param_filter=block_weights)
     for step in range(steps):
         problems = task.sample(32, generator)
         rewards = verifier_rewards(es.ask(), tokenizer, problems, max_new_tokens=16, task=task)  # (N, n)
@@ -51,12 +51,19 @@ member's unit perturbation, ``eps_i`` above), i.e.
 ``alpha = 5e-4, sigma = 1e-3, N = 30``. With ``lr = 5e-4`` the step is 180
 times too small: ES runs and never learns.
 
-Shaping: pass :func:`group_normalize`'s fitnesses to an ES built with
-``fitness_shaping="raw"`` (they are already centred and scaled per prompt), so
-a generation where few prompts separate the members takes a small step;
-``"zscore"`` would rescale every generation to unit variance and
-``"centered_rank"`` to fixed ranks (see ``examples/es_countdown.py`` for the
-measurement behind the default).
+Shaping: ``es.tell(group_normalize(rewards))`` with the ES's default
+``fitness_shaping="zscore"``, which rescales the (already centred)
+per-prompt fitnesses to unit variance across members. The recipe's ``alpha``
+is calibrated for unit-variance ``z`` (it z-scores the members' mean
+rewards), while :func:`group_normalize`'s values have a much smaller spread
+(prompts that nobody or everybody solves contribute 0, and the others
+partly cancel: ``fitness_std`` in ``examples/es_countdown.py``'s log, about
+0.2-0.4 on SmolLM2 Countdown(1) with N = 8 and 8 prompts). With
+``"raw"`` the step would shrink by that factor, so the mapped ``lr`` would no
+longer be the recipe's step; ``"raw"`` is the choice when the step should
+scale with how many prompts separate the members. ``"centered_rank"`` has a
+fixed spread of about 0.29 (ranks in [-0.5, 0.5]) and would shrink the step
+likewise. ``z`` then keeps the ordering of the group-normalised fitnesses.
 
 Which weights: the LM's block weights (every ``nn.Linear`` of the decoder
 blocks, RMSNorm gains frozen, embeddings and head excluded as in EGGROLL:
@@ -390,7 +397,7 @@ def group_normalize(rewards: Tensor, groups: Tensor | None = None, *, eps: float
         eps: a prompt's std at most this counts as zero.
 
     Returns:
-        ``(N,)`` float64 fitnesses for ``es.tell`` (an ES with ``fitness_shaping="raw"``).
+        ``(N,)`` float64 fitnesses for ``es.tell`` (see the module docstring on shaping).
 
     Raises:
         InvalidTypeError: ``rewards`` not a 2-D real tensor.
@@ -427,7 +434,7 @@ def verifier_step(es: Any, tokenizer: Any, problems: Sequence[Any], *, max_new_t
     """One ES generation on the verifier: ``es.tell(group_normalize(verifier_rewards(es.ask(), ...)))``.
 
     Args:
-        es: an :class:`~populora.EggrollES` (built with ``fitness_shaping="raw"`` as documented above).
+        es: an :class:`~populora.EggrollES` (its ``fitness_shaping`` applies on top: see the module docstring).
         tokenizer, problems, max_new_tokens, task: as :func:`verifier_rewards`.
         grouped: use ``es.groups()`` (set by ``EggrollES(group_size=G)``) as the groups.
         **kwargs: more :func:`verifier_rewards` arguments (``max_rows``, ``reward_fn``, ...).
