@@ -26,6 +26,7 @@ from torch import nn
 from populora import interact_with_env
 from populora.errors import InvalidTypeError, InvalidValueError
 from populora.interact.actions import ActionFormat
+from populora.interact.normalize import ObsStatistics
 from populora.interact.schedule import WorkQueue
 
 
@@ -98,6 +99,26 @@ def test_discrete_fast_path_keeps_the_shape_and_type_checks():
         logits = torch.zeros(2, 2, requires_grad=True)
         out = fmt.convert((logits * 2).argmax(-1), 2, None)
     assert not out.requires_grad and out.tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("n", [2, 5])
+def test_default_argmax_skips_only_checks_it_cannot_fail(n):
+    fmt = ActionFormat(gym.spaces.Discrete(n))
+    g = torch.Generator().manual_seed(n)
+    logits = torch.randn(7, n, generator=g)
+    logits[3] = float("nan")  # a NaN row: its argmax is still an index of the row
+    fast = fmt.default_actions(logits, 7)
+    assert fast.dtype == torch.int64 and fast.shape == (7,)
+    assert torch.equal(fast, fmt.convert(fmt.default_action(logits), 7, None))
+    wide = torch.zeros(2, n + 1)
+    wide[1, n] = 1.0  # one logit too many: its argmax is outside the space, which the checks still catch
+    with pytest.raises(InvalidValueError, match=f"returned actions from 0 to {n}, outside"):
+        fmt.default_actions(wide, 2)
+    with pytest.raises(InvalidValueError, match=r"shape \(3,\) for 2 slot"):
+        fmt.default_actions(torch.zeros(3, n), 2)
+    shifted = ActionFormat(gym.spaces.Discrete(n, start=1))  # argmax in [0, n) is not [1, n + 1): checked
+    with pytest.raises(InvalidValueError, match="outside the action space"):
+        shifted.default_actions(torch.eye(n)[:2], 2)
 
 
 # ----------------------------------------------------------------------------- work queue
@@ -207,3 +228,52 @@ def test_float64_box_keeps_the_general_batching():
         assert interactor._slots.obs.dtype == torch.float32
     assert torch.equal(out[0], out[1])
     assert out[0].tolist() == [[5.0, 10.0, 6.0]] * 4
+
+
+# ----------------------------------------------------------------------------- observation statistics
+
+
+@pytest.mark.parametrize("fold_rows", [4096, 4])
+def test_obs_statistics_sum_copies_of_the_rows_like_per_step_sums(fold_rows):
+    stats = ObsStatistics(3)
+    stats.FOLD_ROWS = fold_rows  # 4: folded in the middle too
+    stats.normalizer.update_(10.0, torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64),
+                             torch.ones(3, dtype=torch.float64))
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randn(k, 3, generator=g) for k in (1, 5, 2, 7)]
+    reference = torch.zeros(7, dtype=torch.float64)  # the per-step sums observe() used to keep
+    for batch in batches:
+        x = batch.to(torch.float64) - stats.normalizer.mean
+        reference[:3] += x.sum(0)
+        reference[3:6] += x.pow(2).sum(0)
+        reference[-1] += x.shape[0]
+    buffer = torch.zeros(7, 3)
+    for batch in batches:
+        buffer[: len(batch)] = batch
+        stats.observe(buffer[: len(batch)])
+        buffer.fill_(99.0)  # the slots' buffer is written in place after each step
+    pending = stats.pending
+    assert pending.dtype == torch.float64 and pending.shape == (7,)
+    assert pending[-1].item() == 15.0
+    torch.testing.assert_close(pending, reference, rtol=1e-12, atol=1e-12)
+    assert torch.equal(stats.pending, pending)  # reading again folds nothing new
+
+
+def test_normalised_evaluation_folds_each_rollout_and_resumes_exactly():
+    def run(read_between: bool):
+        with interact_with_env([gym.make("CartPole-v1") for _ in range(3)], normalize_obs=True) as interactor:
+            pop = interactor.population(tiny_net(4, 2), pop_size=4, low_rank=2, seed=0)
+            fits = []
+            for generation in range(3):
+                fits.append(interactor.evaluate(pop, horizon=40))
+                if read_between:  # a checkpoint between generations reads the sums
+                    interactor.load_state_dict(interactor.state_dict())
+                pop.generation += 1
+            return torch.stack(fits), interactor.state_dict()["obs_stats"]
+
+    plain, plain_state = run(False)
+    read, read_state = run(True)
+    assert torch.equal(plain, read)
+    assert torch.equal(plain_state["pending"], read_state["pending"])
+    assert plain_state["pending"][-1].item() > 0
+    assert plain_state["normalizer"]["count"].item() > 0  # generations 0 and 1 were folded into the normaliser

@@ -70,6 +70,18 @@ class ActionFormat:
             return outputs.argmax(-1)
         return outputs
 
+    def default_actions(self, outputs: Any, k: int) -> Any:
+        """:meth:`default_action` then :meth:`convert` for ``k`` slots, with what they return.
+
+        For a ``Discrete(n)`` space starting at 0 and ``(k, n)`` CPU outputs
+        the argmax is an int64 ``(k,)`` tensor in ``[0, n)`` by construction,
+        so it goes to the env without the checks; anything else takes them.
+        """
+        if (self.discrete and not self.start and type(outputs) is Tensor and outputs.shape == (k, self.n)
+                and outputs.device.type == "cpu" and k):
+            return outputs.argmax(-1)
+        return self.convert(self.default_action(outputs), k, None)
+
     def convert(self, actions: Any, k: int, to_range: tuple[Tensor, Tensor] | None) -> Any:
         """Check ``actions`` for ``k`` slots and return them on the CPU, ready for the env.
 

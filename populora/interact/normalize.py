@@ -81,6 +81,9 @@ class ObsStatistics:
     them over ranks, so every rank keeps the same normaliser.
     """
 
+    FOLD_ROWS = 4096
+    """Observed rows kept before :meth:`fold` sums them (bounds the memory held within a rollout)."""
+
     def __init__(self, dim: int, clip: float = 10.0):
         self.normalizer = ObsNormalizer(dim, clip=clip)
         self.generation: int | None = None
@@ -88,15 +91,45 @@ class ObsStatistics:
 
     def _zero(self) -> None:
         dim = self.normalizer.mean.numel()
-        self.pending = torch.zeros(2 * dim + 1, dtype=torch.float64)  # [sum (D), sum sq (D), count]
+        self._pending = torch.zeros(2 * dim + 1, dtype=torch.float64)  # [sum (D), sum sq (D), count]
+        self._rows: list[Tensor] = []  # observed, not yet summed
+        self._row_count = 0
+
+    @property
+    def pending(self) -> Tensor:
+        """``(2D + 1,)`` float64: ``[sum (D), sum of squares (D), count]`` of the observations, shifted by the mean."""
+        self.fold()
+        return self._pending
+
+    @pending.setter
+    def pending(self, value: Tensor) -> None:
+        self._rows, self._row_count = [], 0
+        self._pending = value
 
     def observe(self, obs: Tensor) -> None:
-        """Add ``(k, D)`` raw observations to the pending sums."""
-        x = obs.detach().to(device="cpu", dtype=torch.float64) - self.normalizer.mean
+        """Add ``(k, D)`` raw observations (kept as a float64 copy; summed by :meth:`fold`).
+
+        One copy per timestep instead of the sums' dozen small ops; the rows
+        are summed in batches of about :data:`FOLD_ROWS`, and at the end of
+        every rollout (so the sums depend only on the observations and the
+        rollouts that met them, never on when they are read).
+        """
+        self._rows.append(obs.detach().to(device="cpu", dtype=torch.float64, copy=True))
+        self._row_count += obs.shape[0]
+        if self._row_count >= self.FOLD_ROWS:
+            self.fold()
+
+    def fold(self) -> None:
+        """Sum the observed rows into the pending sums (the end of a rollout calls it)."""
+        if not self._rows:
+            return
+        rows = self._rows[0] if len(self._rows) == 1 else torch.cat(self._rows)
+        self._rows, self._row_count = [], 0
+        x = rows.sub_(self.normalizer.mean)
         dim = x.shape[1]
-        self.pending[:dim] += x.sum(0)
-        self.pending[dim : 2 * dim] += x.pow(2).sum(0)
-        self.pending[-1] += x.shape[0]
+        self._pending[:dim] += x.sum(0)
+        self._pending[dim : 2 * dim] += x.pow(2).sum(0)
+        self._pending[-1] += x.shape[0]
 
     def advance(self, generation: int) -> None:
         """Fold the pending sums in (over all ranks) if ``generation`` differs from the last one seen.

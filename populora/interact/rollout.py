@@ -205,6 +205,8 @@ class Rollout:
         """Play every item (call inside :func:`policy_mode`); the ``(k, E)`` float64 returns (NaN: NaN reward)."""
         slots, model, stats, device, action = self.slots, self.model, self.stats, self.device, self.action
         convert, to_range, routed = self.action_format.convert, self.to_range, self.routed
+        fmt = self.action_format
+        default = to_range is None and action == fmt.default_action  # the argmax needs no checks (see there)
         limit = self.horizon if self.horizon is not None else math.inf
         bounded = self.horizon is not None
         self.start(self.every_slot)
@@ -227,7 +229,7 @@ class Rollout:
                     out = model(obs, **route)
                 else:
                     out = model(obs.to(device) if isinstance(obs, Tensor) else obs)
-                acts = convert(action(out), n_act, to_range)
+                acts = fmt.default_actions(out, n_act) if default else convert(action(out), n_act, to_range)
                 try:
                     rewards, done = slots.step(acts, active)
                 except SlotFailure as failure:
@@ -249,6 +251,8 @@ class Rollout:
         finally:
             self.env_steps += env_steps
             self.timesteps += timesteps
+            if stats is not None:
+                stats.fold()  # every rollout's observations summed at its end, however it ended
         return self.returns
 
     def _end(self, active: np.ndarray, finished: np.ndarray, ret_a: np.ndarray,
