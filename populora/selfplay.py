@@ -82,6 +82,8 @@ class SelfPlayOutcome:
         anchor_solved: ``(p_s, m, a)`` bool.
         teacher_fitness / student_fitness: ``(p_t,)`` / ``(p_s,)`` float32, as the populations evolved on them.
         record: the step's :class:`SelfPlayRecord` (also appended to ``history``).
+        answers: the students' decoded answers: ``a`` per valid problem (in proposal order), then
+            ``a`` per anchor for student 0, 1, ...
     """
 
     opponents: Tensor
@@ -94,6 +96,7 @@ class SelfPlayOutcome:
     teacher_fitness: Tensor
     student_fitness: Tensor
     record: SelfPlayRecord
+    answers: list[str]
 
 
 def _check_generate_kwargs(name: str, value: Any, defaults: dict[str, Any]) -> dict[str, Any]:
@@ -275,10 +278,9 @@ class SelfPlay(Snapshot):
         Returns:
             A :class:`SelfPlayOutcome`; its ``record`` is appended to :attr:`history`.
 
-        A step that raises changes nothing but the first step's failed writes
-        are undone too: SelfPlay's generator is restored (a retry draws the
-        same matches and sampling seeds), and if ``evolve_`` rejects an option
-        at the first step, the ratings and both populations are restored.
+        If a step raises, SelfPlay's generator is restored (a retry draws the
+        same matches and sampling seeds); if ``evolve_`` rejects an option at
+        the first step, the ratings and both populations are restored as well.
 
         Raises:
             FitnessError: a fitness could not be used by ``evolve_`` (nothing evolved).
@@ -361,7 +363,7 @@ class SelfPlay(Snapshot):
         self.history.append(record)
         self.steps += 1
         return SelfPlayOutcome(opponents, proposals, problems, valid, solved, anchors, anchor_solved,
-                               teacher_f, student_f, record)
+                               teacher_f, student_f, record, replies)
 
     def _draw_seed(self) -> int:
         return int(torch.randint(0, 2**62, (), generator=self.generator))

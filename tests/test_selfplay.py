@@ -191,6 +191,7 @@ class TestSteps:
         assert out.opponents.shape == (4,) and out.valid.shape == (4, 2) and out.solved.shape == (4, 2, 1)
         assert len(out.proposals) == 8 and len(out.anchors) == 2 and out.anchor_solved.shape == (4, 2, 1)
         assert [p is not None for p in out.problems] == out.valid.flatten().tolist()
+        assert len(out.answers) == q + 4 * 2 and all(isinstance(t, str) for t in out.answers)
         rec = out.record
         assert rec.step == 0 and rec.validity == pytest.approx(q / 8) and rec.matches == q
         assert rec.student_mean == pytest.approx(float(out.student_fitness.mean()))
