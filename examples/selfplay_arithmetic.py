@@ -179,6 +179,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         say(f"step {r.step}: validity {r.validity:.2f}, students mean {r.student_mean:.2f} best {r.student_best:.2f}"
             f" (anchors {r.anchor_accuracy:.2f}), teachers mean {r.teacher_mean:.2f}, {r.matches} matches, "
             f"{r.tokens_per_s:.0f} tok/s, {step_time:.0f} s")
+        for text, problem in list(zip(out.proposals, out.problems))[:2]:
+            say(f"  proposal {text.strip()[:70]!r} -> {problem.question if problem else 'rejected'}")
         if args.eval_every and sp.steps % args.eval_every == 0:
             v = sp.solve_rate(validation, batch_size=args.batch_size).float().mean(1)
             curve.append({"step": sp.steps, "mean": float(v.mean()), "best": float(v.max())})
