@@ -66,9 +66,14 @@ class MemberFactors:
             buf = self._buffers[key] = torch.empty(size, dtype=dtype, device=self.device)
         return buf
 
-    def _stack(self, key: tuple, per_pair: Tensor, scale: float | None, dtype: torch.dtype) -> Tensor:
-        """``(pairs, ...) -> (N, ...)``: member ``i`` gets ``s_i * scale * per_pair[k(i)]`` (``scale=None``: no sign)."""
-        out = self._buffer(key, (self.pop_size, *per_pair.shape[1:]), dtype)
+    def _stack(self, key: tuple, per_pair: Tensor, scale: float | None, dtype: torch.dtype,
+               out: Tensor | None = None) -> Tensor:
+        """``(pairs, ...) -> (N, ...)``: member ``i`` gets ``s_i * scale * per_pair[k(i)]`` (``scale=None``: no sign).
+
+        Written into ``out`` when given (a view of a larger buffer), else into the buffer ``key``.
+        """
+        if out is None:
+            out = self._buffer(key, (self.pop_size, *per_pair.shape[1:]), dtype)
         halves = (out[: self.pairs], out[self.pairs :]) if self.antithetic else (out,)
         if per_pair.dtype != dtype:  # e.g. float64 stacks from float32 draws: scale in float64
             per_pair = per_pair.to(dtype)
@@ -90,9 +95,16 @@ class MemberFactors:
         for path, module in self.targets.items():
             weight, bias = self._by_use.get((path, "weight")), self._by_use.get((path, "bias"))
             dtype = module.weight.dtype
+            folded = None
+            if bias is not None and bias.param.dtype == dtype and not isinstance(module, nn.Embedding):
+                # up and the bias noise in ONE (N, r+1, e) buffer: up = rows [:r], bias = row r, the layout in
+                # which the routed forward adds both with one product (see fold.folded_stack), read in place
+                rank = 0 if weight is None else noises[weight.name].rank
+                folded = self._buffer((path, "folded"), (self.pop_size, rank + 1, module.out_features), dtype)
             if weight is None:
                 down = self._buffer((path, "down"), (self.pop_size, 0, module.in_features), dtype)
-                up = self._buffer((path, "up"), (self.pop_size, 0, module.out_features), dtype)
+                up = (self._buffer((path, "up"), (self.pop_size, 0, module.out_features), dtype) if folded is None
+                      else folded[:, :0])
             else:
                 noise = noises[weight.name]
                 coef = sigma / math.sqrt(noise.rank)  # sigma * s_i / sqrt(r), the sign added per half
@@ -101,10 +113,12 @@ class MemberFactors:
                     up = self._stack((path, "up"), noise.bt, None, dtype)
                 else:  # W (e, d): down (N, r, d) from B, up (N, r, e) from A
                     down = self._stack((path, "down"), noise.bt, coef, dtype)
-                    up = self._stack((path, "up"), noise.at, None, dtype)
+                    up = self._stack((path, "up"), noise.at, None, dtype,
+                                     out=None if folded is None else folded[:, : noise.rank])
             bias_noise = None
             if bias is not None:  # (N, e)
-                bias_noise = self._stack((path, "bias"), noises[bias.name].full, sigma, bias.param.dtype)
+                bias_noise = self._stack((path, "bias"), noises[bias.name].full, sigma, bias.param.dtype,
+                                         out=None if folded is None else folded[:, -1])
             adapters.append(Adapter(down, up, bias_noise))
         return adapters
 

@@ -21,6 +21,8 @@ from torch import Tensor, nn
 from ..errors import ESStateError, FitnessError, InvalidValueError, RouteError
 from ..routing import (Adapter, Route, RoutedModel, Router, RouteRequest, RoutingTarget, _check_range, map_tensors,
                        run_route, split_rows)
+from .fold import folded_apply
+from .shared import shared_rows_linear
 
 __all__ = ["ESRouter", "ESStateError", "Fallback", "Individuals", "individual_losses", "map_tensors"]
 
@@ -35,11 +37,32 @@ class ESRouter(Router):
     Under :data:`MEMBER_ROUTE` the adapters are one member's: ``down (r, d)``
     (``(V, r)`` for an Embedding), ``up (r, e)``, ``bias (e,)``, possibly
     batched by ``torch.func.vmap`` over members; the delta is added out of place.
+    Under an ordinary route, an ``nn.Linear`` whose ``up`` and bias noise are
+    views of one folded stack reads it in place (:func:`~populora.es.fold.folded_apply`).
     """
+
+    share_rows: bool = True
+    """Compute the first target layer of a shared-batch forward once for all members (:mod:`populora.es.shared`)."""
+
+    def _forward(self, i: int, inner: Callable, module: nn.Module, input: Tensor) -> Tensor:
+        state = self._state
+        if (state is not None and self.share_rows and not state[2] and isinstance(state[0], Route)
+                and getattr(state[3], "times", 1) > 1):  # the forward's first target, rows repeated
+            origin = state[3]
+            out = shared_rows_linear(module, inner, input, state[0], state[1][i], origin.times, origin.rows)
+            if out is not None:
+                state[2].add(i)
+                return out
+        return super()._forward(i, inner, module, input)
 
     def _apply(self, i: int, module: nn.Module, x: Tensor, out: Tensor, state: tuple) -> Tensor:
         route, adapters, called = state[0], state[1], state[2]
         if route is not MEMBER_ROUTE:
+            if isinstance(route, Route):  # an nn.Linear whose up and bias noise share one stack: read in place
+                done = folded_apply(module, x, out, route, adapters[i])
+                if done is not None:
+                    called.add(i)
+                    return done
             return super()._apply(i, module, x, out, state)
         called.add(i)
         down, up, bias = adapters[i]
