@@ -15,8 +15,10 @@ Both sides run a gymnasium ``SyncVectorEnv`` of CartPole-v1, single-threaded:
   vector env's own ``step`` (every slot steps, idle ones too), as for any
   vector env other than a plain ``SyncVectorEnv``.
 
-Columns: ``ratio`` = evaluate's env steps/s over the baseline's (target >=
-50%); ``utilisation`` = share of slot-timesteps inside an episode (low when
+Columns: ``ratio`` = evaluate's env steps/s over the baseline's (targets,
+generation 0: >= 75% at 64 slots, >= 55% at 256); ``routed forward`` = share
+of evaluate's time spent in ``population(obs, individuals=ids)`` (measured in
+the untimed run that records the playing counts); ``utilisation`` = share of slot-timesteps inside an episode (low when
 the longest episodes leave most slots without work); ``timesteps`` = routed
 forwards of the evaluation (at least the longest episode: a 500-step episode
 takes 500 timesteps however many slots are free); ``us / timestep`` = wall
@@ -124,22 +126,31 @@ def step_costs(num: int) -> dict[int, float]:
     return {n: n / baseline(n, max(20, 2560 // n)) for n in sizes}
 
 
-def playing_counts(num: int, pop_size: int, episodes: int, which: str) -> np.ndarray:
-    """``(T,)`` slots playing at each timestep of the evaluation :func:`evaluate` times (an untimed rerun)."""
+def playing_counts(num: int, pop_size: int, episodes: int, which: str) -> tuple[np.ndarray, float]:
+    """``(T,)`` slots playing at each timestep of the evaluation :func:`evaluate` times, and the share of its
+    time spent in the routed forwards (an instrumented rerun, not timed itself)."""
     make_model, init_scale = POPULATIONS[which]
     interactor = interact_with_env(vector_env(num))
     population = interactor.population(make_model(), pop_size=pop_size, low_rank=4, seed=0, init_scale=init_scale)
     interactor.evaluate(population, horizon=5)
     counts: list[int] = []
-    step = interactor._slots.step
+    in_forward = [0.0]
+    step, forward = interactor._slots.step, population.forward
 
     def counting(actions, slots):
         counts.append(len(slots))
         return step(actions, slots)
 
-    interactor._slots.step = counting
+    def timed(*args, **kwargs):
+        start = CLOCK()
+        out = forward(*args, **kwargs)
+        in_forward[0] += CLOCK() - start
+        return out
+
+    interactor._slots.step, population.forward = counting, timed
+    start = CLOCK()
     interactor.evaluate(population, horizon=500, num_episodes=episodes)
-    return np.asarray(counts, dtype=np.float64)
+    return np.asarray(counts, dtype=np.float64), in_forward[0] / (CLOCK() - start)
 
 
 def critical_path(counts: np.ndarray, costs: dict[int, float]) -> float:
@@ -262,7 +273,7 @@ def main() -> None:
     rows = []
     for num, pop_size, episodes in ((64, 64, 4), (256, 256, 2)):
         for which in POPULATIONS:
-            counts = playing_counts(num, pop_size, episodes, which)
+            counts, share = playing_counts(num, pop_size, episodes, which)
             bases, runs, vector, costs = [], [], [], {}
             for _ in range(repeats):  # interleaved, so every side meets the same load
                 bases.append(baseline(num, 12800 // num))
@@ -274,18 +285,18 @@ def main() -> None:
             rate, util, timesteps, fit = max(runs)
             bound = critical_path(counts, costs)
             rows.append((num, f"{pop_size} x {episodes}", which, fit, max(bases), rate, max(vector, default=None),
-                         util, timesteps, bound))
+                         util, timesteps, bound, share))
     print(f"CartPole-v1, SyncVectorEnv + env-ssl-wrapper, torch {torch.__version__}, "
           f"{torch.get_num_threads()} thread, best of {repeats}, {'CPU' if args.cpu_time else 'wall'} time")
     print("| slots | individuals x episodes | population (mean return) | wrapped env, random actions (steps/s) "
           "| evaluate (steps/s) | ratio | critical path (ms) | evaluate (ms) | ratio to critical path "
-          "| vector path (steps/s) | utilisation | timesteps | us / timestep |")
-    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for num, work, which, fit, base, rate, vec, util, timesteps, bound in rows:
+          "| routed forward (share of evaluate) | vector path (steps/s) | utilisation | timesteps | us / timestep |")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for num, work, which, fit, base, rate, vec, util, timesteps, bound, share in rows:
         seconds = util * timesteps * num / rate
         vec_text = "-" if vec is None else f"{vec:,.0f}"
         print(f"| {num} | {work} | {which} ({fit:.0f}) | {base:,.0f} | {rate:,.0f} | {rate / base:.0%} | "
-              f"{bound * 1e3:.1f} | {seconds * 1e3:.1f} | {bound / seconds:.0%} | {vec_text} | "
+              f"{bound * 1e3:.1f} | {seconds * 1e3:.1f} | {bound / seconds:.0%} | {share:.0%} | {vec_text} | "
               f"{util:.0%} | {timesteps} | {seconds / timesteps * 1e6:.0f} |")
 
 

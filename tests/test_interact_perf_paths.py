@@ -277,3 +277,19 @@ def test_normalised_evaluation_folds_each_rollout_and_resumes_exactly():
     assert torch.equal(plain_state["pending"], read_state["pending"])
     assert plain_state["pending"][-1].item() > 0
     assert plain_state["normalizer"]["count"].item() > 0  # generations 0 and 1 were folded into the normaliser
+
+
+# ----------------------------------------------------------------------------- the benchmark's bound
+
+
+def test_benchmark_critical_path_interpolates_the_measured_step_costs():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "interact.py"
+    spec = importlib.util.spec_from_file_location("interact_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    costs = {1: 1.0, 2: 2.0, 4: 3.0, 8: 7.0}
+    assert bench.critical_path(np.array([1.0, 3.0, 4.0, 6.0, 8.0]), costs) == pytest.approx(1 + 2.5 + 3 + 5 + 7)
+    assert bench.critical_path(np.array([], dtype=np.float64), costs) == 0.0
