@@ -250,7 +250,8 @@ class SelfPlay(Snapshot):
         self.student_pg_lr = check_float("student_pg_lr", student_pg_lr, low=0.0)
         self.pg_micro_batch = check_int("pg_micro_batch", pg_micro_batch, low=1)
         self.seed = check_seed("seed", seed)
-        self.teachers, self.students, self.tokenizer, self.task, self.ratings = teachers, students, tokenizer, task, ratings
+        self.teachers, self.students, self.ratings = teachers, students, ratings
+        self.tokenizer, self.task = tokenizer, task
         self.chat = chat
         self.generator = torch.Generator().manual_seed(self.seed)
         self.steps = 0
@@ -327,7 +328,8 @@ class SelfPlay(Snapshot):
             seconds += time.perf_counter() - start
             tokens += answers.tokens
         replies = answers.texts
-        right = torch.tensor([self.task.check(p, reply) for (_, p), reply in zip((r for r in rows for _ in range(a)), replies)],
+        asked = [p for _, p in rows for _ in range(a)]
+        right = torch.tensor([self.task.check(p, reply) for p, reply in zip(asked, replies)],
                              dtype=torch.bool).view(len(rows), a)
         q = int(valid.sum())
         solved = torch.zeros(p_t, k, a, dtype=torch.bool)

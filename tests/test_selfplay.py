@@ -338,7 +338,8 @@ class TestCheckpoint:
         for pop in ("teachers", "students"):
             assert all(torch.equal(x, y) for x, y in zip(adapters(getattr(straight, pop)),
                                                          adapters(getattr(resumed, pop))))
-            assert torch.equal(getattr(straight, pop).generator.get_state(), getattr(resumed, pop).generator.get_state())
+            one, two = getattr(straight, pop), getattr(resumed, pop)
+            assert torch.equal(one.generator.get_state(), two.generator.get_state())
         assert [r.deterministic for r in straight.history] == [r.deterministic for r in resumed.history]
         for name in ("teachers", "students"):
             assert torch.equal(straight.ratings.mu(name), resumed.ratings.mu(name))
@@ -447,7 +448,7 @@ def test_example_smoke_mode_writes_json_and_plot(tmp_path):
     spec = importlib.util.spec_from_file_location("selfplay_arithmetic", ROOT / "examples" / "selfplay_arithmetic.py")
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    example.main(["--model", "tiny", "--steps", "2", "--out", str(tmp_path), "--quiet"])
+    example.main(["--model", "tiny", "--steps", "2", "--out", str(tmp_path), "--quiet", "--threads", "1"])
     result = json.loads((tmp_path / "results.json").read_text())
     assert result["model"] == "tiny random Llama" and result["steps"] == 2
     assert len(result["history"]) == 2
