@@ -239,6 +239,8 @@ class SelfPlay(Snapshot):
                                                        dict(max_new_tokens=48, do_sample=True, temperature=1.0))
         self.student_generate = _check_generate_kwargs("student_generate", student_generate,
                                                        dict(max_new_tokens=24, do_sample=False))
+        for options in (self.teacher_generate, self.student_generate):
+            options.setdefault("pad_token_id", pad_id(tokenizer))
         if self.teacher_reward == "learnability" and self.attempts < 2:
             raise InvalidValueError("teacher_reward='learnability' needs attempts >= 2 (a solve rate strictly "
                                     f"between 0 and 1), got attempts={self.attempts}")

@@ -47,6 +47,11 @@ def _worker(rank: int, world: int, store: str, out: str) -> None:
     res["ratings"] = copy.deepcopy(sp.ratings.state_dict())
     res["steps"] = sp.steps
 
+    # the hybrid: each rank the gradients of its share of the rows, summed; every rank takes the same step
+    hybrid = make(seed=10 + rank, pop_seed=1 + 3 * rank, student_pg_lr=0.05)
+    hybrid.step(distributed=True)
+    res["hybrid"] = adapters(hybrid.students)
+
     # a failure in one rank's share of the generation: every rank raises, then the group still works
     def failing(*args, **kwargs):
         raise RuntimeError("boom in generate")
@@ -86,6 +91,7 @@ class TestDistributed:
             for key in ("mu", "sigma", "matches"):
                 assert torch.equal(zero["ratings"][key][name], one["ratings"][key][name])
         assert torch.equal(zero["generator"], one["generator"])
+        assert all(torch.equal(x, y) for x, y in zip(zero["hybrid"], one["hybrid"]))
         assert sum(h[-3] for h in zero["history"]) > 0  # matches were played
 
     def test_rank_zeros_state_wins_at_the_first_step(self, ranks):
