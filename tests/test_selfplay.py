@@ -448,9 +448,10 @@ def test_example_smoke_mode_writes_json_and_plot(tmp_path):
     spec = importlib.util.spec_from_file_location("selfplay_arithmetic", ROOT / "examples" / "selfplay_arithmetic.py")
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    example.main(["--model", "tiny", "--steps", "2", "--out", str(tmp_path), "--quiet", "--threads", "1"])
+    example.main(["--model", "tiny", "--steps", "2", "--out", str(tmp_path), "--quiet", "--threads", "1",
+                  "--pg-lr", "0.05"])
     result = json.loads((tmp_path / "results.json").read_text())
-    assert result["model"] == "tiny random Llama" and result["steps"] == 2
+    assert result["model"] == "tiny random Llama" and result["steps"] == 2 and result["pg_lr"] == 0.05
     assert len(result["history"]) == 2
     for key in ("base_heldout", "mean_student_heldout_before", "mean_student_heldout_after",
                 "chosen_student_heldout", "validity", "tokens_per_s", "wall_s"):
