@@ -135,7 +135,6 @@ class ActionFormat:
             actions = actions.to(torch.float32)
         return actions
 
-
     def _out_of_range(self, actions: Tensor) -> bool:
         """Whether a ``(k,)`` int64 CPU tensor holds a value outside ``[start, start + n)``.
 
