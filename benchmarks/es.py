@@ -9,7 +9,10 @@ rank 4, MSE loss (fitness = -loss), for ``N`` in {32, 128, 512, 1024, 2048}:
   same loss",
 - ``plain_rows``: ``plain`` in chunks of ``--max-rows`` rows (cache-sized chunks are faster on CPU),
 - ``plain_rows_loss``: ``plain_rows`` plus the same loss, chunk by chunk,
-- ``ours``:   ``EggrollES.step(x, mse, y)``, every member on the shared batch ``(b, 256)``,
+- ``ours``:   ``EggrollES.step(x, mse, y)``, every member on the shared batch ``(b, 256)`` (the first Linear's
+  base product is then computed once over the ``b`` rows, see ``populora/es/shared.py``),
+- ``ours_unshared``: ``ours`` with the shared-batch first layer off (``es.router.share_rows = False``): the
+  first Linear's base product runs on all ``N*b`` repeated rows, as plain inference runs it,
 - ``ours_pm``: ``EggrollES.step(xs, mse, ys, per_individual=True)``, member ``i`` on its own ``(b, 256)`` rows,
 - ``ours_rows``: ``ours`` with ``max_rows=--max-rows`` (members evaluated in chunks: bounded memory),
 - ``ours_pm_rows``: ``ours_pm`` with ``max_rows=--max-rows``,
@@ -55,13 +58,14 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-METHODS = ("plain", "plain_loss", "plain_rows", "plain_rows_loss", "ours", "ours_pm", "ours_rows", "ours_pm_rows",
-           "ours_fb", "tegg")
-BASELINE = {"ours": "plain", "ours_pm": "plain", "ours_rows": "plain_rows", "ours_pm_rows": "plain_rows",
-            "ours_fb": "plain", "tegg": "plain"}
+METHODS = ("plain", "plain_loss", "plain_rows", "plain_rows_loss", "ours", "ours_unshared", "ours_pm", "ours_rows",
+           "ours_pm_rows", "ours_fb", "tegg")
+BASELINE = {"ours": "plain", "ours_unshared": "plain", "ours_pm": "plain", "ours_rows": "plain_rows",
+            "ours_pm_rows": "plain_rows", "ours_fb": "plain", "tegg": "plain"}
 """Each ES method's plain-inference baseline (``thr`` columns)."""
-LOSS_BASELINE = {"ours": "plain_loss", "ours_pm": "plain_loss", "ours_rows": "plain_rows_loss",
-                 "ours_pm_rows": "plain_rows_loss", "ours_fb": "plain_loss", "tegg": "plain_loss"}
+LOSS_BASELINE = {"ours": "plain_loss", "ours_unshared": "plain_loss", "ours_pm": "plain_loss",
+                 "ours_rows": "plain_rows_loss", "ours_pm_rows": "plain_rows_loss", "ours_fb": "plain_loss",
+                 "tegg": "plain_loss"}
 """Each ES method's plain-inference-plus-the-same-loss baseline (``thr+loss`` columns)."""
 
 
@@ -188,6 +192,8 @@ def worker(method: str, pop: int, device_name: str, threads: int, min_time: floa
 
             model = nn.Sequential(model[0], Gain(1024), model[1], model[2]).to(device, dtype)
         es = EggrollES(model, pop, 0.02, 0.05, 4, device=device, perturb_unroutable=method == "ours_fb")
+        if method == "ours_unshared":
+            es.router.share_rows = False
         if method in ("ours_pm", "ours_pm_rows"):
             xs = torch.randn(pop, b, 256, generator=gen).to(device, dtype)
             ys = torch.randn(pop, b, 256, generator=gen).to(device, dtype)

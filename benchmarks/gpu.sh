@@ -8,7 +8,7 @@
 # It needs only torch and populora's own dependencies and installs nothing. It runs
 #   benchmarks/forward.py --device cuda --min-time 0.1            (bf16; its grid at d = 4096)
 #   benchmarks/es.py --device cuda --pops 512,2048 --repeats 2 --min-time 0.5 \
-#       --methods plain,plain_loss,ours,ours_pm --json es.json    (float32, as the CPU table)
+#       --methods plain,plain_loss,ours,ours_unshared,ours_pm --json es.json    (float32, as the CPU table)
 # each under its own time limit, keeps their full output in the output folder ($GPU_BENCH_OUT, else
 # $OUT, else outputs/gpu/ in the repository: forward.log, es.log, es.json, summary.md), and prints the
 # summary: geometric mean and worst of `all / pure` over the judged points (adapters smaller than the
@@ -17,7 +17,7 @@
 # Progress goes to stderr; the exit status is 0 when both benchmarks ran and their tables were read.
 #
 # Environment: PYTHON (interpreter; default the repository's .venv, else python3), GPU_BENCH_OUT,
-# FORWARD_TIMEOUT / ES_TIMEOUT (seconds; defaults 200 / 130 on CUDA).
+# FORWARD_TIMEOUT / ES_TIMEOUT (seconds; defaults 180 / 150 on CUDA).
 
 set -u
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -43,15 +43,15 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 if [ "$SMOKE" = "1" ]; then
   DEVICE=cpu
   FORWARD_ARGS=(--device cpu --quick --no-loop --min-time 0.01)
-  ES_ARGS=(--device cpu --pops 4 --repeats 1 --min-time 0.01 --methods plain,plain_loss,ours,ours_pm --in-process)
+  ES_ARGS=(--device cpu --pops 4 --repeats 1 --min-time 0.01 --methods plain,plain_loss,ours,ours_unshared,ours_pm --in-process)
   FORWARD_TIMEOUT="${FORWARD_TIMEOUT:-300}"
   ES_TIMEOUT="${ES_TIMEOUT:-120}"
 else
   DEVICE=cuda
   FORWARD_ARGS=(--device cuda --min-time 0.1)
-  ES_ARGS=(--device cuda --pops 512,2048 --repeats 2 --min-time 0.5 --methods plain,plain_loss,ours,ours_pm)
-  FORWARD_TIMEOUT="${FORWARD_TIMEOUT:-200}"
-  ES_TIMEOUT="${ES_TIMEOUT:-130}"
+  ES_ARGS=(--device cuda --pops 512,2048 --repeats 2 --min-time 0.5 --methods plain,plain_loss,ours,ours_unshared,ours_pm)
+  FORWARD_TIMEOUT="${FORWARD_TIMEOUT:-180}"
+  ES_TIMEOUT="${ES_TIMEOUT:-150}"
 fi
 
 # what runs where (and, on CUDA, that there is a GPU at all)
@@ -158,8 +158,10 @@ else:
 for pop in pops or ["-"]:
     for method, kind, what, target in (("ours", "thr", "plain inference", "reported"),
                                        ("ours", "thr+loss", "plain inference + the same loss", ">= 0.90"),
+                                       ("ours_unshared", "thr+loss", "plain inference + the same loss", ">= 0.90"),
                                        ("ours_pm", "thr+loss", "plain inference + the same loss", "reported")):
-        label = "ES step throughput / " + what + (", own rows per member" if method == "ours_pm" else "")
+        label = "ES step throughput / " + what + {"ours_pm": ", own rows per member",
+                                                  "ours_unshared": ", first layer per member"}.get(method, "")
         rows.append((label, f"N={pop}", fmt(ratios.get(f"{method} {kind} N={pop}")), target))
 
 lines = [f"device: {(out / 'env.txt').read_text().strip()}",

@@ -29,6 +29,7 @@ MEASURES = [
     "forward all / pure, transformer",
     "ES step throughput / plain inference",
     "ES step throughput / plain inference + the same loss",
+    "ES step throughput / plain inference + the same loss, first layer per member",
     "ES step throughput / plain inference + the same loss, own rows per member",
 ]
 
@@ -77,10 +78,11 @@ def test_cpu_smoke_keeps_both_benchmarks_output(smoke):
     assert (out / "forward.rc").read_text().strip() == "0" and (out / "es.rc").read_text().strip() == "0"
     report = json.loads((out / "es.json").read_text())
     assert report["device"] == "cpu" and report["pops"] == [4]
-    assert sorted(r["method"] for r in report["results"]) == ["ours", "ours_pm", "plain", "plain_loss"]
+    assert sorted(r["method"] for r in report["results"]) == ["ours", "ours_pm", "ours_unshared", "plain",
+                                                              "plain_loss"]
     assert all(r["seconds"] > 0 and r["steps"] >= 2 for r in report["results"])
     ratios = report["ratios"]
-    assert set(ratios) == {"ours thr N=4", "ours_pm thr N=4", "ours thr+loss N=4", "ours_pm thr+loss N=4"}
+    assert set(ratios) == {f"{m} {kind} N=4" for m in ("ours", "ours_unshared", "ours_pm") for kind in ("thr", "thr+loss")}
     times = {r["method"]: r["seconds"] for r in report["results"]}
     assert ratios["ours thr+loss N=4"] == pytest.approx(times["plain_loss"] / times["ours"])
     assert "geometric mean all/pure" in (out / "forward.log").read_text()

@@ -108,7 +108,11 @@ class EggrollES(MaterialisedIndividuals, ESState):
 
     How :meth:`ask` evaluates the members: ``nn.Linear`` weights and biases
     and ``nn.Embedding`` weights are perturbed by the routed forward, ONE
-    batched forward over every member's rows. With ``perturb_unroutable=True``
+    batched forward over every member's rows; with a shared batch the first
+    target ``nn.Linear`` (whose input rows are then still copies of the
+    batch, which is checked) computes its base product once over the ``b``
+    rows and adds each member's delta to it (:mod:`populora.es.shared`;
+    ``es.router.share_rows = False`` turns that off). With ``perturb_unroutable=True``
     and a model that has unroutable parameters, the model is instead called
     once per member with ``torch.func.functional_call`` and that member's
     values of the unroutable parameters (materialised, ``(m, *shape)``; low

@@ -55,12 +55,14 @@ def shared_rows_linear(module: nn.Module, inner: Callable, x: Tensor, route: Rou
     if (type(module) is not nn.Linear or getattr(inner, "__func__", None) is not nn.Linear.forward
             or times < 2 or route.dest is not None or k != times
             or route.chunk != rows or rows < 1 or x.dim() < 2 or x.shape[0] != route.n or route.n != k * rows
-            or x.shape[-1] != down.shape[-1] or not x.is_contiguous()
+            or x.shape[-1] != down.shape[-1]
             or any(t is not None and t.dtype != x.dtype for t in (down, up, bias, module.weight))):
         return None
-    groups = x.view(k, -1)  # (k, rows*..*d)
-    if not torch.equal(groups[1, : x.shape[-1]], groups[0, : x.shape[-1]]) or not torch.equal(groups, groups[:1].expand_as(groups)):
-        return None  # the rows differ: not a shared batch (any more)
+    if not (rows == 1 and x.stride(0) == 0):  # (one row expanded: copies by construction)
+        groups = x.reshape(k, -1)  # (k, rows*..*d)
+        d = x.shape[-1]
+        if not torch.equal(groups[1, :d], groups[0, :d]) or not torch.equal(groups, groups[:1].expand_as(groups)):
+            return None  # the rows differ: not a shared batch (any more)
     folded = folded_stack(up, bias)
     if isinstance(index, Tensor):  # gathered stacks (a range of members): within the router's budget, in one go
         per_group = (up.shape[1] * (x.shape[-1] + up.shape[-1]) + up.shape[-1]) * down.element_size()
