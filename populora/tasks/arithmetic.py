@@ -23,7 +23,7 @@ unary minus, no ``/``), parentheses only where the level has them, an integer va
 
 LinearEquation difficulty is the coefficient size ``C`` = 9, 20, 50, 99, 999, 9999 at levels 1..6:
 ``a`` in ``2 .. C``; ``b`` and the solution ``x`` in ``0 .. C`` at level 1 and ``-C .. C`` above;
-``c = a*x + b``. The question reads ``Solve for x: 3*x + 5 = 20``. Teacher format:
+``c = a*x + b``. The question reads ``Solve for x: 3*x + 5 = 20.`` Teacher format:
 ``Problem: 2*x + 3 = 11`` (``2x`` without ``*`` too; ``b`` may be omitted or subtracted); it must have
 ``a``, ``b`` and the (integer) solution in the level's ranges.
 """
