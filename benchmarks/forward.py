@@ -26,6 +26,13 @@ events (the torch profiler on CPU, the CUDA allocator's peak on GPU), not RSS.
     python benchmarks/forward.py --quick         # a few points
     python benchmarks/forward.py --memory        # only the peak-memory-vs-r table
     python benchmarks/forward.py --device cuda   # bf16, CUDA events, d = 4096
+    python benchmarks/forward.py --compile --quick --no-loop   # + torch.compile'd pure / all / ids
+
+With ``--compile`` (opt-in: compiling each point takes tens of seconds on a
+CPU) every point also times ``torch.compile(model)`` (``pure_c``) and
+``torch.compile(pop)`` called as above (``all_c``, ``ids_c``), backend
+``--compile-backend`` (default ``inductor``), and a second table gives the
+compiled ratios to eager ``pure``. The compile itself is not timed.
 """
 
 from __future__ import annotations
@@ -194,7 +201,7 @@ def memory_vs_rank(device: torch.device, dtype: torch.dtype, timer: Timer, min_t
               f"{ratio:13.3f}", flush=True)
 
 
-def bench_point(label, make_model, make_input, P, r, b, judged, device, dtype, timer, min_time, loop):
+def bench_point(label, make_model, make_input, P, r, b, judged, device, dtype, timer, min_time, loop, compile=None):
     torch.manual_seed(0)
     model = make_model().to(device=device, dtype=dtype).eval()
     pop = Population(model, pop_size=P, low_rank=r, device=device, init_scale=0.1)
@@ -218,6 +225,14 @@ def bench_point(label, make_model, make_input, P, r, b, judged, device, dtype, t
             "all": lambda: pop(x, all_individuals=True),
             "ids": lambda: pop(x_ids, individuals=ids),
         }
+        if compile is not None:
+            torch._dynamo.reset()  # each point compiles afresh (no recompile limit carried over)
+            cmodel, cpop = torch.compile(model, backend=compile), torch.compile(pop, backend=compile)
+            torch.testing.assert_close(cpop(x, all_individuals=True), out_all, rtol=tol, atol=tol)
+            torch.testing.assert_close(cpop(x_ids, individuals=ids), out_ids, rtol=tol, atol=tol)
+            cmodel(x)
+            fns.update({"pure_c": lambda: cmodel(x), "all_c": lambda: cpop(x, all_individuals=True),
+                        "ids_c": lambda: cpop(x_ids, individuals=ids)})
         if loop:
             chunks = x.view(P, b, *x.shape[1:])
             fns["loop"] = lambda: [pop(chunks[i], individual=i) for i in range(P)]
@@ -225,7 +240,7 @@ def bench_point(label, make_model, make_input, P, r, b, judged, device, dtype, t
         for _ in range(3):  # interleave methods so drift hits them alike; keep the best median
             for k, fn in fns.items():
                 times[k] = min(times[k], timer(fn, min_time))
-        mems = {k: peak_mb(fn, device) for k, fn in fns.items()}
+        mems = {k: peak_mb(fn, device) for k, fn in fns.items() if not k.endswith("_c")}
     row = {"point": label, "judged": judged, "n": P * b, **{f"t_{k}": v for k, v in times.items()},
            **{f"m_{k}": v for k, v in mems.items()}}
     return row
@@ -239,6 +254,10 @@ def main():
     parser.add_argument("--min-time", type=float, default=0.2, help="seconds of timing per method and round")
     parser.add_argument("--no-loop", action="store_true", help="skip the naive per-individual loop")
     parser.add_argument("--memory", action="store_true", help="only the peak-memory-vs-r table")
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile'd pure / all / ids")
+    parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend (with --compile)")
+    parser.add_argument("--match", default="", help="only the points whose label matches this regex")
+    parser.add_argument("--skip-memory", action="store_true", help="skip the peak-memory-vs-r table")
     args = parser.parse_args()
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
@@ -267,6 +286,7 @@ def main():
         points.append((f"transformer dim={tdim} seq=32 P={P} b=4 r=4", lambda: transformer(tdim),
                        lambda n: torch.randn(n, 32, tdim), P, 4, 4, judged))
 
+    points = [p for p in points if re.search(args.match, p[0])]
     print(f"device={device} dtype={dtype} threads={torch.get_num_threads()} torch={torch.__version__}")
     header = (f"{'point':<42} {'n':>5} {'pure ms':>9} {'all/pure':>9} {'ids/pure':>9} {'ids/all':>8} {'loop/pure':>10} "
               f"{'rows/s (all)':>13} {'peak MB pure/all/ids':>22}")
@@ -275,7 +295,7 @@ def main():
     rows = []
     for label, make_model, make_input, P, r, b, judged in points:
         row = bench_point(label, make_model, make_input, P, r, b, judged, device, dtype, timer, args.min_time,
-                          loop=not args.no_loop)
+                          loop=not args.no_loop, compile=args.compile_backend if args.compile else None)
         rows.append(row)
         loop = f"{row['t_loop'] / row['t_pure']:10.2f}" if "t_loop" in row else f"{'-':>10}"
         mark = "" if judged else " *"
@@ -293,7 +313,21 @@ def main():
     print(f"worst judged   all/pure {max(judged_all):.3f}   ids/pure {max(judged_ids):.3f}   (target <= 1.30; "
           f"* = adapters larger than base weights, not judged)")
     print(f"geometric mean ids/all  {geo([i / a for i, a in zip(ids_r, all_r)]):.3f}   (target <= 1.10)")
-    memory_vs_rank(device, dtype, timer, args.min_time, args.quick)
+    if args.compile:
+        print(f"\ntorch.compile (backend {args.compile_backend}): ratios to eager pure; speed-up = eager / compiled")
+        head = (f"{'point':<42} {'pure_c/pure':>12} {'all_c/pure':>11} {'ids_c/pure':>11} {'all speed-up':>13} "
+                f"{'ids speed-up':>13}")
+        print(head)
+        print("-" * len(head))
+        for row in rows:
+            t = row["t_pure"]
+            print(f"{row['point'] + ('' if row['judged'] else ' *'):<42} {row['t_pure_c'] / t:12.3f} "
+                  f"{row['t_all_c'] / t:11.3f} {row['t_ids_c'] / t:11.3f} {row['t_all'] / row['t_all_c']:13.3f} "
+                  f"{row['t_ids'] / row['t_ids_c']:13.3f}", flush=True)
+        print(f"geometric mean speed-up  all {geo([r['t_all'] / r['t_all_c'] for r in rows]):.3f}   "
+              f"ids {geo([r['t_ids'] / r['t_ids_c'] for r in rows]):.3f}")
+    if not args.skip_memory:
+        memory_vs_rank(device, dtype, timer, args.min_time, args.quick)
 
 
 if __name__ == "__main__":

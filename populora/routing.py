@@ -172,7 +172,15 @@ def parse_route(
     return RouteRequest(individual, ids, all_individuals, broadcast, split, per_individual)
 
 
-_parse_route_eager = torch.compiler.disable(parse_route)
+@torch.compiler.disable
+def _parse_route_eager(num: int, **routing: Any) -> RouteRequest:
+    """:func:`parse_route`, run eagerly under torch.compile; the ids come back as a CPU int64 tensor (a graph
+    input: new id values reuse the graph; a NumPy array would be traced, and under ``inference_mode`` its
+    guards break)."""
+    request = parse_route(num, **routing)
+    if request.ids is None:
+        return request
+    return request._replace(ids=torch.from_numpy(np.ascontiguousarray(request.ids, dtype=np.int64)))
 
 
 def run_route(target: RoutingTarget, request: RouteRequest, args: tuple, kwargs: dict) -> Any:
@@ -188,7 +196,7 @@ def run_route(target: RoutingTarget, request: RouteRequest, args: tuple, kwargs:
     model, router, adapters, num, device = target
     individual, ids, all_individuals = request.individual, request.ids, request.all_individuals
     if request.per_individual:
-        args, kwargs = split_rows((args, kwargs), num if all_individuals else ids.size)
+        args, kwargs = split_rows((args, kwargs), num if all_individuals else len(ids))
     leaves = _leaves((args, kwargs))
     if device is not None and any(t.device != device for t in leaves):
         non_blocking = device.type == "cuda"  # host -> device only: a device -> host copy must be synchronous
@@ -218,7 +226,7 @@ def run_route(target: RoutingTarget, request: RouteRequest, args: tuple, kwargs:
                 "every individual the whole batch"
             )
     else:
-        m = ids.size
+        m = len(ids)
         expand = (n_in == 1 and not request.per_individual) or request.broadcast  # each id sees the whole batch
         if expand:
             args, kwargs = _expand((args, kwargs), m, on_batch)
@@ -247,7 +255,7 @@ def run_route(target: RoutingTarget, request: RouteRequest, args: tuple, kwargs:
         out = map_tensors(out, lambda t: torch.empty_like(t).index_copy_(
             0, perm if perm.device == t.device else perm.to(t.device), t) if t.dim() and t.shape[0] == n else t)
     if request.split and individual is None:
-        m = num if all_individuals else ids.size
+        m = num if all_individuals else len(ids)
         b = n // m if m else (n_in if times > 1 else 0)
         out = map_tensors(out, lambda t: t.reshape(m, b, *t.shape[1:]) if t.dim() and t.shape[0] == n else t)
     return out
@@ -271,6 +279,8 @@ def _ids_plan(router: Router, ids: np.ndarray, repeats: int, num: int, device: t
     """
     if torch.compiler.is_compiling():
         return _ids_plan_eager(router, ids, repeats, num, device, keep)
+    if isinstance(ids, Tensor):  # (under torch.compile the request holds the ids as a tensor)
+        ids = ids.numpy()
     key = (ids.dtype, ids.tobytes(), repeats, num, device, keep)
     if router.last_plan is not None and router.last_plan[0] == key:  # same rows as last call (env loops)
         return router.last_plan[1]

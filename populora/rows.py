@@ -130,6 +130,8 @@ def _host_ids(ids: Any) -> np.ndarray:
 
 def _check_range(ids: np.ndarray, num: int) -> np.ndarray:
     """``ids`` as int64 if every id is in ``[0, num)``, else :class:`InvalidIndexError` naming the first bad one."""
+    if isinstance(ids, Tensor):
+        ids = ids.numpy()
     if ids.size:
         bad = np.flatnonzero((ids < 0) | (ids >= num))
         if bad.size:

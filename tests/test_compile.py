@@ -161,3 +161,14 @@ def test_unequal_groups_recompile_a_bounded_number_of_times():
             ids = torch.randint(0, 8, (12,), generator=gen)
             close(compiled(x, individuals=ids), pop(x, individuals=ids))
     assert graphs() <= 4  # the first graph, then a dynamic-shape one (not one per call)
+
+
+def test_compiled_under_inference_mode():
+    """Ids reach the graph as a tensor input (a NumPy array's guards break under inference_mode)."""
+    pop = mlp_population()
+    compiled = torch.compile(pop, backend=BACKEND)
+    x = torch.randn(8, 6)
+    with torch.inference_mode():
+        for ids in ([3, 0, 2, 1, 1, 0, 3, 2], [0, 1, 2, 3, 3, 2, 1, 0], [3, 3, 3, 0, 2, 0, 3, 2]):
+            close(compiled(x, individuals=ids), pop(x, individuals=ids))
+        close(compiled(x, all_individuals=True), pop(x, all_individuals=True))
