@@ -6,7 +6,8 @@
 #   bash benchmarks/gpu.sh --cpu-smoke   # the same script path on CPU, tiny sizes (POPULORA_GPU_SMOKE=1 too)
 #
 # It needs only torch and populora's own dependencies and installs nothing. It runs
-#   benchmarks/forward.py --device cuda --min-time 0.1            (bf16; its grid at d = 4096)
+#   benchmarks/forward.py --device cuda --min-time 0.1            (bf16; its grid at d = 4096; the CPU smoke
+#                                                                  run takes its d = 256 points with P = 16)
 #   benchmarks/es.py --device cuda --pops 512,2048 --repeats 2 --min-time 0.5 \
 #       --methods plain,plain_loss,ours,ours_unshared,ours_pm --json es.json    (float32, as the CPU table)
 # each under its own time limit, keeps their full output in the output folder ($GPU_BENCH_OUT, else
@@ -25,7 +26,7 @@ SMOKE="${POPULORA_GPU_SMOKE:-0}"
 for arg in "$@"; do
   case "$arg" in
     --cpu-smoke) SMOKE=1 ;;
-    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set -u/p' "${BASH_SOURCE[0]}" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu.sh: unknown argument '$arg' (expected --cpu-smoke or --help)" >&2; exit 2 ;;
   esac
 done
@@ -42,7 +43,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 
 if [ "$SMOKE" = "1" ]; then
   DEVICE=cpu
-  FORWARD_ARGS=(--device cpu --quick --no-loop --min-time 0.01)
+  FORWARD_ARGS=(--device cpu --quick --no-loop --min-time 0.01 --skip-memory --match "P=16 |transformer")
   ES_ARGS=(--device cpu --pops 4 --repeats 1 --min-time 0.01 --methods plain,plain_loss,ours,ours_unshared,ours_pm --in-process)
   FORWARD_TIMEOUT="${FORWARD_TIMEOUT:-300}"
   ES_TIMEOUT="${ES_TIMEOUT:-120}"
@@ -86,8 +87,8 @@ rm -f "$OUTDIR/es.json"
 run forward "$FORWARD_TIMEOUT" "$PY" -u benchmarks/forward.py "${FORWARD_ARGS[@]}"
 run es "$ES_TIMEOUT" "$PY" -u benchmarks/es.py "${ES_ARGS[@]}" --json "$OUTDIR/es.json"
 
-"$PY" - "$OUTDIR" "$FORWARD_TIMEOUT" "$ES_TIMEOUT" "python benchmarks/forward.py ${FORWARD_ARGS[*]}" \
-  "python benchmarks/es.py ${ES_ARGS[*]}" <<'PY'
+"$PY" - "$OUTDIR" "$FORWARD_TIMEOUT" "$ES_TIMEOUT" "python benchmarks/forward.py $(printf '%q ' "${FORWARD_ARGS[@]}")" \
+  "python benchmarks/es.py $(printf '%q ' "${ES_ARGS[@]}")" <<'PY'
 """Read forward.log and es.json; print the one summary table (also written to summary.md)."""
 import json
 import math
@@ -95,7 +96,8 @@ import re
 import sys
 from pathlib import Path
 
-out, fwd_limit, es_limit, fwd_cmd, es_cmd = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+out, fwd_limit, es_limit = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+fwd_cmd, es_cmd = sys.argv[4].strip(), sys.argv[5].strip()
 rc = {name: (out / f"{name}.rc").read_text().strip() for name in ("forward", "es")}
 notes, rows = [], []
 POINT = re.compile(r"^(?P<label>(?:mlp|transformer) .*?)(?P<star> \*)?\s+(?P<n>\d+)\s+(?P<pure>[\d.]+)\s+"
