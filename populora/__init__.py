@@ -36,6 +36,8 @@ from .interact import EnvInteractor, EnvStepError, EvolveResult, GenerationInfo,
 from .coevolve import Coevolve
 from .hall_of_fame import HallOfFame
 from .plotting import plot_history
+from .matchmaking import Ratings
+from .selfplay import SelfPlay
 
 __version__ = "0.2.0"
 
@@ -59,8 +61,10 @@ __all__ = [
     "InvalidValueError",
     "Population",
     "PopuloraError",
+    "Ratings",
     "RouteError",
     "SelectionResult",
+    "SelfPlay",
     "SpentPopulationError",
     "TargetNotFoundError",
     "TorchEggrollES",
