@@ -45,24 +45,6 @@ DEFAULT_OUT = Path(__file__).resolve().parents[1] / "outputs" / "selfplay_arithm
 HELDOUT_SEED, VALIDATION_SEED = 20_000, 30_000
 
 
-def char_tokenizer() -> Any:
-    """A char-level tokenizer with a ChatML template (ids 3..98 printable ASCII, pad 0, eos 1): for the tiny model."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<|im_end|>": 1, "<|im_start|>": 2}
-    for c in [chr(i) for i in range(32, 127)] + ["\n"]:
-        vocab[c] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tok.decoder = decoders.Fuse()
-    out = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<|im_end|>",
-                                  additional_special_tokens=["<|im_start|>"])
-    out.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    return out
-
-
 def load(which: str) -> tuple[Any, Any, str]:
     """``(model, tokenizer, name)``: SmolLM2-135M-Instruct or a tiny random Llama with a char tokenizer."""
     if which == "smollm2":
@@ -70,15 +52,10 @@ def load(which: str) -> tuple[Any, Any, str]:
 
         model, tokenizer = load_smollm2()
         return model, tokenizer, "SmolLM2-135M-Instruct"
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from populora.llm import tiny_chat_model
 
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, eos_token_id=1,
-                             bos_token_id=1)
-        model = LlamaForCausalLM(config).eval()
-    return model, char_tokenizer(), "tiny random Llama"
+    model, tokenizer = tiny_chat_model()
+    return model, tokenizer, "tiny random Llama"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

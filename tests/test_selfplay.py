@@ -14,9 +14,10 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("openskill")
 
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from populora import Population  # noqa: E402
+from populora.llm import char_tokenizer  # noqa: E402
 from populora.errors import CheckpointError, InvalidTypeError, InvalidValueError  # noqa: E402
 from populora.matchmaking import Ratings  # noqa: E402
 from populora.selfplay import SelfPlay  # noqa: E402
@@ -30,23 +31,6 @@ PAD, EOS = 0, 1
 
 
 # ---------------------------------------------------------------------------------------------- fixtures
-
-def char_tokenizer() -> PreTrainedTokenizerFast:
-    """Printable ASCII and newline, one id per character (ids 3..98), pad 0, eos ``<|im_end|>`` 1, ChatML."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    vocab = {"<pad>": PAD, "<|im_end|>": EOS, "<|im_start|>": 2}
-    for c in [chr(i) for i in range(32, 127)] + ["\n"]:
-        vocab[c] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tok.decoder = decoders.Fuse()
-    out = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<|im_end|>",
-                                  additional_special_tokens=["<|im_start|>"])
-    out.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    return out
-
 
 _STATE: dict[str, torch.Tensor] = {}
 

