@@ -308,9 +308,10 @@ class Router:
 
     def _local(self, route: Route, device: torch.device) -> Route:
         """``route`` with its index tensors on ``device``, moved once per route and device (:func:`route_on`)."""
-        entry = self._moved.get(device)
+        moved = self.__dict__.setdefault("_moved", {})  # (a router pickled before this cache existed)
+        entry = moved.get(device)
         if entry is None or entry[0] is not route:
-            entry = self._moved[device] = (route, route_on(route, device))
+            entry = moved[device] = (route, route_on(route, device))
         return entry[1]
 
     def _apply(self, i: int, module: nn.Module, x: Tensor, out: Tensor, state: tuple) -> Tensor:
