@@ -29,8 +29,9 @@ stops after the generation that reaches it.
 Measured with ``--task lunarlander-continuous --seed 0 1 2``: 264, 287, 277
 on 30 fresh episodes at 1.96M, 1.97M, 1.95M env steps (3/3 solved). The
 ``es`` configurations of LunarLander (linear, ClipUp: best validated 35 at
-1.2M steps, stopped) and Pendulum (3-16-1 MLP, ClipUp: -900 at 4.9M) are
-what was tried; neither solves its task.
+1.2M steps, stopped) is what was tried there. Pendulum's ``es`` (3-16-1
+MLP, noise 0.5, ClipUp step 0.15, 128 members): -144 on 30 fresh episodes at
+4.89M steps, seed 0 (with noise 0.1 / step 0.03: -900).
 
 ``--budget-seconds`` is a total wall-time budget: a run stops (through
 ``evolve_with_env``'s ``callback``) once it is spent, and is reported as it
@@ -114,7 +115,7 @@ def tasks() -> dict[str, Task]:
                         action=_identity, to_range=(-2.0, 2.0))),
             "es": (lambda: _mlp(3, 16, 1, out_tanh=True),
                    dict(pop_size=128, low_rank=2, num_envs=16, normalize_obs=True, horizon=200, action=_identity,
-                        to_range=(-2.0, 2.0), es_kwargs=dict(sigma=0.1, optimizer="clipup", lr=0.03))),
+                        to_range=(-2.0, 2.0), es_kwargs=dict(sigma=0.5, optimizer="clipup", lr=0.15))),
         }, dict(action=_identity, to_range=(-2.0, 2.0))),
         "lunarlander-continuous": Task("LunarLanderContinuous-v3", 200.0, 30, 2_000_000, "es", {
             "ga": (lambda: _mlp(8, 32, 2, out_tanh=True), dict(pop_size=64, low_rank=4, num_episodes=2,
