@@ -196,6 +196,7 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
         self._down_list: list[nn.Parameter] = []  # plain lists, cheap per forward; checked by _stacks()
         self._up_list: list[nn.Parameter] = []
         self._full_rank_adapters: list[Adapter] | None = None
+        self._sliced_adapters: tuple[list[int], list[Adapter]] | None = None
         with torch.no_grad():
             for (down, up), rank, weight_scale in zip(self._full_factors(), self.effective_ranks, self.weight_scales):
                 noise = torch.randn(pop_size, down.shape[1] + up.shape[1], rank, generator=self.generator,
@@ -295,10 +296,18 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
         downs, ups = self._stacks()
         if self._full_rank_adapters is not None:
             return self._full_rank_adapters
-        return [
+        grad = torch.is_grad_enabled()
+        key = [p.data_ptr() for p in downs] + [p.data_ptr() for p in ups] if not grad else None
+        if key is not None and self._sliced_adapters is not None and self._sliced_adapters[0] == key:
+            return self._sliced_adapters[1]  # an env loop's forward: views cut once, not per call
+        sliced = [
             Adapter(down, up) if r == self.low_rank else Adapter(down[..., :r] if emb else down[:, :r], up[:, :r])
             for down, up, r, emb in zip(downs, ups, self.effective_ranks, self._embedding)
         ]
+        # Only views cut without grad are kept: a view made with grad carries one graph's node, and the
+        # storage pointers catch `.to()` / `param.data = ...`, which keep the Parameter but swap its data.
+        self._sliced_adapters = (key, sliced) if key is not None else None
+        return sliced
 
     def _full_factors(self) -> list[Factors]:
         return [to_factors(Adapter(down, up), emb) for down, up, emb in zip(*self._stacks(), self._embedding)]

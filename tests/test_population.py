@@ -297,3 +297,29 @@ class TestRegressions:
         pop.merge_(np.argmax(np.arange(8.0)))  # a numpy integer is an id
         with pytest.raises(InvalidTypeError, match=r"`individual` must be an int id in \[0, 8\), got float 1.0"):
             make()[0].merge_(1.0)
+
+
+def test_sliced_adapter_views_are_reused_without_grad_and_follow_swapped_data():
+    """Targets below ``low_rank`` get views cut to their rank: cut once per storage under no_grad, never
+    reused with grad (a view made with grad belongs to one graph), re-cut when `.data` is swapped."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 2))  # ranks [4, 2]: the head is cut
+    pop = Population(model, pop_size=6, low_rank=4, seed=0)
+    assert pop.effective_ranks == [4, 2]
+    with torch.no_grad():
+        first = pop.adapters()
+        assert pop.adapters() is first
+        pop._ups[1].data = pop._ups[1].data.clone() * 2  # what Module.to() does: same Parameter, new storage
+    with torch.no_grad():
+        again = pop.adapters()
+    up = pop._stacks()[1][1]
+    assert again is not first and again[1].up.data_ptr() == up.data_ptr()
+    with torch.enable_grad():
+        assert pop.adapters() is not pop.adapters()  # fresh views, each in its own graph
+    x = torch.randn(6, 4)
+    with torch.no_grad():
+        out = pop(x, individuals=torch.arange(6))
+    down, upt = pop.factors()[1]
+    hidden = torch.tanh(model[0](x) + torch.einsum("pd,pdr,per->pe", x, *pop.factors()[0]))
+    expected = model[2](hidden) + torch.einsum("pd,pdr,per->pe", hidden, down, upt)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
