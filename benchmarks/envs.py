@@ -31,7 +31,8 @@ on 30 fresh episodes at 1.96M, 1.97M, 1.95M env steps (3/3 solved). The
 ``es`` configurations of LunarLander (linear, ClipUp: best validated 35 at
 1.2M steps, stopped) is what was tried there. Pendulum's ``es`` (3-16-1
 MLP, noise 0.5, ClipUp step 0.15, 128 members): -144 on 30 fresh episodes at
-4.89M steps, seed 0 (with noise 0.1 / step 0.03: -900).
+4.89M steps on seed 0 but -730 on seed 1 (with noise 0.1 / step 0.03:
+-900 on seed 0): not solved.
 
 ``--budget-seconds`` is a total wall-time budget: a run stops (through
 ``evolve_with_env``'s ``callback``) once it is spent, and is reported as it
