@@ -52,7 +52,6 @@ import argparse
 import importlib.util
 import json
 import math
-import string
 import time
 from pathlib import Path
 from typing import Any
@@ -67,23 +66,6 @@ DEFAULT_OUT = Path(__file__).resolve().parents[1] / "outputs" / "es_countdown"  
 SEEDS = {"heldout": 20_261_201, "validation": 7_000_003, "train": 11}  # three disjoint streams
 
 
-def char_tokenizer() -> Any:
-    """A real Hugging Face tokenizer built offline for the tiny random model: one token per character."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2}
-    for c in string.printable[:95]:
-        vocab.setdefault(c, len(vocab))
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tk.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
-    tok.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
-                         "{% if add_generation_prompt %}<assistant>{% endif %}")
-    return tok
-
-
 def load(which: str) -> tuple[Any, Any, str]:
     """``(model, tokenizer, name)``: SmolLM2-135M-Instruct, or a tiny random Llama (``which='tiny'``)."""
     if which == "auto":
@@ -93,15 +75,10 @@ def load(which: str) -> tuple[Any, Any, str]:
 
         model, tokenizer = load_smollm2()
         return model, tokenizer, "SmolLM2-135M-Instruct"
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from populora.llm import tiny_chat_model
 
-    tokenizer = char_tokenizer()
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, eos_token_id=1,
-                         bos_token_id=1)
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        return LlamaForCausalLM(config).eval(), tokenizer, "tiny random Llama"
+    model, tokenizer = tiny_chat_model()
+    return model, tokenizer, "tiny random Llama"
 
 
 def make_task(name: str) -> tuple[Any, str]:

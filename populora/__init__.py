@@ -37,12 +37,14 @@ from .coevolve import Coevolve
 from .hall_of_fame import HallOfFame
 from .plotting import plot_history
 from .matchmaking import Ratings
+from .optim import ClipUp
 from .selfplay import SelfPlay
 
 __version__ = "0.2.0"
 
 __all__ = [
     "CheckpointError",
+    "ClipUp",
     "Coevolve",
     "ConfigMismatchError",
     "ESStateError",
