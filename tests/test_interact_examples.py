@@ -40,14 +40,15 @@ def writes(path: Path) -> set[str]:
 
 def test_only_known_examples_write_files_and_they_default_to_the_ignored_outputs_folder():
     writers = {path.name: writes(path) for path in EXAMPLES}
-    assert {name for name, calls in writers.items() if calls - {"mkdir"}} == {"coevolve_sine.py",
-                                                                            "llm_population.py"}, writers
-    text = (REPO / "examples" / "llm_population.py").read_text()
-    assert 'DEFAULT_OUT = Path(__file__).resolve().parents[1] / "outputs" / "llm_population"' in text
-    assert "default=DEFAULT_OUT" in text
-    if (REPO / ".git").exists():
-        out = REPO / "outputs" / "llm_population" / "scores.json"
-        assert subprocess.run(["git", "check-ignore", "-q", str(out)], cwd=REPO).returncode == 0
+    assert {name for name, calls in writers.items() if calls - {"mkdir"}} == {
+        "coevolve_sine.py", "es_countdown.py", "llm_population.py", "selfplay_arithmetic.py"}, writers
+    for name in ("llm_population", "es_countdown", "selfplay_arithmetic"):
+        text = (REPO / "examples" / f"{name}.py").read_text()
+        assert f'DEFAULT_OUT = Path(__file__).resolve().parents[1] / "outputs" / "{name}"' in text
+        assert "default=DEFAULT_OUT" in text
+        if (REPO / ".git").exists():
+            out = REPO / "outputs" / name / "results.json"
+            assert subprocess.run(["git", "check-ignore", "-q", str(out)], cwd=REPO).returncode == 0
 
 
 def test_the_default_plot_goes_to_the_git_ignored_outputs_folder():
