@@ -26,7 +26,7 @@ through ``coevolve.hall_of_fame``.
 from __future__ import annotations
 
 import keyword
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -284,18 +284,8 @@ class Coevolve(Snapshot):
         self.generation += 1
         return fitnesses
 
-    @contextmanager
-    def _evaluating(self) -> Iterator[None]:
-        modules = [mod for m in self._members.values() for mod in m.population.modules()]
-        flags = [mod.training for mod in modules]
-        try:
-            for m in self._members.values():
-                m.population.eval()
-            with torch.no_grad():
-                yield
-        finally:
-            for mod, flag in zip(modules, flags):
-                mod.training = flag
+    def _evaluating(self) -> Any:
+        return evaluating(m.population for m in self._members.values())
 
     def _run_probe(self, name: str, outputs: Mapping[str, Any]) -> Any:
         m = self._members[name]
@@ -404,6 +394,22 @@ class Coevolve(Snapshot):
 
 # ---------------------------------------------------------------------------- helpers
 
+
+
+@contextmanager
+def evaluating(populations: Iterable[Population]) -> Iterator[None]:
+    """Every population's model in eval mode under ``torch.no_grad()``; each module's training flag restored."""
+    populations = list(populations)
+    modules = [mod for pop in populations for mod in pop.modules()]
+    flags = [mod.training for mod in modules]
+    try:
+        for pop in populations:
+            pop.eval()
+        with torch.no_grad():
+            yield
+    finally:
+        for mod, flag in zip(modules, flags):
+            mod.training = flag
 
 def _check_name(name: Any) -> None:
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):

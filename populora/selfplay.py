@@ -37,8 +37,7 @@ size) but not token-equal to a one-process run.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -48,7 +47,7 @@ from torch import Tensor
 
 from . import distributed as pd
 from .checks import check_bool, check_float, check_int, check_one_of, check_seed, is_int
-from .coevolve import _snapshot
+from .coevolve import _snapshot, evaluating
 from .coevolve_specs import check_evolve_kwargs
 from .errors import CheckpointError, FitnessError, InvalidTypeError, InvalidValueError
 from .matchmaking import PAIRING_MODES, Ratings
@@ -372,18 +371,8 @@ class SelfPlay(Snapshot):
     def _draw_seed(self) -> int:
         return int(torch.randint(0, 2**62, (), generator=self.generator))
 
-    @contextmanager
-    def _evaluating(self) -> Iterator[None]:
-        modules = [*self.teachers.modules(), *self.students.modules()]
-        flags = [m.training for m in modules]
-        try:
-            self.teachers.eval()
-            self.students.eval()
-            with torch.no_grad():
-                yield
-        finally:
-            for m, flag in zip(modules, flags):
-                m.training = flag
+    def _evaluating(self) -> Any:
+        return evaluating((self.teachers, self.students))
 
     def _record(self, valid: Tensor, teacher_f: Tensor, student_f: Tensor, anchor_solved: Tensor, matches: int,
                 tokens: int, seconds: float) -> SelfPlayRecord:
