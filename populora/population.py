@@ -11,6 +11,7 @@ Higher fitness is better, everywhere.
 from __future__ import annotations
 
 import math
+import operator
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,7 +29,7 @@ from .operators.selection import SelectionResult
 from .population_io import AdapterIO
 from .placement import place
 from .population_state import Checkpointing
-from .routing import RoutedModel, Router, RoutingTarget
+from .routing import RoutedModel, Router, RoutingTarget, run_single
 from .stats import GenerationStats
 from .targets import find_targets, layer_dims
 
@@ -246,6 +247,10 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
             InvalidIndexError: an id out of ``[0, P)``.
         """
         self._check_alive()
+        if len(args) == 1 and not kwargs and individual is None and broadcast is False and split is False:
+            out = run_single(self._routing_target(), args[0], individuals, all_individuals)
+            if out is not NotImplemented:
+                return out
         return self._route(args, kwargs, individual=individual, individuals=individuals,
                            all_individuals=all_individuals, broadcast=broadcast, split=split)
 
@@ -283,8 +288,8 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
         """The adapter parameters, from lists rebuilt only when a parameter object was swapped
         (``.to()``, ``load_state_dict(assign=True)``, ``torch.func.functional_call``)."""
         downs, ups = self._downs._parameters.values(), self._ups._parameters.values()
-        if len(self._down_list) != len(downs) or any(a is not b for a, b in zip(self._down_list, downs)) or any(
-            a is not b for a, b in zip(self._up_list, ups)
+        if len(self._down_list) != len(downs) or not all(map(operator.is_, self._down_list, downs)) or not all(
+            map(operator.is_, self._up_list, ups)
         ):
             self._down_list, self._up_list = list(downs), list(ups)
             full = all(r == self.low_rank for r in self.effective_ranks)

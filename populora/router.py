@@ -156,16 +156,53 @@ def _rows_down(x: Tensor, module: nn.Module, adapter: Adapter, index: Index, k: 
     return _down(down, x, k)
 
 
+_UNBLOCKED = 400
+"""ATen's CPU ``bmm`` runs a product of fewer than this many multiply-adds per batch entry (``m * n * k``) in
+a plain scalar loop, several times slower than a broadcast multiply of the same values (measured: 16x at
+256 groups of one row, rank 1): such products are written as one."""
+
+
+_FEW_ROWS = 4
+"""Groups of at most this many rows (tokens) project as ``x @ down.T``, larger ones as ``down @ x.T`` (see
+:func:`_down`)."""
+
+
 def _down(down: Tensor, x: Tensor, k: int) -> Tensor:
     """``(k, c*.., r)``: ``x (k*c.., d)`` projected by ``down (k, r, d)``.
 
-    (k, r, d) @ (k, d, c*..) -> (k, r, c*..): with r on the rows, BLAS runs
-    these skinny products 2-5x faster than (k, c*.., d) @ (k, d, r); the
-    transposed view feeds baddbmm as is. (With one row per group the other
-    product is faster in isolation, but not inside a forward, measured
-    interleaved at d = 256: the adapters are read right after the base matmul.)
+    Three forms of the same product, by the size of each group's part:
+
+    - fewer than :data:`_UNBLOCKED` multiply-adds: a broadcast multiply and sum (see there);
+    - at most :data:`_FEW_ROWS` rows (tokens) per group (one decode step, an env step): ``x @ down.T``;
+    - more rows: ``(k, r, d) @ (k, d, c*..)`` with ``r`` on the rows, 2-5x faster for these skinny
+      products (a prefill, a batch per individual); the transposed view feeds ``baddbmm`` as is.
     """
-    return torch.bmm(down, x.reshape(k, -1, x.shape[-1]).transpose(1, 2)).transpose(1, 2)
+    xs = x.reshape(k, -1, x.shape[-1])  # (k, t, d)
+    t, r = xs.shape[1], down.shape[1]
+    if t * r * xs.shape[2] < _UNBLOCKED and xs.device.type == "cpu":
+        return (xs.unsqueeze(2) * down.unsqueeze(1)).sum(-1)  # (k, t, 1, d) * (k, 1, r, d) -> (k, t, r)
+    if t <= _FEW_ROWS:
+        return torch.bmm(xs, down.transpose(1, 2))
+    return torch.bmm(down, xs.transpose(1, 2)).transpose(1, 2)
+
+
+def _add_product(out: Tensor, h: Tensor, up: Tensor) -> Tensor:
+    """``out (k, t, e) += h (k, t, r) @ up (k, r, e)`` in place (a broadcast multiply for products ATen loops over
+    unblocked, :data:`_UNBLOCKED`); returns ``out``."""
+    t, r, e = h.shape[1], h.shape[2], up.shape[2]
+    if t * r * e < _UNBLOCKED and out.device.type == "cpu":
+        if r == 1:
+            return out.addcmul_(h, up)  # (k, t, 1) * (k, 1, e)
+        return out.add_((h.unsqueeze(-1) * up.unsqueeze(1)).sum(2))  # (k, t, r, 1) * (k, 1, r, e)
+    return out.baddbmm_(h, up)
+
+
+def _product(h: Tensor, up: Tensor) -> Tensor:
+    """``h (k, t, r) @ up (k, r, e)`` as a new tensor (the same forms as :func:`_add_product`)."""
+    t, r, e = h.shape[1], h.shape[2], up.shape[2]
+    if t * r * e < _UNBLOCKED and h.device.type == "cpu":
+        return h * up if r == 1 else (h.unsqueeze(-1) * up.unsqueeze(1)).sum(2)
+    return torch.bmm(h, up)
 
 
 def _factors(x: Tensor, module: nn.Module, adapter: Adapter, index: Index, k: int, dtype: torch.dtype,
@@ -318,6 +355,14 @@ class Router:
         """``out`` plus each row's delta (in place when the layout allows)."""
         route, adapters, called, origin = state
         called.add(i)
+        if route.__class__ is Route and route.dest is None and route.index is None and x.shape[0] == route.n:
+            adapter = adapters[i]  # the commonest case first, with the fewest checks: every individual,
+            down = adapter.down    # equal groups, one dtype (an env loop pays this per target and timestep)
+            if (route.n and adapter.bias is None and down.dtype == out.dtype == x.dtype and out.is_contiguous()
+                    and type(module) is not nn.Embedding):
+                k = route.groups
+                _add_product(out.view(k, -1, out.shape[-1]), _down(down, x, k), adapter.up)  # += (k, c*.., r) @ (k, r, e)
+                return out
         if not isinstance(route, Route):  # a route block's route: planned for the row count of this forward
             route = route.resolve(x.shape[0], self.names[i])
         if x.shape[0] != route.n:
@@ -335,11 +380,6 @@ class Router:
             return out
         k, c = route.groups, route.chunk
         down, up = adapter.down, adapter.up
-        if (route.index is None and route.dest is None and adapter.bias is None and down.dtype == out.dtype
-                and x.dtype == out.dtype and out.is_contiguous() and type(module) is not nn.Embedding):
-            # the common case (whole population, equal groups, one dtype), with no indirection
-            out.view(k, -1, out.shape[-1]).baddbmm_(_down(down, x, k), up)  # += (k, c*.., r) @ (k, r, e)
-            return out
         index, e = route.index, out.shape[-1]
         block = k  # groups per block
         if isinstance(index, Tensor):  # adapters are gathered per group: bound the copy (gather_budget)
@@ -354,12 +394,12 @@ class Router:
             view = out.view(k, -1, e)
             if block == k:
                 h, up = _factors(x, module, adapter, index, k, out.dtype)
-                view.baddbmm_(h, up)  # (k, c*.., e) += (k, c*.., r) @ (k, r, e)
+                _add_product(view, h, up)  # (k, c*.., e) += (k, c*.., r) @ (k, r, e)
                 return out
             for g0 in range(0, k, block):
                 g1 = min(k, g0 + block)
                 h, up = _factors(x[g0 * c : g1 * c], module, adapter, index[g0:g1], g1 - g0, out.dtype)
-                view[g0:g1].baddbmm_(h, up)
+                _add_product(view[g0:g1], h, up)
             return out
         if (block == k and route.offs is not None and type(module) is not nn.Embedding
                 and _grouped_ok(x, out, adapter)):
@@ -384,7 +424,7 @@ class Router:
             packed = x.new_zeros(((g1 - g0) * c, *x.shape[1:])).index_copy_(0, pos, xs)
             h, up = _factors(packed, module, adapter, part, g1 - g0, out.dtype)
             del packed, xs
-            delta = torch.bmm(h, up).reshape((g1 - g0) * c, *out.shape[1:]).index_select(0, pos)
+            delta = _product(h, up).reshape((g1 - g0) * c, *out.shape[1:]).index_select(0, pos)
             if block == k:
                 out.add_(delta)
             elif rows is None:

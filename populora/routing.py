@@ -80,7 +80,7 @@ from .rows import (NOT_BATCH_FIRST, _batch_first, _check_range, _expand, _host_i
                    map_tensors, split_rows)
 
 __all__ = ["NOT_BATCH_FIRST", "Adapter", "Route", "RouteRequest", "RoutedModel", "Router", "RoutingTarget", "gather_budget",
-           "map_tensors", "parse_route", "routed_call", "run_route"]
+           "map_tensors", "parse_route", "routed_call", "run_route", "run_single"]
 
 
 class RoutingTarget(NamedTuple):
@@ -258,6 +258,41 @@ def run_route(target: RoutingTarget, request: RouteRequest, args: tuple, kwargs:
         m = num if all_individuals else len(ids)
         b = n // m if m else (n_in if times > 1 else 0)
         out = map_tensors(out, lambda t: t.reshape(m, b, *t.shape[1:]) if t.dim() and t.shape[0] == n else t)
+    return out
+
+
+def run_single(target: RoutingTarget, x: Tensor, individuals: Any, all_individuals: Any) -> Any:
+    """:func:`run_route` of the commonest call, ``model(x)`` for ONE batch-first tensor routed ``(p b)`` with
+    ``all_individuals=True`` or one id per row with ``individuals=`` (an env loop's per-step forward, the
+    forward of a fitness function), with the general front end's per-call Python work cut: nothing else
+    to parse, to look for or to move. Returns :data:`NotImplemented` when the call is not of that form
+    (the caller then takes the general path, which gives the same result).
+    """
+    if type(x) is not Tensor or not x.dim() or torch.compiler.is_compiling():
+        return NotImplemented
+    model, router, adapters, num, device = target
+    if device is not None and x.device != device:
+        return NotImplemented
+    n = x.shape[0]
+    if individuals is None:
+        if all_individuals is not True or n < 2 or n % num:
+            return NotImplemented
+        routes = router.__dict__.setdefault("_single", {})  # rows -> its (p b) route: routes are immutable
+        route = routes.get((n, num))
+        if route is None:
+            route = routes[(n, num)] = Route(n=n, groups=num, chunk=n // num)
+        return router.run(route, adapters, model, (x,), None, _Origin(n, [x], 1, ""))
+    if all_individuals is not False or n < 2 or not isinstance(individuals, (np.ndarray, Tensor)) or \
+            individuals.ndim != 1 or individuals.shape[0] != n:
+        return NotImplemented
+    ids = _host_ids(individuals)
+    route, perm = _ids_plan(router, ids, 1, num, x.device, _keeps_order(model, {}))
+    if perm is not None:
+        x = x.index_select(0, perm)
+    out = router.run(route, adapters, model, (x,), None, _Origin(n, [x], 1, ""))
+    if perm is not None:
+        out = map_tensors(out, lambda t: torch.empty_like(t).index_copy_(
+            0, perm if perm.device == t.device else perm.to(t.device), t) if t.dim() and t.shape[0] == n else t)
     return out
 
 
