@@ -10,6 +10,13 @@ are the checks at the boundary (the fitness vector is validated once, by
 :func:`populora.fitness.validate_fitnesses`, and the operators trust it), the
 writes into the stacks and the all-or-nothing rollback. Higher fitness is
 better, everywhere.
+
+A model spread over devices (``device_map="auto"``) keeps each target's
+stacks on that target's device; ids, fitnesses and the generator stay on the
+population's device, and every read or write of a target's rows takes the
+ids on that target's device (:class:`~populora.operators.devices.PerDevice`,
+one copy per device and call; none on a single device, where results are
+bit for bit as before).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from .adapters import Factors
 from .checks import check_int
 from .distributed import sync_population_
 from .errors import InvalidValueError
+from .operators.devices import PerDevice
 from .operators.selection import SelectionResult
 from .stats import GenerationStats
 
@@ -262,14 +270,22 @@ class Evolvable:
         ids = torch.unique(ids)
         if ids.numel() == 0:
             return
-        chosen = [Factors(d[ids], u[ids]) for d, u in self.factors()]
-        self._write(ids, ops.call_mutation(fn, chosen, epsilon=epsilon, weight_scales=self.weight_scales,
+        per = PerDevice(ids)  # each target reads the ids on its own stacks' device (a spread model)
+        chosen = [Factors(d[per.on(d.device)], u[per.on(u.device)]) for d, u in self.factors()]
+        self._write(per, ops.call_mutation(fn, chosen, epsilon=epsilon, weight_scales=self.weight_scales,
                                            generator=self.generator, **options))
 
-    def _write(self, ids: Tensor, new: Sequence[Factors]) -> None:
+    def _write(self, ids: Tensor | PerDevice, new: Sequence[Factors]) -> None:
+        """Write ``new[t]`` (``down (n, d, r_t)``, ``up (n, e, r_t)``) into rows ``ids (n,)`` of each target.
+
+        Each target is written on its own device: ``ids`` and the new factors
+        are moved there (no copy when they are already there).
+        """
+        per = ids if isinstance(ids, PerDevice) else PerDevice(ids)
         for (down, up), (new_down, new_up) in zip(self.factors(), new):
-            down[ids] = new_down.to(down.dtype)  # in place (no .data): a graph built before sees the change
-            up[ids] = new_up.to(up.dtype)
+            # in place (no .data): a graph built before sees the change
+            down[per.on(down.device)] = new_down.to(down.device, down.dtype)
+            up[per.on(up.device)] = new_up.to(up.device, up.dtype)
 
     @contextlib.contextmanager
     def _undo_on_error(self, ids: Tensor, generator_state: Tensor | None = None) -> Iterator[None]:
@@ -280,14 +296,16 @@ class Evolvable:
         if generator_state is None:
             generator_state = self.generator.get_state()
         counters = (self.generation, self.eval_seed)
-        saved = [(down[ids].clone(), up[ids].clone()) for down, up in self._full_factors()]
+        per = PerDevice(ids)  # each target's rows are saved and put back on that target's device
+        saved = [(down[per.on(down.device)].clone(), up[per.on(up.device)].clone())
+                 for down, up in self._full_factors()]
         try:
             yield
         except BaseException:
             with torch.no_grad():
                 for (down, up), (old_down, old_up) in zip(self._full_factors(), saved):
-                    down[ids] = old_down
-                    up[ids] = old_up
+                    down[per.on(down.device)] = old_down
+                    up[per.on(up.device)] = old_up
             self.generator.set_state(generator_state)
             self.generation, self.eval_seed = counters
             raise

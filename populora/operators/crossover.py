@@ -12,6 +12,14 @@ parents of each child, and returns the children, one ``Factors`` per target:
 - returns ``[Factors(down (c, d_t, r_t), up (c, e_t, r_t))]``, same dtype and device.
 
 Arithmetic runs in float32 (float64 for float64 stacks) and is cast back once.
+
+Targets may sit on different devices (a model spread by ``device_map``):
+the parents, fitnesses and per-child draws that every target shares live on
+the first target's device, and each target reads them on its own
+(:class:`~populora.operators.devices.PerDevice`), so its child stays on its
+device (a target's ``down`` and ``up`` share one). Random draws are made on
+the generator's device as always, in the same order, so the values do not
+depend on where the targets are.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from torch import Tensor
 
 from ..errors import FitnessError, InvalidTypeError, InvalidValueError
 from .base import Factors, check_num_groups, check_number, check_stacks, randint, register_crossover, uniform
+from .devices import PerDevice
 from .linalg import _svd_compute, compute_dtype, effective_rank, rebuild_balanced
 from .shaping import check_real_tensor, clamp_infinities, zscore
 
@@ -33,7 +42,8 @@ def _check(
     """Validate the common arguments.
 
     Returns:
-        ``P``; ``parents`` as int64 on the stacks' device; ``fitnesses`` as a
+        ``P``; ``parents`` as int64 on the first target's device (each target
+        reads them on its own through :class:`PerDevice`); ``fitnesses`` as a
         float ``(P,)`` tensor on that device with infinities clamped to the
         finite extremes (or None).
     """
@@ -58,10 +68,13 @@ def _check(
     return pop, parents.to(device, torch.long), fitnesses
 
 
-def _gather(stack: Factors, ids: Tensor) -> tuple[Tensor, Tensor]:
-    """Parents' factors in the compute dtype: ``ids (c, ...)`` -> ``(c, ..., d, r)``, ``(c, ..., e, r)``."""
+def _gather(stack: Factors, ids: PerDevice) -> tuple[Tensor, Tensor]:
+    """Parents' factors in the compute dtype: ``ids (c, ...)`` -> ``(c, ..., d, r)``, ``(c, ..., e, r)``.
+
+    ``ids`` are read on the stack's device; the result stays there.
+    """
     dtype = compute_dtype(stack.down)
-    return stack.down[ids].to(dtype), stack.up[ids].to(dtype)
+    return stack.down[ids.on(stack.down.device)].to(dtype), stack.up[ids.on(stack.up.device)].to(dtype)
 
 
 def _dare_options(drop_rate: float = 0.7) -> float:
@@ -98,9 +111,10 @@ def average(
         tensor([[[1.]]])
     """
     _, parents, _ = _check(stacks, parents, fitnesses, "average")
+    per = PerDevice(parents)
     out = []
     for stack in stacks:
-        down, up = _gather(stack, parents)  # (c, k, d, r), (c, k, e, r)
+        down, up = _gather(stack, per)  # (c, k, d, r), (c, k, e, r)
         out.append(Factors(down.mean(1).to(stack.down.dtype), up.mean(1).to(stack.up.dtype)))
     return out
 
@@ -124,9 +138,10 @@ def average_delta(
     """
     _, parents, _ = _check(stacks, parents, fitnesses, "average_delta")
     c, k = parents.shape
+    per = PerDevice(parents)
     out = []
     for stack in stacks:
-        down, up = _gather(stack, parents)  # (c, k, d, r), (c, k, e, r)
+        down, up = _gather(stack, per)  # (c, k, d, r), (c, k, e, r)
         d, r, e = down.shape[2], down.shape[3], up.shape[2]
         down_cat = down.permute(0, 2, 1, 3).reshape(c, d, k * r)  # (c, d, k r)
         up_cat = up.permute(0, 2, 1, 3).reshape(c, e, k * r) / k  # (c, e, k r)
@@ -155,10 +170,11 @@ def dare(
     _, parents, _ = _check(stacks, parents, fitnesses, "dare")
     drop_rate = _dare_options(drop_rate)
     keep = 1.0 - drop_rate
+    per = PerDevice(parents)
     out = []
     for stack in stacks:
         child = []
-        for factor in _gather(stack, parents):  # (c, k, n, r)
+        for factor in _gather(stack, per):  # (c, k, n, r)
             mask = uniform(factor.shape, generator=generator, device=factor.device, dtype=factor.dtype)
             child.append(torch.where(mask < keep, factor / keep, 0.0).mean(1).to(stack.down.dtype))
         out.append(Factors(*child))
@@ -179,10 +195,12 @@ def layer_wise(
     """
     _, parents, _ = _check(stacks, parents, fitnesses, "layer_wise")
     c, k = parents.shape
+    per = PerDevice(parents)
     out = []
     for stack in stacks:
-        pick = randint(0, k, (c, 1), generator=generator, device=parents.device)
-        chosen = parents.gather(1, pick).squeeze(1)  # (c,)
+        device = stack.down.device
+        pick = randint(0, k, (c, 1), generator=generator, device=device)
+        chosen = per.on(device).gather(1, pick).squeeze(1)  # (c,)
         out.append(Factors(stack.down[chosen], stack.up[chosen]))
     return out
 
@@ -211,15 +229,17 @@ def svd_subspace(
     """
     _, parents, _ = _check(stacks, parents, fitnesses, "svd_subspace", k=2)
     c = parents.shape[0]
+    first_parent, second_parent = PerDevice(parents[:, 0]), PerDevice(parents[:, 1])
     out = []
     for stack in stacks:
         rank = effective_rank(stack.down, stack.up)
         if rank == 1:
-            out.append(Factors(stack.down[parents[:, 0]], stack.up[parents[:, 0]]))
+            out.append(Factors(stack.down[first_parent.on(stack.down.device)],
+                               stack.up[first_parent.on(stack.up.device)]))
             continue
-        u1, s1, v1 = _svd_compute(*_gather(stack, parents[:, 0]))  # (c, d, r), (c, r), (c, e, r)
-        u2, s2, v2 = _svd_compute(*_gather(stack, parents[:, 1]))
-        split = randint(1, rank, (c, 1), generator=generator, device=parents.device)
+        u1, s1, v1 = _svd_compute(*_gather(stack, first_parent))  # (c, d, r), (c, r), (c, e, r)
+        u2, s2, v2 = _svd_compute(*_gather(stack, second_parent))
+        split = randint(1, rank, (c, 1), generator=generator, device=s1.device)
         first = torch.arange(s1.shape[-1], device=s1.device) < split  # (c, r)
         u = torch.where(first.unsqueeze(1), u1, u2)
         v = torch.where(first.unsqueeze(1), v1, v2)
@@ -263,13 +283,15 @@ def extrapolative(
         better, worse = torch.where(swap, worse, better), torch.where(swap, better, worse)
     dtype = compute_dtype(stacks[0].down)
     eta = uniform((parents.shape[0], 1, 1), generator=generator, device=parents.device, dtype=dtype)
-    eta = eta_min + (eta_max - eta_min) * eta  # (c, 1, 1)
+    eta = PerDevice(eta_min + (eta_max - eta_min) * eta)  # (c, 1, 1), shared by every target
+    better, worse = PerDevice(better), PerDevice(worse)
     out = []
     for stack in stacks:
         child = []
         for factor in (stack.down, stack.up):
-            lo, hi = factor[worse].to(eta.dtype), factor[better].to(eta.dtype)
-            child.append((lo + eta * (hi - lo)).to(factor.dtype))
+            step = eta.on(factor.device)
+            lo, hi = factor[worse.on(factor.device)].to(step.dtype), factor[better.on(factor.device)].to(step.dtype)
+            child.append((lo + step * (hi - lo)).to(factor.dtype))
         out.append(Factors(*child))
     return out
 
@@ -336,10 +358,11 @@ def xes(
     n = weight.sum(1, keepdim=True)  # (c, 1)
     z = zscore(fit[group], 1, mask=counted)  # the uncounted repeat a parent: max |f| is the same
     coef = (weight + eta * z * weight) / n  # (c, 2k): mean plus step
+    group = PerDevice(group)
     out = []
     for stack in stacks:
         down, up = _gather(stack, group)  # (c, 2k, d, r), (c, 2k, e, r)
-        w = coef.to(down.dtype)
+        w = coef.to(down.dtype).to(down.device)  # cast where it was computed, then moved (exact)
         out.append(Factors(
             torch.einsum("cj,cjdr->cdr", w, down).to(stack.down.dtype),
             torch.einsum("cj,cjer->cer", w, up).to(stack.up.dtype),

@@ -37,6 +37,13 @@ their meaning: they re-weight, rotate or drop the adapter's own singular
 components, so they cannot move a zero adapter (it stays zero) and do not use
 ``weight_scales``.
 
+Targets may sit on different devices (a model spread by ``device_map``):
+each target's noise is drawn on the generator's device and moved to that
+target's device, and what the targets share (the choice of targets in
+:func:`layer_selective_gaussian`) is computed on the first target's device
+and read by each target on its own; the values do not depend on where the
+targets are.
+
 Fitness plays no part here (where it appears, higher is better). Factors
 keep their surplus columns (beyond the effective rank ``min(r, d, e)``) at
 zero: noise goes to the effective columns only, and RMS is measured on them.
@@ -203,7 +210,7 @@ def layer_selective_gaussian(
     chosen.scatter_(1, keys.topk(count, dim=1).indices, True)  # (m, T)
     out = []
     for t, ((down, up), w) in enumerate(zip(factors, scales)):
-        rank, hit = effective_rank(down, up), chosen[:, t, None, None]  # (m, 1, 1)
+        rank, hit = effective_rank(down, up), chosen[:, t, None, None].to(down.device)  # (m, 1, 1)
         new = _gaussian(down, up, rank, epsilon, w, generator)
         out.append(Factors(torch.where(hit, new.down, down), torch.where(hit, new.up, up)))
     return out
