@@ -75,6 +75,7 @@ from torch import Tensor, nn
 
 from .checks import check_bool, check_index
 from .errors import RouteError
+from . import router as router_module
 from .router import Adapter, Route, Router, _Origin, gather_budget
 from .rows import (NOT_BATCH_FIRST, _batch_first, _check_range, _expand, _host_ids, _keeps_order, _leaves, _plan,
                    map_tensors, split_rows)
@@ -316,7 +317,7 @@ def _ids_plan(router: Router, ids: np.ndarray, repeats: int, num: int, device: t
         return _ids_plan_eager(router, ids, repeats, num, device, keep)
     if isinstance(ids, Tensor):  # (under torch.compile the request holds the ids as a tensor)
         ids = ids.numpy()
-    key = (ids.dtype, ids.tobytes(), repeats, num, device, keep)
+    key = (ids.dtype, ids.tobytes(), repeats, num, device, keep, router_module.GROUPED_MM)  # (the layout depends on it)
     if router.last_plan is not None and router.last_plan[0] == key:  # same rows as last call (env loops)
         return router.last_plan[1]
     plan = _plan(np.repeat(_check_range(ids, num), repeats), num, device, keep_order=keep)

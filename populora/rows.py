@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError, RouteError
+from . import router
 from .router import Route
 
 __all__ = ["NOT_BATCH_FIRST", "map_tensors", "split_rows"]
@@ -140,6 +141,12 @@ def _check_range(ids: np.ndarray, num: int) -> np.ndarray:
     return ids.astype(np.int64, copy=False)
 
 
+PER_ROW = 4
+"""On CPU, unequal groups averaging at most this many rows per id are routed one row per group (see
+:func:`_plan`; accelerators keep the padded layout, or ``grouped_mm`` where it runs, see
+:data:`populora.router.GROUPED_MM`)."""
+
+
 def _plan(row_ids: np.ndarray, num: int, device: torch.device, keep_order: bool = False,
           ) -> tuple[Route, Tensor | None]:
     """Route for rows owned by ``row_ids`` (any order, each in ``[0, num)``) and the permutation that
@@ -148,6 +155,13 @@ def _plan(row_ids: np.ndarray, num: int, device: torch.device, keep_order: bool 
     n = row_ids.size
     if n == 0:
         return Route(n=0, groups=0, chunk=0), None
+    counts = np.bincount(row_ids)
+    present = counts[counts > 0]
+    if (present.min() != present.max() and n <= PER_ROW * present.size and device.type == "cpu"
+            and router.GROUPED_MM is not True):
+        # a few rows per id, unequal: each row its own group, adapters gathered in input order (no
+        # permutation, no packing: fewer kernels than the padded layout, for about as many gathered adapters)
+        return Route(n=n, groups=n, chunk=1, index=torch.from_numpy(row_ids).to(device, non_blocking=True)), None
     perm = None
     if (row_ids[1:] < row_ids[:-1]).any():
         perm = np.argsort(row_ids, kind="stable")

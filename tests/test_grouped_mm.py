@@ -10,7 +10,13 @@ from torch import nn
 
 import populora.router as router
 from models import TinyTransformer
-from populora import Population
+from populora import Population, rows
+
+
+@pytest.fixture(autouse=True)
+def padded(monkeypatch):
+    """The padded (k c) layout on CPU (not one row per group): the layout grouped_mm replaces."""
+    monkeypatch.setattr(rows, "PER_ROW", 0)
 
 
 @pytest.fixture

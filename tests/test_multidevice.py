@@ -8,14 +8,22 @@ cross-device index op would raise.
 """
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
 from populora import routing
 from populora.router import Adapter, Route, Router, route_on
+from populora import rows
 from populora.rows import _plan
 
 CPU, META = torch.device("cpu"), torch.device("meta")
+
+
+@pytest.fixture(autouse=True)
+def padded(monkeypatch):
+    """The padded (k c) layout (index, dest, ids, offs tensors) unless a test asks for one row per group."""
+    monkeypatch.setattr(rows, "PER_ROW", 0)
 IDS = [3, 0, 0, 4, 3, 3, 1, 0, 3]  # unequal groups (padded chunks: index, dest, ids, offs tensors)
 
 
@@ -93,3 +101,23 @@ def test_routing_across_devices_every_layout():
     assert route.order is not None
     out = router.run(route, adapters, model, (x,))
     assert out.device == META and out.shape == (9, 4)
+
+
+def test_one_row_per_group_across_devices(monkeypatch):
+    """A few rows per id on CPU: each row its own group; the meta target reads the index on its device."""
+    monkeypatch.setattr(rows, "PER_ROW", 4)
+    route, perm = _plan(np.array(IDS), 5, CPU)
+    assert perm is None and route.dest is None and (route.groups, route.chunk) == (9, 1)
+    assert route.index.tolist() == IDS
+    model = Spread()
+    router = Router({"a": model.a, "b": model.b})
+    adapters = spread_adapters()
+    seen = []
+    model.a.register_forward_hook(lambda m, args, out: seen.append(out))
+    x = torch.randn(9, 8)
+    out = routing.routed_call(model, router, adapters, 5, (x,), {}, individuals=IDS)
+    assert out.device == META and out.shape == (9, 4)
+    down, up, _ = adapters[0]
+    expected = torch.stack([model.a(x[j]) + (down[i] @ x[j]) @ up[i] for j, i in enumerate(IDS)])
+    torch.testing.assert_close(seen[0], expected, rtol=1e-5, atol=1e-5)
+    assert router._moved[META][1].index.device == META

@@ -73,10 +73,10 @@ def test_the_forms_are_chosen_by_size():
     assert calls == [((4, 2, 64), (4, 64, 8)), ((4, 8, 64), (4, 64, 8))]
 
 
-def population(P=6, d=8, seed=0):
+def population(P=6, d=8, seed=0, **kw):
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(d, 16), nn.GELU(), nn.Linear(16, 3))
-    return Population(model, pop_size=P, low_rank=2, init_scale=0.5, seed=seed)
+    return Population(model, pop_size=P, low_rank=2, init_scale=0.5, seed=seed, **kw)
 
 
 def general(pop, x, **routing):
@@ -136,3 +136,29 @@ def test_other_calls_still_take_the_general_path():
     assert pop(x, all_individuals=True).shape == (6, 3)
     assert pop(torch.randn(12, 8), all_individuals=True, split=True).shape == (6, 2, 3)
     torch.testing.assert_close(pop(x, all_individuals=True)[2], pop(x, individual=2)[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("keep_order", [False, True])
+def test_one_row_per_group_equals_the_padded_layout(monkeypatch, keep_order):
+    """Unequal groups of a few rows per id route one row per group (no permutation, no packing) on CPU."""
+    from populora import rows
+
+    ids = np.array([3, 0, 0, 4, 3, 3, 1, 0, 3, 5, 5])  # 11 rows, 5 ids: 2.2 rows per id, unequal
+    route, perm = rows._plan(ids, 6, torch.device("cpu"), keep_order=keep_order)
+    assert perm is None and route.dest is None and route.order is None
+    assert (route.groups, route.chunk) == (11, 1) and route.index.tolist() == ids.tolist()
+    many = np.repeat(ids, 3)  # 6.6 rows per id: the padded layout
+    assert rows._plan(many, 6, torch.device("cpu"))[0].dest is not None
+
+    def run(per_row):
+        monkeypatch.setattr(rows, "PER_ROW", per_row)
+        pop = population(requires_grad=True)
+        x = torch.randn(11, 8, generator=torch.Generator().manual_seed(0))
+        out = pop(x, individuals=ids)
+        grads = torch.autograd.grad(out.square().sum(), [p for p in pop.parameters() if p.requires_grad])
+        return out.detach(), grads
+
+    (out, grads), (padded, padded_grads) = run(4), run(0)
+    torch.testing.assert_close(out, padded, rtol=1e-5, atol=1e-6)
+    for a, b in zip(grads, padded_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

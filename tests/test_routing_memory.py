@@ -20,6 +20,7 @@ import numpy as np
 import populora.router as router_module  # the router's _apply reads gather_budget from its own module
 from populora import Population
 from populora.routing import Adapter, Router, gather_budget, routed_call
+from populora import rows
 from populora.rows import _plan
 
 
@@ -79,9 +80,11 @@ def merged_reference(pop, base, x, ids):
     return torch.cat(outs)
 
 
+@pytest.mark.parametrize("per_row", [0, 4])  # the padded (k c) layout; a few rows per id: one row per group
 @pytest.mark.parametrize("kind", ["mlp", "transformer"])
 @pytest.mark.parametrize("budget", [1, 2000])  # one group per block, a few groups per block
-def test_blocked_gather_routes_like_one_block(kind, budget, monkeypatch):
+def test_blocked_gather_routes_like_one_block(kind, budget, per_row, monkeypatch):
+    monkeypatch.setattr(rows, "PER_ROW", per_row)
     torch.manual_seed(0)
     if kind == "mlp":
         model, x = mlp(), torch.randn(12, 6)
@@ -102,7 +105,11 @@ def test_blocked_gather_routes_like_one_block(kind, budget, monkeypatch):
             torch.testing.assert_close(out, merged_reference(pop, base, x, ids), rtol=1e-5, atol=1e-5)
             # rows kept in input order (as with a KV cache): each block gathers its rows through `order`
             route, perm = _plan(np.asarray(ids), 6, torch.device("cpu"), keep_order=True)
-            assert perm is None and route.order is not None
+            if ids == layouts[0] and per_row:  # unequal, 2.4 rows per id: every row its own group, in input order
+                assert perm is None and route.order is None and route.dest is None
+                assert (route.groups, route.chunk) == (12, 1) and route.index.tolist() == ids
+            else:
+                assert perm is None and route.order is not None
             kept = pop._router.run(route, pop.adapters(), pop.model, (x,))
             torch.testing.assert_close(kept, want, rtol=1e-5, atol=1e-6)
 
