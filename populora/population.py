@@ -247,8 +247,8 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
             InvalidIndexError: an id out of ``[0, P)``.
         """
         self._check_alive()
-        if len(args) == 1 and not kwargs and individual is None and broadcast is False and split is False:
-            out = run_single(self._routing_target(), args[0], individuals, all_individuals)
+        if len(args) == 1 and not kwargs and broadcast is False and split is False:
+            out = run_single(self._routing_target(), args[0], individual, individuals, all_individuals)
             if out is not NotImplemented:
                 return out
         return self._route(args, kwargs, individual=individual, individuals=individuals,

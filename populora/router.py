@@ -355,13 +355,16 @@ class Router:
         """``out`` plus each row's delta (in place when the layout allows)."""
         route, adapters, called, origin = state
         called.add(i)
-        if route.__class__ is Route and route.dest is None and route.index is None and x.shape[0] == route.n:
-            adapter = adapters[i]  # the commonest case first, with the fewest checks: every individual,
-            down = adapter.down    # equal groups, one dtype (an env loop pays this per target and timestep)
+        index = route.index if route.__class__ is Route else False  # (a route block's route: below)
+        if (index is None or index.__class__ is slice) and route.dest is None and x.shape[0] == route.n:
+            adapter = adapters[i]  # the commonest cases first, with the fewest checks: every individual or
+            down = adapter.down    # one, equal groups, one dtype (an env loop pays this per target and timestep)
             if (route.n and adapter.bias is None and down.dtype == out.dtype == x.dtype and out.is_contiguous()
                     and type(module) is not nn.Embedding):
-                k = route.groups
-                _add_product(out.view(k, -1, out.shape[-1]), _down(down, x, k), adapter.up)  # += (k, c*.., r) @ (k, r, e)
+                k, up = route.groups, adapter.up
+                if index is not None:
+                    down, up = down[index], up[index]
+                _add_product(out.view(k, -1, out.shape[-1]), _down(down, x, k), up)  # += (k, c*.., r) @ (k, r, e)
                 return out
         if not isinstance(route, Route):  # a route block's route: planned for the row count of this forward
             route = route.resolve(x.shape[0], self.names[i])

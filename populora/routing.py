@@ -262,12 +262,13 @@ def run_route(target: RoutingTarget, request: RouteRequest, args: tuple, kwargs:
     return out
 
 
-def run_single(target: RoutingTarget, x: Tensor, individuals: Any, all_individuals: Any) -> Any:
-    """:func:`run_route` of the commonest call, ``model(x)`` for ONE batch-first tensor routed ``(p b)`` with
-    ``all_individuals=True`` or one id per row with ``individuals=`` (an env loop's per-step forward, the
-    forward of a fitness function), with the general front end's per-call Python work cut: nothing else
-    to parse, to look for or to move. Returns :data:`NotImplemented` when the call is not of that form
-    (the caller then takes the general path, which gives the same result).
+def run_single(target: RoutingTarget, x: Tensor, individual: Any, individuals: Any, all_individuals: Any) -> Any:
+    """:func:`run_route` of the commonest calls, ``model(x)`` for ONE batch-first tensor routed to one
+    ``individual=i`` (a Python int), ``(p b)`` with ``all_individuals=True`` or one id per row with
+    ``individuals=`` (an env loop's per-step forward, the forward of a fitness function), with the general
+    front end's per-call Python work cut: nothing else to parse, to look for or to move. Returns
+    :data:`NotImplemented` when the call is not of that form (the caller then takes the general path,
+    which gives the same result).
     """
     if type(x) is not Tensor or not x.dim() or torch.compiler.is_compiling():
         return NotImplemented
@@ -275,6 +276,12 @@ def run_single(target: RoutingTarget, x: Tensor, individuals: Any, all_individua
     if device is not None and x.device != device:
         return NotImplemented
     n = x.shape[0]
+    if individual is not None:
+        if type(individual) is not int or individuals is not None or all_individuals is not False:
+            return NotImplemented
+        i = check_index("individual", individual, num)
+        return router.run(Route(n=n, groups=1, chunk=n, index=slice(i, i + 1)), adapters, model, (x,), None,
+                          _Origin(n, [x], 1, ""))
     if individuals is None:
         if all_individuals is not True or n < 2 or n % num:
             return NotImplemented

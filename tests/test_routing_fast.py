@@ -95,6 +95,8 @@ def test_single_tensor_calls_equal_the_general_front_end_bitwise(grad):
             assert torch.equal(pop(x, individuals=ids_np), general(pop, x, individuals=ids_np))
             ids_t = torch.from_numpy(ids_np)
             assert torch.equal(pop(x, individuals=ids_t), general(pop, x, individuals=ids_t))
+            assert torch.equal(pop(x, individual=3), general(pop, x, individual=3))
+            assert torch.equal(pop(x, individual=np.int64(3)), general(pop, x, individual=3))  # (general path)
             assert torch.equal(pop(x[:6], individuals=np.sort(ids_np[:6])),
                                general(pop, x[:6], individuals=np.sort(ids_np[:6])))
     # the rows really are routed: row j of the fast call is individual ids[j]'s output
@@ -117,6 +119,10 @@ def test_single_tensor_calls_after_the_adapters_change():
 def test_single_tensor_calls_refuse_bad_ids_as_the_general_path_does():
     pop = population()
     x = torch.randn(4, 8)
+    with pytest.raises(InvalidIndexError, match="individual"):
+        pop(x, individual=6)
+    with pytest.raises(InvalidIndexError, match="individual"):
+        pop(x, individual=-1)
     with pytest.raises(InvalidIndexError, match="id 6, out of range"):
         pop(x, individuals=np.array([0, 1, 6, 2]))
     with pytest.raises(InvalidIndexError, match="id -1, out of range"):
