@@ -430,7 +430,8 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
         a deterministic function of the seed and the calls made.
         """
         super()._apply(fn, recurse)
-        device = self._stacks()[0][0].device
+        devices = {down.device for down in self._stacks()[0]}
+        device = devices.pop() if len(devices) == 1 else self.device  # (spread over devices: it stays)
         if device != self.device:
             seed = int(torch.randint(2**62, (1,), generator=self.generator, device=self.device))
             self.generator = torch.Generator(device=device).manual_seed(seed)

@@ -297,3 +297,12 @@ def test_mutation_operator_keeps_each_target_on_its_device(name):
     for t in (0, 2):
         assert torch.equal(out[t].down, expected[t].down) and torch.equal(out[t].up, expected[t].up)
     assert torch.equal(g1.get_state(), g2.get_state())
+
+
+def test_a_dtype_change_keeps_the_device_and_generator_of_a_spread_population():
+    """``.double()`` moves no stack across devices: the population keeps its device and is not reseeded."""
+    spread, twin = pair()
+    state = spread.generator.get_state().clone()
+    spread.double()
+    assert spread.device == CPU and torch.equal(spread.generator.get_state(), state)
+    assert spread._downs[0].dtype == torch.float64 and spread._downs[SPREAD].device == META
