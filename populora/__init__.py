@@ -40,7 +40,7 @@ from .matchmaking import Ratings
 from .optim import ClipUp
 from .selfplay import SelfPlay
 
-__version__ = "0.3.0"
+__version__ = "0.3.1"
 
 __all__ = [
     "CheckpointError",

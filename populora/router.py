@@ -355,7 +355,9 @@ class Router:
         """``out`` plus each row's delta (in place when the layout allows)."""
         route, adapters, called, origin = state
         called.add(i)
-        index = route.index if route.__class__ is Route else False  # (a route block's route: below)
+        if route.__class__ is not Route:  # a route block's route: planned for the row count of this forward
+            route = route.resolve(x.shape[0], self.names[i])
+        index = route.index
         if (index is None or index.__class__ is slice) and route.dest is None and x.shape[0] == route.n:
             adapter = adapters[i]  # the commonest cases first, with the fewest checks: every individual or
             down = adapter.down    # one, equal groups, one dtype (an env loop pays this per target and timestep)
@@ -366,8 +368,6 @@ class Router:
                     down, up = down[index], up[index]
                 _add_product(out.view(k, -1, out.shape[-1]), _down(down, x, k), up)  # += (k, c*.., r) @ (k, r, e)
                 return out
-        if not isinstance(route, Route):  # a route block's route: planned for the row count of this forward
-            route = route.resolve(x.shape[0], self.names[i])
         if x.shape[0] != route.n:
             raise RouteError(
                 f"target {self.names[i]!r} received {x.shape[0]} rows but this routed forward has "
