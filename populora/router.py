@@ -158,9 +158,14 @@ def _rows_down(x: Tensor, module: nn.Module, adapter: Adapter, index: Index, k: 
 
 _UNBLOCKED = 400
 """ATen's CPU ``bmm`` runs a product of fewer than this many multiply-adds per batch entry (``m * n * k``) in
-a plain scalar loop, several times slower than a broadcast multiply of the same values (measured: 16x at
-256 groups of one row, rank 1): such products are written as one."""
+a plain scalar loop: about 1 ns per multiply-add for ``down`` (``x @ down.T``) and 5 ns for ``up`` here,
+against a broadcast multiply's fixed 3-15 us. Such products are written as broadcast multiplies when
+they hold at least :data:`_BROADCAST` multiply-adds in all (measured: 327 us -> 9.5 us at 256 groups of
+one row, rank 1, e = 256), and left to ``bmm`` below (a one-row env policy: 3 us against 11 us)."""
 
+_BROADCAST = (16384, 8192)
+"""Multiply-adds, over every group, above which a product below :data:`_UNBLOCKED` per group is a broadcast
+multiply: ``(down, up)``."""
 
 _FEW_ROWS = 4
 """Groups of at most this many rows (tokens) project as ``x @ down.T``, larger ones as ``down @ x.T`` (see
@@ -172,26 +177,32 @@ def _down(down: Tensor, x: Tensor, k: int) -> Tensor:
 
     Three forms of the same product, by the size of each group's part:
 
-    - fewer than :data:`_UNBLOCKED` multiply-adds: a broadcast multiply and sum (see there);
+    - a product ATen would loop over unblocked, large in all: a broadcast multiply and sum (:data:`_UNBLOCKED`);
     - at most :data:`_FEW_ROWS` rows (tokens) per group (one decode step, an env step): ``x @ down.T``;
     - more rows: ``(k, r, d) @ (k, d, c*..)`` with ``r`` on the rows, 2-5x faster for these skinny
       products (a prefill, a batch per individual); the transposed view feeds ``baddbmm`` as is.
     """
     xs = x.reshape(k, -1, x.shape[-1])  # (k, t, d)
     t, r = xs.shape[1], down.shape[1]
-    if t * r * xs.shape[2] < _UNBLOCKED and xs.device.type == "cpu":
+    macs = t * r * xs.shape[2]
+    if macs < _UNBLOCKED and k * macs >= _BROADCAST[0] and xs.device.type == "cpu":
         return (xs.unsqueeze(2) * down.unsqueeze(1)).sum(-1)  # (k, t, 1, d) * (k, 1, r, d) -> (k, t, r)
     if t <= _FEW_ROWS:
         return torch.bmm(xs, down.transpose(1, 2))
     return torch.bmm(down, xs.transpose(1, 2)).transpose(1, 2)
 
 
+def _broadcast_up(h: Tensor, up: Tensor) -> bool:
+    """Whether ``h (k, t, r) @ up (k, r, e)`` is a broadcast multiply (see :data:`_UNBLOCKED`)."""
+    macs = h.shape[1] * h.shape[2] * up.shape[2]
+    return (macs < _UNBLOCKED and h.device.type == "cpu"
+            and (h.shape[2] == 1 or h.shape[0] * macs >= _BROADCAST[1]))
+
+
 def _add_product(out: Tensor, h: Tensor, up: Tensor) -> Tensor:
-    """``out (k, t, e) += h (k, t, r) @ up (k, r, e)`` in place (a broadcast multiply for products ATen loops over
-    unblocked, :data:`_UNBLOCKED`); returns ``out``."""
-    t, r, e = h.shape[1], h.shape[2], up.shape[2]
-    if t * r * e < _UNBLOCKED and out.device.type == "cpu":
-        if r == 1:
+    """``out (k, t, e) += h (k, t, r) @ up (k, r, e)`` in place; returns ``out``."""
+    if _broadcast_up(h, up):
+        if h.shape[2] == 1:
             return out.addcmul_(h, up)  # (k, t, 1) * (k, 1, e)
         return out.add_((h.unsqueeze(-1) * up.unsqueeze(1)).sum(2))  # (k, t, r, 1) * (k, 1, r, e)
     return out.baddbmm_(h, up)
@@ -199,9 +210,8 @@ def _add_product(out: Tensor, h: Tensor, up: Tensor) -> Tensor:
 
 def _product(h: Tensor, up: Tensor) -> Tensor:
     """``h (k, t, r) @ up (k, r, e)`` as a new tensor (the same forms as :func:`_add_product`)."""
-    t, r, e = h.shape[1], h.shape[2], up.shape[2]
-    if t * r * e < _UNBLOCKED and h.device.type == "cpu":
-        return h * up if r == 1 else (h.unsqueeze(-1) * up.unsqueeze(1)).sum(2)
+    if _broadcast_up(h, up):
+        return h * up if h.shape[2] == 1 else (h.unsqueeze(-1) * up.unsqueeze(1)).sum(2)
     return torch.bmm(h, up)
 
 

@@ -19,11 +19,13 @@ from populora.errors import InvalidIndexError, InvalidTypeError, RouteError
 
 # (k groups, t rows per group, d, r, e): every form of both products
 SHAPES = [
-    (16, 1, 4, 1, 16),    # both products below the unblocked size: broadcast multiplies (r = 1: addcmul)
-    (8, 1, 8, 2, 12),     # r = 2 below the size: multiply and sum
-    (16, 1, 256, 1, 256),  # down above (a few rows: x @ down.T), up below
-    (4, 3, 64, 4, 64),    # a few rows, both blocked
-    (4, 9, 32, 3, 40),    # more rows: down @ x.T
+    (16, 1, 4, 1, 16),     # tiny in all: bmm's own loop for down, addcmul for a rank-1 up
+    (256, 1, 64, 1, 64),   # down below the unblocked size per group, large in all: broadcast multiply
+    (64, 1, 16, 4, 64),    # up below the size per group, large in all, r > 1: multiply and sum
+    (8, 1, 8, 2, 12),      # small in all: bmm for both
+    (16, 1, 256, 1, 256),  # down above the size (a few rows: x @ down.T), rank-1 up: addcmul
+    (4, 3, 64, 4, 64),     # a few rows, both blocked
+    (4, 9, 32, 3, 40),     # more rows: down @ x.T
 ]
 
 
@@ -53,7 +55,7 @@ def test_every_product_form_equals_the_float64_product(k, t, d, r, e):
 
 
 def test_the_forms_are_chosen_by_size():
-    """Below ATen's unblocked size no bmm runs (it would loop scalars per group)."""
+    """A product ATen would loop over unblocked runs as a broadcast multiply when it is large in all."""
     calls = []
     real = torch.bmm
 
@@ -61,16 +63,17 @@ def test_the_forms_are_chosen_by_size():
         calls.append(tuple(a.shape for a in args))
         return real(*args, **kwargs)
 
-    x, down, up = torch.randn(16, 4), torch.randn(16, 1, 4), torch.randn(16, 1, 16)
     torch.bmm = spy
     try:
-        router._add_product(torch.zeros(16, 1, 16), router._down(down, x, 16), up)
+        x, down, up = torch.randn(256, 64), torch.randn(256, 1, 64), torch.randn(256, 1, 64)
+        router._add_product(torch.zeros(256, 1, 64), router._down(down, x, 256), up)  # 16384 each: no bmm
         assert calls == []
+        router._down(torch.randn(16, 4, 4), torch.randn(16, 4), 16)  # 256 in all: bmm's loop is cheaper
         router._down(torch.randn(4, 8, 64), torch.randn(4 * 2, 64), 4)  # 2 rows per group: x @ down.T
         router._down(torch.randn(4, 8, 64), torch.randn(4 * 8, 64), 4)  # 8 rows: down @ x.T
     finally:
         torch.bmm = real
-    assert calls == [((4, 2, 64), (4, 64, 8)), ((4, 8, 64), (4, 64, 8))]
+    assert calls == [((16, 1, 4), (16, 4, 4)), ((4, 2, 64), (4, 64, 8)), ((4, 8, 64), (4, 64, 8))]
 
 
 def population(P=6, d=8, seed=0, **kw):
