@@ -252,9 +252,8 @@ def run_route(target: RoutingTarget, request: RouteRequest, args: tuple, kwargs:
                            "above count the repeated rows")
         raise
     n = route.n
-    if perm is not None:  # (an output may sit on another device than the inputs: a model spread by device_map)
-        out = map_tensors(out, lambda t: torch.empty_like(t).index_copy_(
-            0, perm if perm.device == t.device else perm.to(t.device), t) if t.dim() and t.shape[0] == n else t)
+    if perm is not None:
+        out = _unpermute(out, perm, n)
     if request.split and individual is None:
         m = num if all_individuals else len(ids)
         b = n // m if m else (n_in if times > 1 else 0)
@@ -285,11 +284,7 @@ def run_single(target: RoutingTarget, x: Tensor, individual: Any, individuals: A
     if individuals is None:
         if all_individuals is not True or n < 2 or n % num:
             return NotImplemented
-        routes = router.__dict__.setdefault("_single", {})  # rows -> its (p b) route: routes are immutable
-        route = routes.get((n, num))
-        if route is None:
-            route = routes[(n, num)] = Route(n=n, groups=num, chunk=n // num)
-        return router.run(route, adapters, model, (x,), None, _Origin(n, [x], 1, ""))
+        return router.run(Route(n=n, groups=num, chunk=n // num), adapters, model, (x,), None, _Origin(n, [x], 1, ""))
     if all_individuals is not False or n < 2 or not isinstance(individuals, (np.ndarray, Tensor)) or \
             individuals.ndim != 1 or individuals.shape[0] != n:
         return NotImplemented
@@ -298,10 +293,14 @@ def run_single(target: RoutingTarget, x: Tensor, individual: Any, individuals: A
     if perm is not None:
         x = x.index_select(0, perm)
     out = router.run(route, adapters, model, (x,), None, _Origin(n, [x], 1, ""))
-    if perm is not None:
-        out = map_tensors(out, lambda t: torch.empty_like(t).index_copy_(
-            0, perm if perm.device == t.device else perm.to(t.device), t) if t.dim() and t.shape[0] == n else t)
-    return out
+    return out if perm is None else _unpermute(out, perm, n)
+
+
+def _unpermute(out: Any, perm: Tensor, n: int) -> Any:
+    """Every tensor output of ``n`` rows back in input order: row ``perm[j]`` gets the ``j``-th row."""
+    # (an output may sit on another device than the inputs: a model spread by device_map)
+    return map_tensors(out, lambda t: torch.empty_like(t).index_copy_(
+        0, perm if perm.device == t.device else perm.to(t.device), t) if t.dim() and t.shape[0] == n else t)
 
 
 @torch.compiler.disable

@@ -93,7 +93,7 @@ def test_single_tensor_calls_equal_the_general_front_end_bitwise(grad):
     x = torch.randn(12, 8)
     ids_np = np.array([5, 0, 3, 3, 1, 2, 0, 4, 5, 1, 2, 4])
     with torch.set_grad_enabled(grad):
-        for _ in range(2):  # the second call reuses the cached route / plan
+        for _ in range(2):  # the second call reuses the cached plan of the ids
             assert torch.equal(pop(x, all_individuals=True), general(pop, x, all_individuals=True))
             assert torch.equal(pop(x, individuals=ids_np), general(pop, x, individuals=ids_np))
             ids_t = torch.from_numpy(ids_np)
@@ -113,7 +113,7 @@ def test_single_tensor_calls_after_the_adapters_change():
     x = torch.randn(6, 8)
     before = pop(x, all_individuals=True).clone()
     with torch.no_grad():
-        pop.factors()[0].up.add_(1.0)  # in place: the cached route must not cache values
+        pop.factors()[0].up.add_(1.0)  # in place: the cached plan must not cache values
     after = pop(x, all_individuals=True)
     assert not torch.equal(before, after)
     assert torch.equal(after, general(pop, x, all_individuals=True))
