@@ -247,11 +247,12 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
             InvalidIndexError: an id out of ``[0, P)``.
         """
         self._check_alive()
+        target = self._routing_target()
         if len(args) == 1 and not kwargs and broadcast is False and split is False:
-            out = run_single(self._routing_target(), args[0], individual, individuals, all_individuals)
+            out = run_single(target, args[0], individual, individuals, all_individuals)
             if out is not NotImplemented:
                 return out
-        return self._route(args, kwargs, individual=individual, individuals=individuals,
+        return self._route(args, kwargs, target=target, individual=individual, individuals=individuals,
                            all_individuals=all_individuals, broadcast=broadcast, split=split)
 
     def _routing_target(self) -> RoutingTarget:

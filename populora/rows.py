@@ -155,8 +155,8 @@ def _plan(row_ids: np.ndarray, num: int, device: torch.device, keep_order: bool 
     n = row_ids.size
     if n == 0:
         return Route(n=0, groups=0, chunk=0), None
-    counts = np.bincount(row_ids)
-    present = counts[counts > 0]
+    per_id = np.bincount(row_ids)
+    present = per_id[per_id > 0]  # rows of each id present
     if (present.min() != present.max() and n <= PER_ROW * present.size and device.type == "cpu"
             and router.GROUPED_MM is not True):
         # a few rows per id, unequal: each row its own group, adapters gathered in input order (no

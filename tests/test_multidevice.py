@@ -70,19 +70,25 @@ def spread_adapters(P=5, r=2):
     return a, b
 
 
-def test_routing_across_devices_values_on_the_first_device():
+def route_spread(ids) -> Router:
+    """Route 9 rows through :class:`Spread` by ``ids``; check the meta output's shape and the cpu target's
+    values (row ``j`` through individual ``ids[j]``: its output must be in input order). Returns the router."""
     model = Spread()
     router = Router({"a": model.a, "b": model.b})
     adapters = spread_adapters()
     seen = []
     model.a.register_forward_hook(lambda m, args, out: seen.append(out))
     x = torch.randn(9, 8)
-    ids = sorted(IDS)  # sorted: the rows are not permuted, so `a`'s output is in input order
     out = routing.routed_call(model, router, adapters, 5, (x,), {}, individuals=ids)
     assert out.device == META and out.shape == (9, 4)
     down, up, _ = adapters[0]
     expected = torch.stack([model.a(x[j]) + (down[i] @ x[j]) @ up[i] for j, i in enumerate(ids)])
     torch.testing.assert_close(seen[0], expected, rtol=1e-5, atol=1e-5)
+    return router
+
+
+def test_routing_across_devices_values_on_the_first_device():
+    router = route_spread(sorted(IDS))  # sorted: the rows are not permuted, so `a`'s output is in input order
     assert set(router._moved) == {META}  # the cpu target used the route as planned, the meta one a copy
 
 
@@ -109,15 +115,5 @@ def test_one_row_per_group_across_devices(monkeypatch):
     route, perm = _plan(np.array(IDS), 5, CPU)
     assert perm is None and route.dest is None and (route.groups, route.chunk) == (9, 1)
     assert route.index.tolist() == IDS
-    model = Spread()
-    router = Router({"a": model.a, "b": model.b})
-    adapters = spread_adapters()
-    seen = []
-    model.a.register_forward_hook(lambda m, args, out: seen.append(out))
-    x = torch.randn(9, 8)
-    out = routing.routed_call(model, router, adapters, 5, (x,), {}, individuals=IDS)
-    assert out.device == META and out.shape == (9, 4)
-    down, up, _ = adapters[0]
-    expected = torch.stack([model.a(x[j]) + (down[i] @ x[j]) @ up[i] for j, i in enumerate(IDS)])
-    torch.testing.assert_close(seen[0], expected, rtol=1e-5, atol=1e-5)
+    router = route_spread(IDS)  # one row per group: no permutation, `a`'s output is in input order
     assert router._moved[META][1].index.device == META
