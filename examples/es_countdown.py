@@ -59,8 +59,7 @@ from typing import Any
 import torch
 
 from populora import EggrollES
-from populora.llm.reasoning import (ES_AT_SCALE, block_weights, es_at_scale_lr, generate_replies, group_normalize,
-                                    problem_prompts, verifier_rewards)
+from populora.llm.reasoning import ES_AT_SCALE, block_weights, es_at_scale_lr, generate_replies, group_normalize, problem_prompts, verifier_rewards
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "outputs" / "es_countdown"  # git-ignored
 SEEDS = {"heldout": 20_261_201, "validation": 7_000_003, "train": 11}  # three disjoint streams

@@ -1,44 +1,18 @@
 """populora: a population of LoRA-adapted networks that costs about as much as one network."""
 
-from .distributed import is_distributed, is_main_rank, local_device, process_rank, rank, world_size
-from .es import (
-    EggrollES,
-    ESStats,
-    TorchEggrollES,
-    compute_es_gradient,
-    generate_lora_noise,
-    generate_noise_for_shapes,
-    generate_standard_noise,
-)
-from .errors import (
-    CheckpointError,
-    ConfigMismatchError,
-    ESStateError,
-    FitnessError,
-    InvalidIndexError,
-    InvalidTypeError,
-    InvalidValueError,
-    PopuloraError,
-    RouteError,
-    SpentPopulationError,
-    TargetNotFoundError,
-)
-from .operators import (
-    Factors,
-    register_crossover,
-    register_mutation,
-    register_parent_selection,
-    register_selection,
-)
-from .population import Population, SelectionResult
-from .stats import GenerationStats
-from .interact import EnvInteractor, EnvStepError, EvolveResult, GenerationInfo, evolve_with_env, interact_with_env
-from .coevolve import Coevolve
-from .hall_of_fame import HallOfFame
-from .plotting import plot_history
-from .matchmaking import Ratings
-from .optim import ClipUp
-from .selfplay import SelfPlay
+from populora.distributed import is_distributed, is_main_rank, local_device, process_rank, rank, world_size
+from populora.es import EggrollES, ESStats, TorchEggrollES, compute_es_gradient, generate_lora_noise, generate_noise_for_shapes, generate_standard_noise
+from populora.errors import CheckpointError, ConfigMismatchError, ESStateError, FitnessError, InvalidIndexError, InvalidTypeError, InvalidValueError, PopuloraError, RouteError, SpentPopulationError, TargetNotFoundError
+from populora.operators import Factors, register_crossover, register_mutation, register_parent_selection, register_selection
+from populora.population.population import Population, SelectionResult
+from populora.stats import GenerationStats
+from populora.interact import EnvInteractor, EnvStepError, EvolveResult, GenerationInfo, evolve_with_env, interact_with_env
+from populora.coevolve.coevolve import Coevolve
+from populora.coevolve.hall_of_fame import HallOfFame
+from populora.plotting import plot_history
+from populora.ratings import Ratings
+from populora.optim import ClipUp
+from populora.selfplay.selfplay import SelfPlay
 
 __version__ = "0.3.1"
 

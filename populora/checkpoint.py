@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .errors import CheckpointError
+from populora.errors import CheckpointError
 
 __all__ = ["atomic_save", "atomic_save_safetensors", "is_safetensors_file", "load_checkpoint",
            "load_safetensors_checkpoint"]

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError
+from populora.errors import InvalidIndexError, InvalidTypeError, InvalidValueError
 
 __all__ = ["check_bool", "check_float", "check_index", "check_int", "check_one_of", "check_seed", "is_int", "is_real"]
 

@@ -31,8 +31,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from .checks import check_float
-from .errors import InvalidValueError
+from populora.checks import check_float
+from populora.errors import InvalidValueError
 
 __all__ = ["ClipUp"]
 

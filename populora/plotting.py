@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import InvalidTypeError, InvalidValueError
+from populora.errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["plot_history"]
 

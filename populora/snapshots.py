@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import atomic_save, load_checkpoint
-from .population_state import naming
+from populora.checkpoint import atomic_save, load_checkpoint
+from populora.population.checkpointing import naming
 
 __all__: list[str] = []
 

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import InvalidTypeError, TargetNotFoundError
+from populora.errors import InvalidTypeError, TargetNotFoundError
 
 SUPPORTED = (nn.Linear, nn.Embedding)
 

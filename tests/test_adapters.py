@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 import populora
-from populora import adapters, operators, routing
+from populora import adapters, operators
+from populora.routing import front as routing
 from populora.adapters import Adapter, Factors, to_adapter, to_factors, weight_adapter
 
 

@@ -23,7 +23,7 @@ from torch import nn
 
 from ranks import init_gloo, save, spawn
 from populora import CheckpointError, Coevolve, FitnessError, HallOfFame, Population
-from populora.hall_of_fame import Champion
+from populora.coevolve.hall_of_fame import Champion
 from populora.stats import GenerationStats
 
 REPO = Path(__file__).resolve().parents[1]

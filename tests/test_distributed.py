@@ -375,7 +375,7 @@ def test_init_from_env_under_torchrun(tmp_path):
 
 def test_split_modules_reexported_and_one_comm_device():
     """populora.distributed keeps every public name; the split modules are the same objects."""
-    from populora import broadcasts, process_group
+    from populora.distributed import broadcasts, process_group
 
     for name in pd.__all__:
         assert hasattr(pd, name), name

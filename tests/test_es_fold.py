@@ -14,7 +14,7 @@ from torch import nn
 import populora.es.members as members_module
 from populora import EggrollES
 from populora.es.fold import folded_apply, folded_stack
-from populora.router import Route
+from populora.routing.router import Route
 
 
 @pytest.fixture(autouse=True)

@@ -12,13 +12,7 @@ import torch
 from torch import nn
 
 import populora
-from populora import (
-    TorchEggrollES,
-    compute_es_gradient,
-    generate_lora_noise,
-    generate_noise_for_shapes,
-    generate_standard_noise,
-)
+from populora import TorchEggrollES, compute_es_gradient, generate_lora_noise, generate_noise_for_shapes, generate_standard_noise
 
 
 

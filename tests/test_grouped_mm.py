@@ -8,9 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-import populora.router as router
+import populora.routing.router as router
 from models import TinyTransformer
-from populora import Population, rows
+from populora import Population
+from populora.routing import rows
 
 
 @pytest.fixture(autouse=True)
@@ -133,7 +134,7 @@ def test_grouped_mm_default_is_off_on_cpu(monkeypatch, calls):
 
 
 def test_route_carries_group_offsets():
-    from populora.rows import _plan
+    from populora.routing.rows import _plan
     import numpy as np
 
     route, perm = _plan(UNEQUAL.numpy(), 5, torch.device("cpu"))

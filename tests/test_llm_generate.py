@@ -1,4 +1,4 @@
-"""Routed generation (populora.llm.route / populora.llm.generate): route() blocks, pop.generate, KV caches.
+"""Routed generation (populora.routing.block / populora.routing.generate): route() blocks, pop.generate, KV caches.
 
 Routed tokens are compared with each individual's merged weights run on the SAME full batch (identical
 shapes: a tiny random model has flat logits, and other row counts pick other BLAS kernels, which flips
@@ -73,7 +73,7 @@ GREEDY = dict(max_new_tokens=6, do_sample=False, pad_token_id=PAD)
 # ---------------------------------------------------------------------------------------------- generate
 
 def test_import_populora_and_populora_llm_imports_no_transformers():
-    code = ("import populora, populora.llm, populora.llm.route, populora.llm.generate, sys; "
+    code = ("import populora, populora.llm, populora.routing.block, populora.routing.generate, sys; "
             "bad = [m for m in ('transformers', 'peft', 'safetensors', 'gguf') if m in sys.modules]; "
             "assert not bad, bad")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -24,13 +24,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from populora import Population  # noqa: E402
-from populora.errors import (  # noqa: E402
-    CheckpointError,
-    InvalidIndexError,
-    InvalidTypeError,
-    InvalidValueError,
-    SpentPopulationError,
-)
+from populora.errors import CheckpointError, InvalidIndexError, InvalidTypeError, InvalidValueError, SpentPopulationError
 from populora.llm import load_peft_, to_peft  # noqa: E402
 
 ATTN = ["model.layers.*.self_attn.q_proj", "model.layers.*.self_attn.v_proj"]

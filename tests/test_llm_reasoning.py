@@ -27,9 +27,7 @@ tokenizers = pytest.importorskip("tokenizers")
 
 from populora import EggrollES  # noqa: E402
 from populora.errors import FitnessError, InvalidTypeError, InvalidValueError  # noqa: E402
-from populora.llm.reasoning import (ES_AT_SCALE, block_weights, encode_prompts, es_at_scale_lr,  # noqa: E402
-                                    generate_replies, group_normalize, verifier_accuracy, verifier_rewards,
-                                    verifier_step)
+from populora.llm.reasoning import ES_AT_SCALE, block_weights, encode_prompts, es_at_scale_lr, generate_replies, group_normalize, verifier_accuracy, verifier_rewards, verifier_step
 
 ROOT = Path(__file__).resolve().parents[1]
 CHARS = string.digits + string.ascii_letters + " +-*/=?.,:<>|'()[]!\n"

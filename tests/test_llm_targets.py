@@ -192,7 +192,7 @@ def _spread():
 
 
 def test_placement_of_a_spread_model():
-    from populora.placement import model_devices, place
+    from populora.population.placement import model_devices, place
 
     model = _spread()
     assert model_devices(model) == [torch.device("cpu"), torch.device("meta")]

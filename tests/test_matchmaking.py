@@ -12,7 +12,7 @@ pytest.importorskip("openskill")
 from populora import Population  # noqa: E402
 from populora.checkpoint import atomic_save, load_checkpoint  # noqa: E402
 from populora.errors import CheckpointError, InvalidIndexError, InvalidTypeError, InvalidValueError  # noqa: E402
-from populora.matchmaking import MODELS, Ratings  # noqa: E402
+from populora.ratings import MODELS, Ratings  # noqa: E402
 from populora.operators.selection import SelectionResult  # noqa: E402
 
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch import nn
 
-from populora import routing
-from populora.router import Adapter, Route, Router, route_on
-from populora import rows
-from populora.rows import _plan
+from populora.routing import front as routing
+from populora.routing.router import Adapter, Route, Router, route_on
+from populora.routing import rows
+from populora.routing.rows import _plan
 
 CPU, META = torch.device("cpu"), torch.device("meta")
 

@@ -12,14 +12,7 @@ matplotlib.use("Agg")
 
 from matplotlib import pyplot as plt  # noqa: E402 - after choosing the Agg backend
 
-from populora import (  # noqa: E402
-    EggrollES,
-    GenerationStats,
-    InvalidTypeError,
-    InvalidValueError,
-    Population,
-    plot_history,
-)
+from populora import EggrollES, GenerationStats, InvalidTypeError, InvalidValueError, Population, plot_history
 
 
 @pytest.fixture(autouse=True)

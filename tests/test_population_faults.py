@@ -15,13 +15,7 @@ from torch import nn
 
 from populora import HallOfFame, Population, register_mutation
 from populora.checkpoint import atomic_save
-from populora.errors import (
-    CheckpointError,
-    InvalidIndexError,
-    InvalidTypeError,
-    InvalidValueError,
-    PopuloraError,
-)
+from populora.errors import CheckpointError, InvalidIndexError, InvalidTypeError, InvalidValueError, PopuloraError
 from populora.operators import MUTATIONS
 
 

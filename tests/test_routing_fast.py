@@ -13,7 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from populora import Population, router
+from populora import Population
+from populora.routing import router
 from populora.errors import InvalidIndexError, InvalidTypeError, RouteError
 
 
@@ -150,7 +151,7 @@ def test_other_calls_still_take_the_general_path():
 @pytest.mark.parametrize("keep_order", [False, True])
 def test_one_row_per_group_equals_the_padded_layout(monkeypatch, keep_order):
     """Unequal groups of a few rows per id route one row per group (no permutation, no packing) on CPU."""
-    from populora import rows
+    from populora.routing import rows
 
     ids = np.array([3, 0, 0, 4, 3, 3, 1, 0, 3, 5, 5])  # 11 rows, 5 ids: 2.2 rows per id, unequal
     route, perm = rows._plan(ids, 6, torch.device("cpu"), keep_order=keep_order)

@@ -4,10 +4,10 @@ import pytest
 import torch
 from torch import nn
 
-import populora.routing as routing
+import populora.routing.front as routing
 from populora import EggrollES, Population
 from populora.errors import InvalidIndexError, InvalidTypeError, RouteError
-from populora.routing import RoutedModel, parse_route
+from populora.routing.front import RoutedModel, parse_route
 
 
 def mlp():

@@ -17,11 +17,11 @@ from torch._C._profiler import _EventType
 
 import numpy as np
 
-import populora.router as router_module  # the router's _apply reads gather_budget from its own module
+import populora.routing.router as router_module  # the router's _apply reads gather_budget from its own module
 from populora import Population
-from populora.routing import Adapter, Router, gather_budget, routed_call
-from populora import rows
-from populora.rows import _plan
+from populora.routing.front import Adapter, Router, gather_budget, routed_call
+from populora.routing import rows
+from populora.routing.rows import _plan
 
 
 def allocations(fn) -> tuple[int, int]:

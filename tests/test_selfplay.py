@@ -19,10 +19,10 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from populora import Population  # noqa: E402
 from populora.llm import char_tokenizer  # noqa: E402
 from populora.errors import CheckpointError, InvalidTypeError, InvalidValueError  # noqa: E402
-from populora.matchmaking import Ratings  # noqa: E402
-from populora.selfplay import SelfPlay  # noqa: E402
-from populora.selfplay_fitness import match_scores, selfplay_fitnesses  # noqa: E402
-from populora.selfplay_pg import advantages, policy_gradient_step_  # noqa: E402
+from populora.ratings import Ratings  # noqa: E402
+from populora.selfplay.selfplay import SelfPlay  # noqa: E402
+from populora.selfplay.rewards import match_scores, selfplay_fitnesses  # noqa: E402
+from populora.selfplay.pg import advantages, policy_gradient_step_  # noqa: E402
 from populora.tasks import Problem, Task  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

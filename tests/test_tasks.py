@@ -9,9 +9,7 @@ from fractions import Fraction
 import pytest
 
 from populora.errors import InvalidTypeError, InvalidValueError, PopuloraError
-from populora.tasks import (
-    find_ints, last_expression, parse_expression, parse_int, parse_int_list, proposal_segments, safe_eval,
-)
+from populora.tasks import find_ints, last_expression, parse_expression, parse_int, parse_int_list, proposal_segments, safe_eval
 from populora.tasks.parsing import MAX_PROPOSAL_CHARS
 
 

@@ -10,10 +10,7 @@ import pytest
 import torch
 
 from populora.errors import InvalidTypeError, InvalidValueError
-from populora.tasks import (
-    Arithmetic, Comparison, Countdown, LinearEquation, Mixture, Problem, ReasoningGymTask, Sorting, Successor, Task,
-    check_replies, parse_expression,
-)
+from populora.tasks import Arithmetic, Comparison, Countdown, LinearEquation, Mixture, Problem, ReasoningGymTask, Sorting, Successor, Task, check_replies, parse_expression
 from populora.tasks.parsing import MAX_PROPOSAL_CHARS
 
 ALL_LEVELS = (

@@ -17,8 +17,7 @@ from torch import nn
 
 from populora import GenerationStats, evolve_with_env, interact_with_env
 from populora.errors import InvalidValueError
-from populora.interact.schedule import (REPORTING_STREAM, VALIDATION_STREAM, episode_seeds, stream_seeds,
-                                        training_seeds)
+from populora.interact.schedule import REPORTING_STREAM, VALIDATION_STREAM, episode_seeds, stream_seeds, training_seeds
 
 POP, SEED = 8, 3
 

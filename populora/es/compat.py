@@ -20,12 +20,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..checkpoint import atomic_save, load_checkpoint
-from ..checks import check_bool, check_float
-from ..errors import CheckpointError
-from .core import EggrollES
-from .members import ESStateError
-from .params import call_filter
+from populora.checkpoint import atomic_save, load_checkpoint
+from populora.checks import check_bool, check_float
+from populora.errors import CheckpointError
+from populora.es.core import EggrollES
+from populora.es.members import ESStateError
+from populora.es.params import call_filter
 
 __all__ = ["TorchEggrollES"]
 

@@ -28,19 +28,19 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from .. import distributed as pd
-from ..checks import check_bool, check_float, check_int, check_seed
-from ..errors import InvalidTypeError, InvalidValueError
-from ..fitness import evaluate as evaluate_fitness
-from ..routing import Adapter, RoutingTarget, split_rows
-from ..stats import GenerationStats
-from .factors import MemberFactors, compute_dtype
-from .members import ESRouter, Fallback, Individuals, _leading, deprecated_keyword, individual_losses, map_tensors
-from .noise import PairNoise
-from .params import ESParam, make_optimizer, select_params
-from .shaping import FITNESS_SHAPINGS, check_es_fitnesses, group_table, shape_fitness
-from .materialised import MaterialisedIndividuals
-from .state import ESState
+from populora import distributed as pd
+from populora.checks import check_bool, check_float, check_int, check_seed
+from populora.errors import InvalidTypeError, InvalidValueError
+from populora.fitness import evaluate as evaluate_fitness
+from populora.routing.front import Adapter, RoutingTarget, split_rows
+from populora.stats import GenerationStats
+from populora.es.factors import MemberFactors, compute_dtype
+from populora.es.members import ESRouter, Fallback, Individuals, _leading, deprecated_keyword, individual_losses, map_tensors
+from populora.es.noise import PairNoise
+from populora.es.params import ESParam, make_optimizer, select_params
+from populora.es.shaping import FITNESS_SHAPINGS, check_es_fitnesses, group_table, shape_fitness
+from populora.es.materialised import MaterialisedIndividuals
+from populora.es.state import ESState
 
 __all__ = ["ESStats", "EggrollES"]
 

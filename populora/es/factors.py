@@ -17,9 +17,9 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..adapters import Adapter
-from .noise import PairNoise, _signs, draw_noise
-from .params import ESParam
+from populora.adapters import Adapter
+from populora.es.noise import PairNoise, _signs, draw_noise
+from populora.es.params import ESParam
 
 __all__ = ["MemberFactors", "compute_dtype"]
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 from torch import Tensor, nn
 import torch
 
-from ..adapters import Adapter
-from ..router import Route, gather_budget
+from populora.adapters import Adapter
+from populora.routing.router import Route, gather_budget
 
 __all__ = ["folded_apply", "folded_stack"]
 

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ..checks import check_index
-from .members import deprecated_keyword
+from populora.checks import check_index
+from populora.es.members import deprecated_keyword
 
 __all__ = ["MaterialisedIndividuals"]
 

@@ -18,11 +18,10 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from ..errors import ESStateError, FitnessError, InvalidValueError, RouteError
-from ..routing import (Adapter, Route, RoutedModel, Router, RouteRequest, RoutingTarget, _check_range, map_tensors,
-                       run_route, split_rows)
-from .fold import folded_apply
-from .shared import shared_rows_linear
+from populora.errors import ESStateError, FitnessError, InvalidValueError, RouteError
+from populora.routing.front import Adapter, Route, RoutedModel, Router, RouteRequest, RoutingTarget, _check_range, map_tensors, run_route, split_rows
+from populora.es.fold import folded_apply
+from populora.es.shared import shared_rows_linear
 
 __all__ = ["ESRouter", "ESStateError", "Fallback", "Individuals", "individual_losses", "map_tensors"]
 

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..checks import check_float, check_int, check_seed
-from ..errors import FitnessError, InvalidValueError
-from ..operators.shaping import check_real_tensor, zscore
+from populora.checks import check_float, check_int, check_seed
+from populora.errors import FitnessError, InvalidValueError
+from populora.operators.shaping import check_real_tensor, zscore
 
 __all__ = [
     "PairNoise",

@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import InvalidTypeError, InvalidValueError
-from ..targets import unroutable_reason
+from populora.errors import InvalidTypeError, InvalidValueError
+from populora.targets import unroutable_reason
 
 __all__ = ["ESParam", "Owner", "call_filter", "make_optimizer", "select_params"]
 

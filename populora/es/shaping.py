@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..errors import FitnessError
-from ..fitness import validate_fitnesses
-from ..operators.shaping import centered_rank, zscore
+from populora.errors import FitnessError
+from populora.fitness import validate_fitnesses
+from populora.operators.shaping import centered_rank, zscore
 
 __all__ = ["FITNESS_SHAPINGS", "check_es_fitnesses", "group_table", "shape_fitness"]
 

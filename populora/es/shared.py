@@ -27,9 +27,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from ..adapters import Adapter
-from ..router import Route, gather_budget
-from .fold import folded_stack
+from populora.adapters import Adapter
+from populora.routing.router import Route, gather_budget
+from populora.es.fold import folded_stack
 
 __all__ = ["shared_rows_linear"]
 

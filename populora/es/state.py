@@ -20,11 +20,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .. import distributed as pd
-from ..checkpoint import atomic_save, load_checkpoint
-from ..checks import check_float, check_index, check_int, check_seed, is_real
-from ..errors import CheckpointError, ConfigMismatchError, PopuloraError
-from ..stats import GenerationStats
+from populora import distributed as pd
+from populora.checkpoint import atomic_save, load_checkpoint
+from populora.checks import check_float, check_index, check_int, check_seed, is_real
+from populora.errors import CheckpointError, ConfigMismatchError, PopuloraError
+from populora.stats import GenerationStats
 
 __all__ = ["FORMAT", "ESState"]
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..errors import InvalidTypeError, InvalidValueError
+from populora.errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["ActionFormat", "ActionFn", "check_to_range"]
 

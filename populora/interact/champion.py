@@ -28,9 +28,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..broadcasts import broadcast_object
-from ..process_group import is_main_rank, world_size
-from .schedule import VALIDATION_STREAM, stream_seeds
+from populora.distributed.broadcasts import broadcast_object
+from populora.distributed.process_group import is_main_rank, world_size
+from populora.interact.schedule import VALIDATION_STREAM, stream_seeds
 
 __all__ = ["Champion", "Validator", "fingerprint", "top_candidates"]
 

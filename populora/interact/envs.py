@@ -41,11 +41,10 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_map
 
-from ..checks import check_int
-from ..errors import InvalidTypeError, InvalidValueError, PopuloraError
-from .sources import SingleEnvs, SlotFailure, SlotSource, SubEnvSource, describe_env, every_slot_in_order, \
-    plain_sync_vector_env
-from .vector import VectorSource
+from populora.checks import check_int
+from populora.errors import InvalidTypeError, InvalidValueError, PopuloraError
+from populora.interact.sources import SingleEnvs, SlotFailure, SlotSource, SubEnvSource, describe_env, every_slot_in_order, plain_sync_vector_env
+from populora.interact.vector import VectorSource
 
 __all__ = ["DEFAULT_NUM_ENVS", "EnvSlots", "EnvStepError", "SlotFailure", "build_slots", "is_factory"]
 

@@ -24,11 +24,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..checks import check_float, check_one_of
-from ..errors import InvalidTypeError, InvalidValueError
-from ..es import EggrollES
-from .interactor import EnvInteractor
-from .schedule import training_seeds
+from populora.checks import check_float, check_one_of
+from populora.errors import InvalidTypeError, InvalidValueError
+from populora.es import EggrollES
+from populora.interact.interactor import EnvInteractor
+from populora.interact.schedule import training_seeds
 
 __all__ = ["ES_DEFAULTS", "ES_OPTIMIZERS", "es_fitnesses", "make_es"]
 
@@ -41,7 +41,7 @@ ES_OPTIMIZERS = ("adam", "clipup", "sgd")
 
 def _named_optimizer(name: str, lr: float, options: dict[str, Any]) -> Any:
     """``params -> Optimizer`` for ``es_kwargs['optimizer']`` given by name; pops ClipUp's options."""
-    from ..optim import ClipUp
+    from populora.optim import ClipUp
 
     extra = {key: options.pop(key) for key in ("max_speed", "momentum") if key in options}
     if extra and name != "clipup":

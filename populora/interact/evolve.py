@@ -22,19 +22,19 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from ..checkpoint import load_checkpoint
-from ..checks import check_float, check_int, check_one_of
-from ..distributed import checksum, world_size
-from ..errors import CheckpointError, InvalidTypeError, InvalidValueError
-from ..population import Population
-from ..stats import GenerationStats
-from .actions import ActionFn
-from .champion import Validator
-from .envs import DEFAULT_NUM_ENVS, is_factory
-from .es_env import make_es
-from .generations import GenerationInfo, Run, run_es, run_ga, snapshot_population
-from .interactor import EnvInteractor, interact_with_env
-from .schedule import EPISODE_SEEDINGS
+from populora.checkpoint import load_checkpoint
+from populora.checks import check_float, check_int, check_one_of
+from populora.distributed import checksum, world_size
+from populora.errors import CheckpointError, InvalidTypeError, InvalidValueError
+from populora.population.population import Population
+from populora.stats import GenerationStats
+from populora.interact.actions import ActionFn
+from populora.interact.champion import Validator
+from populora.interact.envs import DEFAULT_NUM_ENVS, is_factory
+from populora.interact.es_env import make_es
+from populora.interact.generations import GenerationInfo, Run, run_es, run_ga, snapshot_population
+from populora.interact.interactor import EnvInteractor, interact_with_env
+from populora.interact.schedule import EPISODE_SEEDINGS
 
 __all__ = ["validation_defaults", "ALGORITHMS", "CHECKPOINT_NAME", "DEFAULT_EPISODE_SEEDING", "DEFAULT_VALIDATION_EPISODES",
            "DEFAULT_VALIDATION_TOP", "ENV_EVOLVE_DEFAULTS", "EvolveResult", "GenerationInfo", "evolve_with_env"]

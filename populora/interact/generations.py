@@ -21,14 +21,14 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from ..checkpoint import atomic_save
-from ..distributed import is_main_rank
-from ..population import Population
-from ..stats import GenerationStats
-from .champion import Validator, fingerprint, top_candidates
-from .es_env import es_fitnesses
-from .interactor import EnvInteractor
-from .normalize import _sum_over_ranks
+from populora.checkpoint import atomic_save
+from populora.distributed import is_main_rank
+from populora.population.population import Population
+from populora.stats import GenerationStats
+from populora.interact.champion import Validator, fingerprint, top_candidates
+from populora.interact.es_env import es_fitnesses
+from populora.interact.interactor import EnvInteractor
+from populora.interact.normalize import _sum_over_ranks
 
 __all__ = ["GenerationInfo", "Run", "run_es", "run_ga"]
 

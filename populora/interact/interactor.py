@@ -51,16 +51,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..checks import check_one_of, check_seed
-from ..errors import CheckpointError, InvalidIndexError, InvalidTypeError, InvalidValueError
-from ..fitness import fitness_kind
-from ..population import Population
-from .actions import ActionFn, ActionFormat, check_to_range
-from .envs import EnvSlots, EnvStepError, SlotFailure, build_slots
-from .normalize import ObsNormalizer, ObsStatistics
-from .rollout import ONE_THREAD_WORK, play
-from .schedule import (EPISODE_SEEDINGS, REPORTING_STREAM, episode_seed, episode_seeds, stream_seeds, training_seeds,
-                       vector_reset_seed)
+from populora.checks import check_one_of, check_seed
+from populora.errors import CheckpointError, InvalidIndexError, InvalidTypeError, InvalidValueError
+from populora.fitness import fitness_kind
+from populora.population.population import Population
+from populora.interact.actions import ActionFn, ActionFormat, check_to_range
+from populora.interact.envs import EnvSlots, EnvStepError, SlotFailure, build_slots
+from populora.interact.normalize import ObsNormalizer, ObsStatistics
+from populora.interact.rollout import ONE_THREAD_WORK, play
+from populora.interact.schedule import EPISODE_SEEDINGS, REPORTING_STREAM, episode_seed, episode_seeds, stream_seeds, training_seeds, vector_reset_seed
 
 __all__ = ["ENV_INIT_SCALE", "ONE_THREAD_WORK", "EnvInteractor", "episode_seed", "episode_seeds", "interact_with_env",
            "vector_reset_seed"]

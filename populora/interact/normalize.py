@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .. import distributed as dist
-from ..checks import is_int, is_real
-from ..errors import CheckpointError
+from populora import distributed as dist
+from populora.checks import is_int, is_real
+from populora.errors import CheckpointError
 
 __all__ = ["ObsNormalizer", "ObsStatistics"]
 

@@ -19,12 +19,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..errors import FitnessError
-from ..population import Population
-from .actions import ActionFn, ActionFormat
-from .envs import EnvSlots, EnvStepError, SlotFailure
-from .normalize import ObsStatistics
-from .schedule import WorkQueue, vector_reset_seed
+from populora.errors import FitnessError
+from populora.population.population import Population
+from populora.interact.actions import ActionFn, ActionFormat
+from populora.interact.envs import EnvSlots, EnvStepError, SlotFailure
+from populora.interact.normalize import ObsStatistics
+from populora.interact.schedule import WorkQueue, vector_reset_seed
 
 __all__ = ["ONE_THREAD_WORK", "Rollout", "is_es_individuals", "policy_mode"]
 
@@ -35,7 +35,7 @@ ONE_THREAD_WORK = 1 << 22
 
 def is_es_individuals(model: Any) -> bool:
     """Whether ``model`` is the handle of an ES generation (:meth:`~populora.EggrollES.ask`)."""
-    from ..es.members import Individuals  # the ES package imports nothing of interact
+    from populora.es.members import Individuals  # the ES package imports nothing of interact
 
     return isinstance(model, Individuals)
 

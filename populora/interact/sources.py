@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ..errors import InvalidTypeError, InvalidValueError
+from populora.errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["SingleEnvs", "SlotFailure", "SlotSource", "SubEnvSource", "as_batch", "describe_env",
            "every_slot_in_order", "plain_sync_vector_env"]

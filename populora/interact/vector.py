@@ -36,8 +36,8 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ..errors import InvalidTypeError, InvalidValueError
-from .sources import SlotFailure, SlotSource, as_batch, describe_env, every_slot_in_order
+from populora.errors import InvalidTypeError, InvalidValueError
+from populora.interact.sources import SlotFailure, SlotSource, as_batch, describe_env, every_slot_in_order
 
 __all__ = ["VectorSource"]
 

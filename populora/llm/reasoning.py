@@ -90,8 +90,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from ..checks import check_bool, check_float, check_int
-from ..errors import FitnessError, InvalidTypeError, InvalidValueError
+from populora.checks import check_bool, check_float, check_int
+from populora.errors import FitnessError, InvalidTypeError, InvalidValueError
 
 __all__ = ["ES_AT_SCALE", "ESRecipe", "block_weights", "encode_prompts", "es_at_scale_lr", "generate_replies",
            "group_normalize", "problem_prompts", "verifier_accuracy", "verifier_rewards", "verifier_step"]

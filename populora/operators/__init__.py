@@ -4,27 +4,12 @@ Higher fitness is better everywhere. See spec/operators.md for the
 semantics and :mod:`populora.operators.base` for the four signatures.
 """
 
-from . import crossover, mutation, parents, selection
-from .base import (
-    CROSSOVERS,
-    MUTATIONS,
-    PARENT_SELECTIONS,
-    SELECTIONS,
-    Factors,
-    call_mutation,
-    check_num_groups,
-    check_options,
-    get_operator,
-    option_names,
-    register_crossover,
-    register_mutation,
-    register_parent_selection,
-    register_selection,
-)
-from .linalg import rebuild_balanced, rms, svd_factors
-from .parents import parents_for_slots
-from .selection import SelectionResult, group_sizes, select_survivors
-from .shaping import centered_rank, check_real_tensor, fuss_weights, trusted_fitnesses, zscore
+from populora.operators import crossover, mutation, parents, selection
+from populora.operators.base import CROSSOVERS, MUTATIONS, PARENT_SELECTIONS, SELECTIONS, Factors, call_mutation, check_num_groups, check_options, get_operator, option_names, register_crossover, register_mutation, register_parent_selection, register_selection
+from populora.operators.linalg import rebuild_balanced, rms, svd_factors
+from populora.operators.parents import parents_for_slots
+from populora.operators.selection import SelectionResult, group_sizes, select_survivors
+from populora.operators.shaping import centered_rank, check_real_tensor, fuss_weights, trusted_fitnesses, zscore
 
 __all__ = [
     "CROSSOVERS",

@@ -32,9 +32,9 @@ from typing import Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from ..adapters import Factors
-from ..checks import check_float, check_int
-from ..errors import InvalidTypeError, InvalidValueError
+from populora.adapters import Factors
+from populora.checks import check_float, check_int
+from populora.errors import InvalidTypeError, InvalidValueError
 
 
 OperatorFn = Callable[..., object]

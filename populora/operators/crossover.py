@@ -29,11 +29,11 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from ..errors import FitnessError, InvalidTypeError, InvalidValueError
-from .base import Factors, check_num_groups, check_number, check_stacks, randint, register_crossover, uniform
-from .devices import PerDevice
-from .linalg import _svd_compute, compute_dtype, effective_rank, rebuild_balanced
-from .shaping import check_real_tensor, clamp_infinities, zscore
+from populora.errors import FitnessError, InvalidTypeError, InvalidValueError
+from populora.operators.base import Factors, check_num_groups, check_number, check_stacks, randint, register_crossover, uniform
+from populora.operators.devices import PerDevice
+from populora.operators.linalg import _svd_compute, compute_dtype, effective_rank, rebuild_balanced
+from populora.operators.shaping import check_real_tensor, clamp_infinities, zscore
 
 
 def _check(

@@ -13,8 +13,8 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from ..errors import InvalidValueError
-from .base import Factors
+from populora.errors import InvalidValueError
+from populora.operators.base import Factors
 
 
 def compute_dtype(*tensors: Tensor) -> torch.dtype:

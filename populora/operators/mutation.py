@@ -63,9 +63,9 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from ..errors import InvalidTypeError, InvalidValueError
-from .base import Factors, check_number, check_stacks, normal, register_mutation, uniform
-from .linalg import _svd_compute, compute_dtype, effective_rank, rebuild_balanced
+from populora.errors import InvalidTypeError, InvalidValueError
+from populora.operators.base import Factors, check_number, check_stacks, normal, register_mutation, uniform
+from populora.operators.linalg import _svd_compute, compute_dtype, effective_rank, rebuild_balanced
 
 
 def check_epsilon(epsilon) -> float:

@@ -22,10 +22,10 @@ from typing import Any, Callable, NamedTuple
 import torch
 from torch import Tensor
 
-from ..checks import check_float, check_int
-from ..errors import InvalidValueError
-from .base import check_num_groups, check_number, register_selection, uniform
-from .shaping import check_real_tensor, fuss_weights, trusted_fitnesses, zscore
+from populora.checks import check_float, check_int
+from populora.errors import InvalidValueError
+from populora.operators.base import check_num_groups, check_number, register_selection, uniform
+from populora.operators.shaping import check_real_tensor, fuss_weights, trusted_fitnesses, zscore
 
 
 class SelectionResult(NamedTuple):

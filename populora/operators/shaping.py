@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from ..errors import FitnessError
+from populora.errors import FitnessError
 
 __all__ = ["centered_rank", "check_real_tensor", "clamp_infinities", "fuss_weights", "trusted_fitnesses", "zscore"]
 

@@ -7,10 +7,7 @@ import torch
 
 from populora.errors import InvalidTypeError, InvalidValueError
 from populora.operators import base
-from populora.operators import (
-    CROSSOVERS, MUTATIONS, PARENT_SELECTIONS, SELECTIONS, Factors, check_options, get_operator,
-    option_names, register_crossover, register_mutation, register_parent_selection, register_selection,
-)
+from populora.operators import CROSSOVERS, MUTATIONS, PARENT_SELECTIONS, SELECTIONS, Factors, check_options, get_operator, option_names, register_crossover, register_mutation, register_parent_selection, register_selection
 
 
 @pytest.fixture(autouse=True)

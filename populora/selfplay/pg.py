@@ -23,9 +23,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from . import distributed as pd
-from .checks import check_float, check_int
-from .errors import InvalidValueError
+from populora import distributed as pd
+from populora.checks import check_float, check_int
+from populora.errors import InvalidValueError
 
 __all__ = ["advantages", "policy_gradient_step_"]
 

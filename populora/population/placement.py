@@ -20,8 +20,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from .process_group import resolve_device, world_size
-from .errors import InvalidValueError
+from populora.distributed.process_group import resolve_device, world_size
+from populora.errors import InvalidValueError
 
 __all__ = ["Placement", "model_devices", "place"]
 

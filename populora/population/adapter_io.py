@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .adapters import Factors
-from .errors import InvalidTypeError, InvalidValueError
+from populora.adapters import Factors
+from populora.errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["AdapterIO"]
 
@@ -72,12 +72,12 @@ class AdapterIO:
         See :func:`populora.llm.to_peft` (``kwargs``: ``base_model_name_or_path``,
         ``task_type``); needs ``safetensors`` (the ``llm`` extra).
         """
-        from .llm.peft import to_peft
+        from populora.llm.peft import to_peft
 
         return to_peft(self, individual, path, **kwargs)
 
     def load_peft_(self, individual: int, path: str | Path, *, strict: bool = True) -> None:
         """Load a PEFT LoRA adapter folder into individual ``i``; see :func:`populora.llm.load_peft_`."""
-        from .llm.peft import load_peft_
+        from populora.llm.peft import load_peft_
 
         load_peft_(self, individual, path, strict=strict)

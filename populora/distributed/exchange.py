@@ -35,25 +35,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .broadcasts import broadcast_object, broadcast_tensor_raw, broadcast_tensors_, checksum, sync_if_different_
-from .checks import check_int
-from .errors import InvalidTypeError, InvalidValueError
-from .stats import GenerationStats
-from .process_group import (
-    DEFAULT_TIMEOUT_S,
-    comm_device,
-    default_timeout,
-    init_from_env,
-    is_distributed,
-    is_main_rank,
-    local_device,
-    local_rank,
-    partition,
-    process_rank,
-    rank,
-    resolve_device,
-    world_size,
-)
+from populora.distributed.broadcasts import broadcast_object, broadcast_tensor_raw, broadcast_tensors_, checksum, sync_if_different_
+from populora.checks import check_int
+from populora.errors import InvalidTypeError, InvalidValueError
+from populora.stats import GenerationStats
+from populora.distributed.process_group import DEFAULT_TIMEOUT_S, comm_device, default_timeout, init_from_env, is_distributed, is_main_rank, local_device, local_rank, partition, process_rank, rank, resolve_device, world_size
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",

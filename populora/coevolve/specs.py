@@ -14,8 +14,8 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from .errors import InvalidTypeError, InvalidValueError
-from .population import Population
+from populora.errors import InvalidTypeError, InvalidValueError
+from populora.population.population import Population
 
 __all__: list[str] = []
 

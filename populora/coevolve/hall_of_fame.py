@@ -15,11 +15,11 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from .checks import check_int, check_seed, is_int, is_real
-from .errors import CheckpointError, InvalidTypeError, InvalidValueError
-from .operators import Factors
-from .population import Population
-from .snapshots import Snapshot
+from populora.checks import check_int, check_seed, is_int, is_real
+from populora.errors import CheckpointError, InvalidTypeError, InvalidValueError
+from populora.operators import Factors
+from populora.population.population import Population
+from populora.snapshots import Snapshot
 
 __all__ = ["Champion", "HallOfFame"]
 

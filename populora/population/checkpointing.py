@@ -26,16 +26,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from .checkpoint import atomic_save, atomic_save_safetensors, is_safetensors_file, load_checkpoint, \
-    load_safetensors_checkpoint
+from populora.checkpoint import atomic_save, atomic_save_safetensors, is_safetensors_file, load_checkpoint, load_safetensors_checkpoint
 
-from .checks import check_float, check_one_of, check_seed, is_int, is_real
-from .errors import CheckpointError, PopuloraError
-from .fitness import NAN_POLICIES
-from .stats import GenerationStats
+from populora.checks import check_float, check_one_of, check_seed, is_int, is_real
+from populora.errors import CheckpointError, PopuloraError
+from populora.fitness import NAN_POLICIES
+from populora.stats import GenerationStats
 
 if TYPE_CHECKING:
-    from .population import Population
+    from populora.population.population import Population
 
 __all__: list[str] = []
 

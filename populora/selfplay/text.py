@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from . import distributed as pd
+from populora import distributed as pd
 
 __all__: list[str] = []
 

@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..errors import InvalidTypeError, InvalidValueError, RouteError
-from ..routing import RouteRequest, RoutingTarget, map_tensors
-from .route import RouteBlock
+from populora.errors import InvalidTypeError, InvalidValueError, RouteError
+from populora.routing.front import RouteRequest, RoutingTarget, map_tensors
+from populora.routing.block import RouteBlock
 
 __all__ = ["generate"]
 

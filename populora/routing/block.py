@@ -37,9 +37,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..errors import InvalidIndexError, InvalidTypeError, InvalidValueError, RouteError
-from ..router import Route
-from ..routing import RouteRequest, RoutingTarget, _check_range, _plan
+from populora.errors import InvalidIndexError, InvalidTypeError, InvalidValueError, RouteError
+from populora.routing.router import Route
+from populora.routing.front import RouteRequest, RoutingTarget, _check_range, _plan
 
 __all__ = ["RouteBlock"]
 
@@ -162,7 +162,7 @@ class RouteBlock:
         if router._state is not None:
             raise RouteError("a routed forward is already running on this model: route() blocks do not nest, "
                              "and a population cannot be called inside one of its own route() blocks")
-        from ..router import _Origin
+        from populora.routing.router import _Origin
 
         self._called = set()
         router._state = (self, self._target.adapters, self._called, _Origin(0, [], 1, ""))

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .checks import check_int, check_one_of
-from .errors import InvalidTypeError, InvalidValueError
+from populora.checks import check_int, check_one_of
+from populora.errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["TEACHER_REWARDS", "SelfPlayRecord", "match_scores", "selfplay_fitnesses"]
 

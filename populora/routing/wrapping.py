@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import nn
 
-from .routing import Router
+from populora.routing.front import Router
 
 __all__: list[str] = []
 

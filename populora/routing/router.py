@@ -35,8 +35,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .adapters import Adapter
-from .errors import RouteError
+from populora.adapters import Adapter
+from populora.errors import RouteError
 
 __all__ = ["GROUPED_MM", "Adapter", "Route", "Router", "gather_budget", "route_on"]
 

@@ -58,10 +58,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .checks import check_float, check_index, check_int, check_one_of
-from .errors import CheckpointError, InvalidTypeError, InvalidValueError
-from .operators.selection import SelectionResult
-from .snapshots import Snapshot
+from populora.checks import check_float, check_index, check_int, check_one_of
+from populora.errors import CheckpointError, InvalidTypeError, InvalidValueError
+from populora.operators.selection import SelectionResult
+from populora.snapshots import Snapshot
 
 __all__ = ["MODELS", "PAIRING_MODES", "INHERIT_MODES", "Ratings"]
 

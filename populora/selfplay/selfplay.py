@@ -45,18 +45,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import distributed as pd
-from .checks import check_bool, check_float, check_int, check_one_of, check_seed, is_int
-from .coevolve import _snapshot, evaluating
-from .coevolve_specs import check_evolve_kwargs
-from .errors import CheckpointError, FitnessError, InvalidTypeError, InvalidValueError
-from .matchmaking import PAIRING_MODES, Ratings
-from .population import Population
-from .selfplay_pg import policy_gradient_step_
-from .selfplay_fitness import TEACHER_REWARDS, SelfPlayRecord, match_scores, selfplay_fitnesses
-from .selfplay_text import chat_text, generate_replies, pad_id
-from .snapshots import Snapshot
-from .tasks import Problem, Task
+from populora import distributed as pd
+from populora.checks import check_bool, check_float, check_int, check_one_of, check_seed, is_int
+from populora.coevolve.coevolve import _snapshot, evaluating
+from populora.coevolve.specs import check_evolve_kwargs
+from populora.errors import CheckpointError, FitnessError, InvalidTypeError, InvalidValueError
+from populora.ratings import PAIRING_MODES, Ratings
+from populora.population.population import Population
+from populora.selfplay.pg import policy_gradient_step_
+from populora.selfplay.rewards import TEACHER_REWARDS, SelfPlayRecord, match_scores, selfplay_fitnesses
+from populora.selfplay.text import chat_text, generate_replies, pad_id
+from populora.snapshots import Snapshot
+from populora.tasks import Problem, Task
 
 __all__ = ["MATCHMAKING", "SelfPlay", "SelfPlayOutcome", "SelfPlayRecord", "selfplay_fitnesses"]
 

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError, RouteError
-from . import router
-from .router import Route
+from populora.errors import InvalidIndexError, InvalidTypeError, InvalidValueError, RouteError
+from populora.routing import router
+from populora.routing.router import Route
 
 __all__ = ["NOT_BATCH_FIRST", "map_tensors", "split_rows"]
 

@@ -73,12 +73,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .checks import check_bool, check_index
-from .errors import RouteError
-from . import router as router_module
-from .router import Adapter, Route, Router, _Origin, gather_budget
-from .rows import (NOT_BATCH_FIRST, _batch_first, _check_range, _expand, _host_ids, _keeps_order, _leaves, _plan,
-                   map_tensors, split_rows)
+from populora.checks import check_bool, check_index
+from populora.errors import RouteError
+from populora.routing import router as router_module
+from populora.routing.router import Adapter, Route, Router, _Origin, gather_budget
+from populora.routing.rows import NOT_BATCH_FIRST, _batch_first, _check_range, _expand, _host_ids, _keeps_order, _leaves, _plan, map_tensors, split_rows
 
 __all__ = ["NOT_BATCH_FIRST", "Adapter", "Route", "RouteRequest", "RoutedModel", "Router", "RoutingTarget", "gather_budget",
            "map_tensors", "parse_route", "routed_call", "run_route", "run_single"]
@@ -424,7 +423,7 @@ class RoutedModel:
                 count is not ``k`` times the routed rows (both named).
             InvalidIndexError: an id out of ``[0, P)``.
         """
-        from .llm.route import RouteBlock
+        from populora.routing.block import RouteBlock
 
         target = self._block_target()
         request = parse_route(target.num, individual=individual, individuals=individuals,
@@ -455,7 +454,7 @@ class RoutedModel:
         Raises:
             RouteError: no routing argument, or ``individuals=`` with other than one id per row.
         """
-        from .llm.generate import generate
+        from populora.routing.generate import generate
 
         target = self._block_target()
         request = parse_route(target.num, individual=individual, individuals=individuals,

@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from . import distributed as pd
-from .population import Population
-from .stats import GenerationStats
+from populora import distributed as pd
+from populora.population.population import Population
+from populora.stats import GenerationStats
 
 __all__: list[str] = []
 

@@ -29,15 +29,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import fitness as _fitness
-from . import operators as ops
-from .adapters import Factors
-from .checks import check_int
-from .distributed import sync_population_
-from .errors import InvalidValueError
-from .operators.devices import PerDevice
-from .operators.selection import SelectionResult
-from .stats import GenerationStats
+from populora import fitness as _fitness
+from populora import operators as ops
+from populora.adapters import Factors
+from populora.checks import check_int
+from populora.distributed import sync_population_
+from populora.errors import InvalidValueError
+from populora.operators.devices import PerDevice
+from populora.operators.selection import SelectionResult
+from populora.stats import GenerationStats
 
 __all__ = ["Evolvable"]
 

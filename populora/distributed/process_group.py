@@ -17,7 +17,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from .errors import InvalidValueError
+from populora.errors import InvalidValueError
 
 DEFAULT_TIMEOUT_S = 600.0
 """Collective timeout in seconds when ``POPULORA_DIST_TIMEOUT`` is not set."""

@@ -19,19 +19,19 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from . import wrapping
-from .adapters import Adapter, Factors, to_adapter, to_factors
-from .checks import check_bool, check_float, check_index, check_int, check_one_of, check_seed
-from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError, SpentPopulationError
-from .fitness import NAN_POLICIES
-from .genetic import Evolvable
-from .operators.selection import SelectionResult
-from .population_io import AdapterIO
-from .placement import place
-from .population_state import Checkpointing
-from .routing import RoutedModel, Router, RoutingTarget, run_single
-from .stats import GenerationStats
-from .targets import find_targets, layer_dims
+from populora.routing import wrapping
+from populora.adapters import Adapter, Factors, to_adapter, to_factors
+from populora.checks import check_bool, check_float, check_index, check_int, check_one_of, check_seed
+from populora.errors import InvalidIndexError, InvalidTypeError, InvalidValueError, SpentPopulationError
+from populora.fitness import NAN_POLICIES
+from populora.population.genetic import Evolvable
+from populora.operators.selection import SelectionResult
+from populora.population.adapter_io import AdapterIO
+from populora.population.placement import place
+from populora.population.checkpointing import Checkpointing
+from populora.routing.front import RoutedModel, Router, RoutingTarget, run_single
+from populora.stats import GenerationStats
+from populora.targets import find_targets, layer_dims
 
 __all__ = ["Population", "SelectionResult"]
 

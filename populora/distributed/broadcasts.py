@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .errors import InvalidTypeError, InvalidValueError
-from .process_group import comm_device, is_distributed, process_rank, world_size
+from populora.errors import InvalidTypeError, InvalidValueError
+from populora.distributed.process_group import comm_device, is_distributed, process_rank, world_size
 
 # Broadcasts of many weights go out in buckets of at most this many bytes, so
 # syncing a large model never needs a second copy of all of it at once.

@@ -33,26 +33,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import distributed as pd
-from .coevolve_distributed import probe_distributed, sync_from_main_rank
-from .coevolve_specs import (
-    SPEC_KEYS,
-    SUFFIX,
-    Member,
-    check_evolve_kwargs,
-    find_cycle,
-    fn_name,
-    injected,
-    quoted,
-    sources,
-    topological,
-)
-from .errors import CheckpointError, FitnessError, InvalidTypeError, InvalidValueError
-from .hall_of_fame import HallOfFame
-from .population import Population
-from .checks import is_int, is_real
-from .snapshots import Snapshot
-from .stats import GenerationStats
+from populora import distributed as pd
+from populora.coevolve.distributed import probe_distributed, sync_from_main_rank
+from populora.coevolve.specs import SPEC_KEYS, SUFFIX, Member, check_evolve_kwargs, find_cycle, fn_name, injected, quoted, sources, topological
+from populora.errors import CheckpointError, FitnessError, InvalidTypeError, InvalidValueError
+from populora.coevolve.hall_of_fame import HallOfFame
+from populora.population.population import Population
+from populora.checks import is_int, is_real
+from populora.snapshots import Snapshot
+from populora.stats import GenerationStats
 
 __all__ = ["Coevolve"]
 

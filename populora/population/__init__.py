@@ -1,0 +1,5 @@
+"""Population: P individuals as per-individual LoRA adapters on one shared model."""
+
+from populora.population.population import Population, SelectionResult
+
+__all__ = ["Population", "SelectionResult"]
