@@ -82,13 +82,20 @@ def worker(args: argparse.Namespace) -> None:
 def launch(args: argparse.Namespace) -> list[dict]:
     torchrun = Path(sys.executable).with_name("torchrun")
     cmd = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
-    cmd += ["--standalone", f"--nproc-per-node={args.nproc}", __file__, "--worker",
-            f"--pop-size={args.pop_size}", f"--generations={args.generations}", f"--sleep={args.sleep}"]
+    cmd += [
+        "--standalone",
+        f"--nproc-per-node={args.nproc}",
+        __file__,
+        "--worker",
+        f"--pop-size={args.pop_size}",
+        f"--generations={args.generations}",
+        f"--sleep={args.sleep}",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise SystemExit(f"torchrun failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 def main() -> None:
@@ -106,16 +113,22 @@ def main() -> None:
     torch.set_num_threads(1)  # as torchrun does for each worker
     single = [measure(name, args.pop_size, args.generations, args.sleep) for name in MODELS]
     multi = launch(args)
-    print(f"P = {args.pop_size}, {args.sleep * 1e3:.0f} ms per individual, {args.generations} timed generations, "
-          f"{os.cpu_count()} CPUs, torch {torch.__version__}\n")
-    header = (f"{'model':<6} {'base params':>11} {'adapters (B)':>12} | {'gen/s 1 proc':>12} "
-              f"{f'gen/s {args.nproc} proc':>12} {'speed-up':>8} | {'bytes/gen':>9} {'4*(P+W)':>7}")
+    print(
+        f"P = {args.pop_size}, {args.sleep * 1e3:.0f} ms per individual, {args.generations} timed generations, "
+        f"{os.cpu_count()} CPUs, torch {torch.__version__}\n"
+    )
+    header = (
+        f"{'model':<6} {'base params':>11} {'adapters (B)':>12} | {'gen/s 1 proc':>12} "
+        f"{f'gen/s {args.nproc} proc':>12} {'speed-up':>8} | {'bytes/gen':>9} {'4*(P+W)':>7}"
+    )
     print(header)
     print("-" * len(header))
     for one, many in zip(single, multi):
-        print(f"{one['model']:<6} {one['params']:>11,} {one['adapter_bytes']:>12,} | {one['gen_per_s']:>12.2f} "
-              f"{many['gen_per_s']:>12.2f} {many['gen_per_s'] / one['gen_per_s']:>7.2f}x | "
-              f"{many['bytes_per_gen']:>9.0f} {4 * (args.pop_size + args.nproc):>7}")
+        print(
+            f"{one['model']:<6} {one['params']:>11,} {one['adapter_bytes']:>12,} | {one['gen_per_s']:>12.2f} "
+            f"{many['gen_per_s']:>12.2f} {many['gen_per_s'] / one['gen_per_s']:>7.2f}x | "
+            f"{many['bytes_per_gen']:>9.0f} {4 * (args.pop_size + args.nproc):>7}"
+        )
 
 
 if __name__ == "__main__":

@@ -52,7 +52,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import gymnasium as gym
 import torch
 from torch import nn
 
@@ -102,28 +101,91 @@ def _identity(out: Any) -> Any:
 def tasks() -> dict[str, Task]:
     lander = dict(num_envs=16, normalize_obs=True, horizon=1000)
     return {
-        "cartpole": Task("CartPole-v1", 475.0, 20, None, "ga", {
-            "ga": (lambda: _mlp(4, 32, 2), dict(pop_size=64, low_rank=4, target_fitness=475.0, num_envs=16)),
-        }, num_generations=30),
-        "lunarlander": Task("LunarLander-v3", 200.0, 30, 2_000_000, "ga", {
-            "ga": (lambda: _mlp(8, 32, 4), dict(pop_size=64, low_rank=4, num_episodes=2, **lander)),
-            "es": (lambda: _linear(8, 4), dict(pop_size=128, low_rank=2, **lander,
-                                               es_kwargs=dict(sigma=0.1, optimizer="clipup", lr=0.03))),
-        }),
-        "pendulum": Task("Pendulum-v1", -200.0, 30, 5_000_000, "ga", {
-            "ga": (lambda: _mlp(3, 32, 32, 1, out_tanh=True),
-                   dict(pop_size=64, low_rank=4, num_episodes=2, num_envs=16, normalize_obs=True, horizon=200,
-                        action=_identity, to_range=(-2.0, 2.0))),
-            "es": (lambda: _mlp(3, 16, 1, out_tanh=True),
-                   dict(pop_size=128, low_rank=2, num_envs=16, normalize_obs=True, horizon=200, action=_identity,
-                        to_range=(-2.0, 2.0), es_kwargs=dict(sigma=0.5, optimizer="clipup", lr=0.15))),
-        }, dict(action=_identity, to_range=(-2.0, 2.0))),
-        "lunarlander-continuous": Task("LunarLanderContinuous-v3", 200.0, 30, 2_000_000, "es", {
-            "ga": (lambda: _mlp(8, 32, 2, out_tanh=True), dict(pop_size=64, low_rank=4, num_episodes=2,
-                                                               action=_identity, **lander)),
-            "es": (lambda: _linear(8, 2), dict(pop_size=128, low_rank=2, action=_identity, **lander,
-                                               es_kwargs=dict(sigma=0.1, optimizer="clipup", lr=0.03))),
-        }, dict(action=_identity)),
+        "cartpole": Task(
+            "CartPole-v1",
+            475.0,
+            20,
+            None,
+            "ga",
+            {
+                "ga": (lambda: _mlp(4, 32, 2), dict(pop_size=64, low_rank=4, target_fitness=475.0, num_envs=16)),
+            },
+            num_generations=30,
+        ),
+        "lunarlander": Task(
+            "LunarLander-v3",
+            200.0,
+            30,
+            2_000_000,
+            "ga",
+            {
+                "ga": (lambda: _mlp(8, 32, 4), dict(pop_size=64, low_rank=4, num_episodes=2, **lander)),
+                "es": (
+                    lambda: _linear(8, 4),
+                    dict(pop_size=128, low_rank=2, **lander, es_kwargs=dict(sigma=0.1, optimizer="clipup", lr=0.03)),
+                ),
+            },
+        ),
+        "pendulum": Task(
+            "Pendulum-v1",
+            -200.0,
+            30,
+            5_000_000,
+            "ga",
+            {
+                "ga": (
+                    lambda: _mlp(3, 32, 32, 1, out_tanh=True),
+                    dict(
+                        pop_size=64,
+                        low_rank=4,
+                        num_episodes=2,
+                        num_envs=16,
+                        normalize_obs=True,
+                        horizon=200,
+                        action=_identity,
+                        to_range=(-2.0, 2.0),
+                    ),
+                ),
+                "es": (
+                    lambda: _mlp(3, 16, 1, out_tanh=True),
+                    dict(
+                        pop_size=128,
+                        low_rank=2,
+                        num_envs=16,
+                        normalize_obs=True,
+                        horizon=200,
+                        action=_identity,
+                        to_range=(-2.0, 2.0),
+                        es_kwargs=dict(sigma=0.5, optimizer="clipup", lr=0.15),
+                    ),
+                ),
+            },
+            dict(action=_identity, to_range=(-2.0, 2.0)),
+        ),
+        "lunarlander-continuous": Task(
+            "LunarLanderContinuous-v3",
+            200.0,
+            30,
+            2_000_000,
+            "es",
+            {
+                "ga": (
+                    lambda: _mlp(8, 32, 2, out_tanh=True),
+                    dict(pop_size=64, low_rank=4, num_episodes=2, action=_identity, **lander),
+                ),
+                "es": (
+                    lambda: _linear(8, 2),
+                    dict(
+                        pop_size=128,
+                        low_rank=2,
+                        action=_identity,
+                        **lander,
+                        es_kwargs=dict(sigma=0.1, optimizer="clipup", lr=0.03),
+                    ),
+                ),
+            },
+            dict(action=_identity),
+        ),
     }
 
 
@@ -138,40 +200,66 @@ def run(task_name: str, seed: int, algorithm: str | None, deadline: float) -> di
     pop_size, low_rank = options.pop("pop_size"), options.pop("low_rank")
     start = time.perf_counter()
     policy, history = evolve_with_env(
-        task.env, make_model(), pop_size, low_rank, seed=seed, num_generations=task.num_generations,
-        max_env_steps=task.step_cap, algorithm=algorithm,
-        callback=lambda info: time.perf_counter() > deadline, **options)
+        task.env,
+        make_model(),
+        pop_size,
+        low_rank,
+        seed=seed,
+        num_generations=task.num_generations,
+        max_env_steps=task.step_cap,
+        algorithm=algorithm,
+        callback=lambda info: time.perf_counter() > deadline,
+        **options,
+    )
     wall = time.perf_counter() - start
     with interact_with_env(task.env, num_envs=16) as interactor:
-        returns = interactor.play(policy, num_episodes=task.episodes, seed=REPORT + seed,
-                                  horizon=options.get("horizon"), **task.play)
-    return dict(task=task.env, algorithm=algorithm, seed=seed, budget=task.max_env_steps,
-                score=float(returns.mean()), episodes=task.episodes, target=task.target,
-                steps=history[-1].env_steps, generations=len(history), wall=wall,
-                validated=max((h.validated for h in history if h.validated is not None), default=float("nan")))
+        returns = interactor.play(
+            policy, num_episodes=task.episodes, seed=REPORT + seed, horizon=options.get("horizon"), **task.play
+        )
+    return dict(
+        task=task.env,
+        algorithm=algorithm,
+        seed=seed,
+        budget=task.max_env_steps,
+        score=float(returns.mean()),
+        episodes=task.episodes,
+        target=task.target,
+        steps=history[-1].env_steps,
+        generations=len(history),
+        wall=wall,
+        validated=max((h.validated for h in history if h.validated is not None), default=float("nan")),
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--task", choices=sorted(tasks()), default="cartpole")
     parser.add_argument("--seed", type=int, nargs="+", default=[0])
-    parser.add_argument("--algorithm", choices=["ga", "es"], default=None,
-                        help="default: the task's best measured one (see the module docstring)")
+    parser.add_argument(
+        "--algorithm",
+        choices=["ga", "es"],
+        default=None,
+        help="default: the task's best measured one (see the module docstring)",
+    )
     parser.add_argument("--budget-seconds", type=float, default=900.0, help="total wall time of all seeds")
     args = parser.parse_args()
     torch.set_num_threads(1)
     deadline = time.perf_counter() + args.budget_seconds
     rows = []
-    print("| task | algorithm | seed | env-step budget | fresh score (episodes) | target | best validated "
-          "| generations | env steps | wall s |")
+    print(
+        "| task | algorithm | seed | env-step budget | fresh score (episodes) | target | best validated "
+        "| generations | env steps | wall s |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for seed in args.seed:
         r = run(args.task, seed, args.algorithm, deadline)
         rows.append(r)
         budget = "-" if r["budget"] is None else f"{r['budget']:,}"
-        print(f"| {r['task']} | {r['algorithm']} | {r['seed']} | {budget} | {r['score']:.1f} ({r['episodes']}) "
-              f"| {r['target']:g} | {r['validated']:.1f} | {r['generations']} | {r['steps']:,} | {r['wall']:.0f} |",
-              flush=True)
+        print(
+            f"| {r['task']} | {r['algorithm']} | {r['seed']} | {budget} | {r['score']:.1f} ({r['episodes']}) "
+            f"| {r['target']:g} | {r['validated']:.1f} | {r['generations']} | {r['steps']:,} | {r['wall']:.0f} |",
+            flush=True,
+        )
     met = sum(r["score"] >= r["target"] for r in rows)
     print(f"\n{met}/{len(rows)} seeds reach the target")
 

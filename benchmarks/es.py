@@ -58,14 +58,38 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-METHODS = ("plain", "plain_loss", "plain_rows", "plain_rows_loss", "ours", "ours_unshared", "ours_pm", "ours_rows",
-           "ours_pm_rows", "ours_fb", "tegg")
-BASELINE = {"ours": "plain", "ours_unshared": "plain", "ours_pm": "plain", "ours_rows": "plain_rows",
-            "ours_pm_rows": "plain_rows", "ours_fb": "plain", "tegg": "plain"}
+METHODS = (
+    "plain",
+    "plain_loss",
+    "plain_rows",
+    "plain_rows_loss",
+    "ours",
+    "ours_unshared",
+    "ours_pm",
+    "ours_rows",
+    "ours_pm_rows",
+    "ours_fb",
+    "tegg",
+)
+BASELINE = {
+    "ours": "plain",
+    "ours_unshared": "plain",
+    "ours_pm": "plain",
+    "ours_rows": "plain_rows",
+    "ours_pm_rows": "plain_rows",
+    "ours_fb": "plain",
+    "tegg": "plain",
+}
 """Each ES method's plain-inference baseline (``thr`` columns)."""
-LOSS_BASELINE = {"ours": "plain_loss", "ours_unshared": "plain_loss", "ours_pm": "plain_loss",
-                 "ours_rows": "plain_rows_loss", "ours_pm_rows": "plain_rows_loss", "ours_fb": "plain_loss",
-                 "tegg": "plain_loss"}
+LOSS_BASELINE = {
+    "ours": "plain_loss",
+    "ours_unshared": "plain_loss",
+    "ours_pm": "plain_loss",
+    "ours_rows": "plain_rows_loss",
+    "ours_pm_rows": "plain_rows_loss",
+    "ours_fb": "plain_loss",
+    "tegg": "plain_loss",
+}
 """Each ES method's plain-inference-plus-the-same-loss baseline (``thr+loss`` columns)."""
 
 
@@ -129,8 +153,9 @@ def _step_timer(device):
     return timed
 
 
-def worker(method: str, pop: int, device_name: str, threads: int, min_time: float, max_rows: int,
-           dtype_name: str = "float32") -> dict:
+def worker(
+    method: str, pop: int, device_name: str, threads: int, min_time: float, max_rows: int, dtype_name: str = "float32"
+) -> dict:
     import torch
     from torch import nn
 
@@ -233,11 +258,30 @@ def run_one(python: str, method: str, pop: int, args: argparse.Namespace) -> dic
         except Exception as error:  # report and go on, as a failed subprocess does
             print(f"  {method} N={pop}: failed: {type(error).__name__}: {error}", file=sys.stderr)
             return None
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS=str(args.threads),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])))
-    cmd = [python, str(Path(__file__).resolve()), "--worker", method, "--pop", str(pop), "--device", args.device,
-           "--threads", str(args.threads), "--min-time", str(args.min_time), "--max-rows", str(args.max_rows),
-           "--dtype", args.dtype]
+    env = dict(
+        os.environ,
+        MALLOC_MMAP_THRESHOLD_="65536",
+        OMP_NUM_THREADS=str(args.threads),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])),
+    )
+    cmd = [
+        python,
+        str(Path(__file__).resolve()),
+        "--worker",
+        method,
+        "--pop",
+        str(pop),
+        "--device",
+        args.device,
+        "--threads",
+        str(args.threads),
+        "--min-time",
+        str(args.min_time),
+        "--max-rows",
+        str(args.max_rows),
+        "--dtype",
+        args.dtype,
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
@@ -253,25 +297,37 @@ def main() -> None:
     parser.add_argument("--pops", default="32,128,512,1024,2048")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds; the best median is kept")
     parser.add_argument("--min-time", type=float, default=1.0, help="seconds of timed steps per measurement")
-    parser.add_argument("--torcheggroll-python", default=None,
-                        help="interpreter with torcheggroll installed (default: this one, if it has it)")
+    parser.add_argument(
+        "--torcheggroll-python",
+        default=None,
+        help="interpreter with torcheggroll installed (default: this one, if it has it)",
+    )
     parser.add_argument("--tegg-max-pop", type=int, default=2048, help="skip torcheggroll above this N (memory)")
     parser.add_argument("--max-rows", type=int, default=2048, help="rows per forward of the *_rows methods")
     parser.add_argument("--timeout", type=float, default=1800)
-    parser.add_argument("--methods", default=",".join(m for m in METHODS if m != "tegg"),
-                        help="comma-separated methods to run (tegg is added when importable)")
+    parser.add_argument(
+        "--methods",
+        default=",".join(m for m in METHODS if m != "tegg"),
+        help="comma-separated methods to run (tegg is added when importable)",
+    )
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "float64"))
     parser.add_argument("--json", default=None, help="also write the measurements and ratios to this JSON file")
-    parser.add_argument("--in-process", action="store_true",
-                        help="measure in this process instead of a fresh subprocess each (quick checks; the peak "
-                             "memory then includes earlier measurements' leftovers)")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="measure in this process instead of a fresh subprocess each (quick checks; the peak "
+        "memory then includes earlier measurements' leftovers)",
+    )
     parser.add_argument("--worker", choices=METHODS, help=argparse.SUPPRESS)
     parser.add_argument("--pop", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.worker:
-        print(json.dumps(worker(args.worker, args.pop, args.device, args.threads, args.min_time, args.max_rows,
-                                args.dtype)))
+        print(
+            json.dumps(
+                worker(args.worker, args.pop, args.device, args.threads, args.min_time, args.max_rows, args.dtype)
+            )
+        )
         return
 
     pops = [int(p) for p in args.pops.split(",")]
@@ -282,8 +338,11 @@ def main() -> None:
     tegg_python = args.torcheggroll_python or sys.executable
     has_tegg = subprocess.run([tegg_python, "-c", "import torcheggroll"], capture_output=True).returncode == 0
     methods = [m for m in METHODS if (m in chosen or m == "tegg") and (m != "tegg" or has_tegg)]
-    print(f"device={args.device} dtype={args.dtype} threads={args.threads} pops={pops} repeats={args.repeats} "
-          f"torcheggroll={'yes (' + tegg_python + ')' if has_tegg else 'not importable: skipped'}", flush=True)
+    print(
+        f"device={args.device} dtype={args.dtype} threads={args.threads} pops={pops} repeats={args.repeats} "
+        f"torcheggroll={'yes (' + tegg_python + ')' if has_tegg else 'not importable: skipped'}",
+        flush=True,
+    )
 
     best: dict[tuple[str, int], dict] = {}
     for round_ in range(args.repeats):
@@ -299,8 +358,11 @@ def main() -> None:
                 key = (method, pop)
                 if key not in best or res["seconds"] < best[key]["seconds"]:
                     best[key] = {**res, "peak_mb": max(res["peak_mb"], best.get(key, res)["peak_mb"])}
-                print(f"  round {round_ + 1} {method:8s} N={pop:5d}: {res['seconds'] * 1e3:9.1f} ms/step, "
-                      f"peak {res['peak_mb']:8.1f} MB", flush=True)
+                print(
+                    f"  round {round_ + 1} {method:8s} N={pop:5d}: {res['seconds'] * 1e3:9.1f} ms/step, "
+                    f"peak {res['peak_mb']:8.1f} MB",
+                    flush=True,
+                )
 
     def cell(method, pop, key, fmt):
         r = best.get((method, pop))
@@ -314,11 +376,15 @@ def main() -> None:
     thr = [m for m in cols if m in BASELINE and BASELINE[m] in cols]
     thr_loss = [m for m in cols if m in LOSS_BASELINE and LOSS_BASELINE[m] in cols]
     print()
-    print(f"| N | {' | '.join(f'{m} ms' for m in cols)} | "
-          + "".join(f"{m} thr | " for m in thr) + "".join(f"{m} thr+loss | " for m in thr_loss)
-          + ("tegg/ours time | " if "tegg" in cols else "")
-          + f"{' | '.join(f'{m} MB' for m in cols)}"
-          + (" | tegg/ours mem | tegg/ours_rows mem" if "tegg" in cols else "") + " |")
+    print(
+        f"| N | {' | '.join(f'{m} ms' for m in cols)} | "
+        + "".join(f"{m} thr | " for m in thr)
+        + "".join(f"{m} thr+loss | " for m in thr_loss)
+        + ("tegg/ours time | " if "tegg" in cols else "")
+        + f"{' | '.join(f'{m} MB' for m in cols)}"
+        + (" | tegg/ours mem | tegg/ours_rows mem" if "tegg" in cols else "")
+        + " |"
+    )
     ncols = 1 + 2 * len(cols) + len(thr) + len(thr_loss) + (3 if "tegg" in cols else 0)
     print("|---:" * ncols + "|")
     for pop in pops:
@@ -331,10 +397,12 @@ def main() -> None:
         if "tegg" in cols:
             row += [ratio("tegg", "ours", pop, "peak_mb"), ratio("tegg", "ours_rows", pop, "peak_mb")]
         print("| " + " | ".join(row) + " |")
-    print("\nthr = throughput of the ES step relative to plain inference of the same N*b rows (time plain / time "
-          "method; the *_rows methods against plain_rows, chunked alike); thr+loss = the same against plain "
-          "inference plus the same loss (plain_loss / plain_rows_loss); tegg/ours = how many times more time / "
-          "memory torcheggroll 0.2.0 needs than populora.")
+    print(
+        "\nthr = throughput of the ES step relative to plain inference of the same N*b rows (time plain / time "
+        "method; the *_rows methods against plain_rows, chunked alike); thr+loss = the same against plain "
+        "inference plus the same loss (plain_loss / plain_rows_loss); tegg/ours = how many times more time / "
+        "memory torcheggroll 0.2.0 needs than populora."
+    )
     if args.json:
         ratios = {}
         for pop in pops:
@@ -343,10 +411,16 @@ def main() -> None:
                     a, b = best.get((table[m], pop)), best.get((m, pop))
                     if a and b and b["seconds"] > 0:
                         ratios[f"{m} {kind} N={pop}"] = a["seconds"] / b["seconds"]
-        report = {"device": args.device, "dtype": args.dtype, "threads": args.threads, "pops": pops,
-                  "repeats": args.repeats, "command": " ".join(sys.argv),
-                  "results": [best[k] for k in sorted(best, key=lambda k: (k[1], METHODS.index(k[0])))],
-                  "ratios": ratios}
+        report = {
+            "device": args.device,
+            "dtype": args.dtype,
+            "threads": args.threads,
+            "pops": pops,
+            "repeats": args.repeats,
+            "command": " ".join(sys.argv),
+            "results": [best[k] for k in sorted(best, key=lambda k: (k[1], METHODS.index(k[0])))],
+            "ratios": ratios,
+        }
         Path(args.json).write_text(json.dumps(report, indent=1))
 
 

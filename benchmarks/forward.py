@@ -69,7 +69,9 @@ class Attention(nn.Module):
     def forward(self, x):
         b, t, dim = x.shape
         split = lambda y: y.view(b, t, self.heads, dim // self.heads).transpose(1, 2)
-        y = nn.functional.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)), split(self.v(x)), is_causal=True)
+        y = nn.functional.scaled_dot_product_attention(
+            split(self.q(x)), split(self.k(x)), split(self.v(x)), is_causal=True
+        )
         return self.o(y.transpose(1, 2).reshape(b, t, dim))
 
 
@@ -206,10 +208,11 @@ def memory_vs_rank(device: torch.device, dtype: torch.dtype, timer: Timer, min_t
     """Peak memory of ``individuals=`` routing over many tiny groups, for growing ``r``."""
     d, P = (1024, 4096) if device.type == "cuda" else (64, 4096)
     ranks = [1, 16] if quick else [1, 4, 16, 64]
-    print(f"\npeak memory vs r: Linear({d},{d}) GELU Linear({d},{d}), P={P}, n={P} rows with random ids "
-          "(many tiny groups)")
-    header = (f"{'r':>4} {'peak MB pure':>13} {'all':>8} {'ids':>8} {'largest alloc MB (ids)':>23} "
-              f"{'ids/all time':>13}")
+    print(
+        f"\npeak memory vs r: Linear({d},{d}) GELU Linear({d},{d}), P={P}, n={P} rows with random ids "
+        "(many tiny groups)"
+    )
+    header = f"{'r':>4} {'peak MB pure':>13} {'all':>8} {'ids':>8} {'largest alloc MB (ids)':>23} {'ids/all time':>13}"
     print(header)
     print("-" * len(header))
     for r in ranks:
@@ -218,15 +221,21 @@ def memory_vs_rank(device: torch.device, dtype: torch.dtype, timer: Timer, min_t
         pop = Population(model, pop_size=P, low_rank=r, device=device, init_scale=0.1)
         x = torch.randn(P, d, device=device, dtype=dtype)
         ids = torch.randint(0, P, (P,), generator=torch.Generator().manual_seed(0))
-        fns = {"pure": lambda: model(x), "all": lambda: pop(x, all_individuals=True),
-               "ids": lambda: pop(x, individuals=ids)}
+        fns = {
+            "pure": lambda: model(x),
+            "all": lambda: pop(x, all_individuals=True),
+            "ids": lambda: pop(x, individuals=ids),
+        }
         with torch.inference_mode():
             for fn in fns.values():
                 fn()  # warm up (and cache the route plan, as a loop over the same ids does)
             mems = {k: allocated_peak_mb(fn, device) for k, fn in fns.items()}
             ratio = timer(fns["ids"], min_time) / timer(fns["all"], min_time)
-        print(f"{r:>4} {mems['pure'][0]:13.2f} {mems['all'][0]:8.2f} {mems['ids'][0]:8.2f} {mems['ids'][1]:23.2f} "
-              f"{ratio:13.3f}", flush=True)
+        print(
+            f"{r:>4} {mems['pure'][0]:13.2f} {mems['all'][0]:8.2f} {mems['ids'][0]:8.2f} {mems['ids'][1]:23.2f} "
+            f"{ratio:13.3f}",
+            flush=True,
+        )
 
 
 def bench_point(label, make_model, make_input, P, r, b, judged, device, dtype, timer, min_time, loop, compile=None):
@@ -259,18 +268,29 @@ def bench_point(label, make_model, make_input, P, r, b, judged, device, dtype, t
             torch.testing.assert_close(cpop(x, all_individuals=True), out_all, rtol=tol, atol=tol)
             torch.testing.assert_close(cpop(x_ids, individuals=ids), out_ids, rtol=tol, atol=tol)
             cmodel(x)
-            fns.update({"pure_c": lambda: cmodel(x), "all_c": lambda: cpop(x, all_individuals=True),
-                        "ids_c": lambda: cpop(x_ids, individuals=ids)})
+            fns.update(
+                {
+                    "pure_c": lambda: cmodel(x),
+                    "all_c": lambda: cpop(x, all_individuals=True),
+                    "ids_c": lambda: cpop(x_ids, individuals=ids),
+                }
+            )
         if loop:
             chunks = x.view(P, b, *x.shape[1:])
             fns["loop"] = lambda: [pop(chunks[i], individual=i) for i in range(P)]
         blocks = timer.paired(fns, 3 * min_time)
         mems = {k: peak_mb(fn, device) for k, fn in fns.items() if not k.endswith("_c")}
-    row = {"point": label, "judged": judged, "n": P * b, "rounds": len(blocks["pure"]),
-           **{f"t_{k}": statistics.median(v) for k, v in blocks.items()},
-           **{f"r_{k}": ratio(blocks, k, "pure") for k in blocks}, "r_ids_all": ratio(blocks, "ids", "all"),
-           **{f"s_{k}": ratio(blocks, k[:-2], k) for k in blocks if k.endswith("_c")},  # eager / compiled
-           **{f"m_{k}": v for k, v in mems.items()}}
+    row = {
+        "point": label,
+        "judged": judged,
+        "n": P * b,
+        "rounds": len(blocks["pure"]),
+        **{f"t_{k}": statistics.median(v) for k, v in blocks.items()},
+        **{f"r_{k}": ratio(blocks, k, "pure") for k in blocks},
+        "r_ids_all": ratio(blocks, "ids", "all"),
+        **{f"s_{k}": ratio(blocks, k[:-2], k) for k in blocks if k.endswith("_c")},  # eager / compiled
+        **{f"m_{k}": v for k, v in mems.items()},
+    }
     return row
 
 
@@ -311,30 +331,66 @@ def main():
             for P in pops:
                 for b in bs:
                     judged = P * r * (d + 4 * d) <= d * 4 * d
-                    points.append((f"mlp d={d} r={r} P={P} b={b}", lambda d=d: mlp(d), lambda n, d=d: torch.randn(n, d),
-                                   P, r, b, judged))
+                    points.append(
+                        (
+                            f"mlp d={d} r={r} P={P} b={b}",
+                            lambda d=d: mlp(d),
+                            lambda n, d=d: torch.randn(n, d),
+                            P,
+                            r,
+                            b,
+                            judged,
+                        )
+                    )
     tdim = 1024 if device.type == "cuda" else 256
-    for P in ([8] if args.quick else [8, 64]):
+    for P in [8] if args.quick else [8, 64]:
         judged = P * 4 * (2 * tdim) <= tdim * tdim
-        points.append((f"transformer dim={tdim} seq=32 P={P} b=4 r=4", lambda: transformer(tdim),
-                       lambda n: torch.randn(n, 32, tdim), P, 4, 4, judged))
+        points.append(
+            (
+                f"transformer dim={tdim} seq=32 P={P} b=4 r=4",
+                lambda: transformer(tdim),
+                lambda n: torch.randn(n, 32, tdim),
+                P,
+                4,
+                4,
+                judged,
+            )
+        )
 
     points = [p for p in points if re.search(args.match, p[0])]
     print(f"device={device} dtype={dtype} threads={torch.get_num_threads()} torch={torch.__version__}")
-    header = (f"{'point':<42} {'n':>5} {'pure ms':>9} {'all/pure':>9} {'ids/pure':>9} {'ids/all':>8} {'loop/pure':>10} "
-              f"{'rows/s (all)':>13} {'peak MB pure/all/ids':>22}")
+    header = (
+        f"{'point':<42} {'n':>5} {'pure ms':>9} {'all/pure':>9} {'ids/pure':>9} {'ids/all':>8} {'loop/pure':>10} "
+        f"{'rows/s (all)':>13} {'peak MB pure/all/ids':>22}"
+    )
     print(header)
     print("-" * len(header))
     rows = []
     for label, make_model, make_input, P, r, b, judged in points:
-        row = bench_point(label, make_model, make_input, P, r, b, judged, device, dtype, timer, args.min_time,
-                          loop=not args.no_loop, compile=args.compile_backend if args.compile else None)
+        row = bench_point(
+            label,
+            make_model,
+            make_input,
+            P,
+            r,
+            b,
+            judged,
+            device,
+            dtype,
+            timer,
+            args.min_time,
+            loop=not args.no_loop,
+            compile=args.compile_backend if args.compile else None,
+        )
         rows.append(row)
         loop = f"{row['r_loop']:10.2f}" if "r_loop" in row else f"{'-':>10}"
         mark = "" if judged else " *"
-        print(f"{label + mark:<42} {row['n']:>5} {row['t_pure'] * 1e3:9.3f} {row['r_all']:9.3f} "
-              f"{row['r_ids']:9.3f} {row['r_ids_all']:8.3f} {loop} "
-              f"{row['n'] / row['t_all']:13.0f} {row['m_pure']:6.1f}/{row['m_all']:6.1f}/{row['m_ids']:6.1f}", flush=True)
+        print(
+            f"{label + mark:<42} {row['n']:>5} {row['t_pure'] * 1e3:9.3f} {row['r_all']:9.3f} "
+            f"{row['r_ids']:9.3f} {row['r_ids_all']:8.3f} {loop} "
+            f"{row['n'] / row['t_all']:13.0f} {row['m_pure']:6.1f}/{row['m_all']:6.1f}/{row['m_ids']:6.1f}",
+            flush=True,
+        )
 
     geo = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))
     all_r = [r["r_all"] for r in rows]
@@ -343,24 +399,35 @@ def main():
     judged_ids = [x for x, r in zip(ids_r, rows) if r["judged"]]
     print("-" * len(header))
     print(f"geometric mean all/pure {geo(all_r):.3f}   ids/pure {geo(ids_r):.3f}   (target <= 1.10 on CPU)")
-    print(f"worst judged   all/pure {max(judged_all):.3f}   ids/pure {max(judged_ids):.3f}   (target <= 1.30; "
-          f"* = adapters larger than base weights, not judged)")
+    print(
+        f"worst judged   all/pure {max(judged_all):.3f}   ids/pure {max(judged_ids):.3f}   (target <= 1.30; "
+        f"* = adapters larger than base weights, not judged)"
+    )
     print(f"geometric mean ids/all  {geo([r['r_ids_all'] for r in rows]):.3f}   (target <= 1.10)")
     if judged_all:
-        print(f"geometric mean over the judged points: all/pure {geo(judged_all):.3f}   ids/pure {geo(judged_ids):.3f}"
-              f"   (target <= 1.05)")
+        print(
+            f"geometric mean over the judged points: all/pure {geo(judged_all):.3f}   ids/pure {geo(judged_ids):.3f}"
+            f"   (target <= 1.05)"
+        )
     if args.compile:
         print(f"\ntorch.compile (backend {args.compile_backend}): ratios to eager pure; speed-up = eager / compiled")
-        head = (f"{'point':<42} {'pure_c/pure':>12} {'all_c/pure':>11} {'ids_c/pure':>11} {'all speed-up':>13} "
-                f"{'ids speed-up':>13}")
+        head = (
+            f"{'point':<42} {'pure_c/pure':>12} {'all_c/pure':>11} {'ids_c/pure':>11} {'all speed-up':>13} "
+            f"{'ids speed-up':>13}"
+        )
         print(head)
         print("-" * len(head))
         for row in rows:
-            print(f"{row['point'] + ('' if row['judged'] else ' *'):<42} {row['r_pure_c']:12.3f} "
-                  f"{row['r_all_c']:11.3f} {row['r_ids_c']:11.3f} {row['s_all_c']:13.3f} "
-                  f"{row['s_ids_c']:13.3f}", flush=True)
-        print(f"geometric mean speed-up  all {geo([r['s_all_c'] for r in rows]):.3f}   "
-              f"ids {geo([r['s_ids_c'] for r in rows]):.3f}")
+            print(
+                f"{row['point'] + ('' if row['judged'] else ' *'):<42} {row['r_pure_c']:12.3f} "
+                f"{row['r_all_c']:11.3f} {row['r_ids_c']:11.3f} {row['s_all_c']:13.3f} "
+                f"{row['s_ids_c']:13.3f}",
+                flush=True,
+            )
+        print(
+            f"geometric mean speed-up  all {geo([r['s_all_c'] for r in rows]):.3f}   "
+            f"ids {geo([r['s_ids_c'] for r in rows]):.3f}"
+        )
     if not args.skip_memory:
         memory_vs_rank(device, dtype, timer, args.min_time, args.quick)
 

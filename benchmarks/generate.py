@@ -64,32 +64,43 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--skip", nargs="*", default=[], choices=["merged", "peft"])
-    parser.add_argument("--merged-sample", type=int, default=0,
-                        help="time only this many of the P merged runs and scale to P (0: all P)")
+    parser.add_argument(
+        "--merged-sample",
+        type=int,
+        default=0,
+        help="time only this many of the P merged runs and scale to P (0: all P)",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     model, tokenizer = load_smollm2(dtype=dtype, device=device)
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                           add_generation_prompt=True) for p in PROMPTS]
+    texts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+        for p in PROMPTS
+    ]
     batch = tokenizer(texts, return_tensors="pt", padding=True).to(device)
     ids, mask = batch["input_ids"], batch["attention_mask"]
     n = args.new_tokens
     kw = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=tokenizer.pad_token_id)
     peft_base = None if "peft" in args.skip else copy.deepcopy(model)
-    print(f"SmolLM2-135M {args.dtype} on {device}, {torch.get_num_threads()} threads, targets: every block linear, "
-          f"rank {args.rank}, {len(PROMPTS)} prompts of {ids.shape[1]} tokens (left padded), {n} new tokens, greedy")
-    print("| P | rows | plain tok/s | routed tok/s | routed / plain | merged tok/s | routed / merged "
-          "| peft tok/s | routed / peft | routed == peft tokens |")
+    print(
+        f"SmolLM2-135M {args.dtype} on {device}, {torch.get_num_threads()} threads, targets: every block linear, "
+        f"rank {args.rank}, {len(PROMPTS)} prompts of {ids.shape[1]} tokens (left padded), {n} new tokens, greedy"
+    )
+    print(
+        "| P | rows | plain tok/s | routed tok/s | routed / plain | merged tok/s | routed / merged "
+        "| peft tok/s | routed / peft | routed == peft tokens |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for P in args.pops:
         pop = Population(model, P, args.rank, list(LLAMA_ALL), seed=P, dtype=dtype)
         rows = P * len(PROMPTS)
         full_ids, full_mask = ids.repeat(P, 1), mask.repeat(P, 1)
         with torch.no_grad():
-            model.generate(input_ids=full_ids, attention_mask=full_mask, **{**kw, "max_new_tokens": 2,
-                                                                             "min_new_tokens": 2})  # warm-up
+            model.generate(
+                input_ids=full_ids, attention_mask=full_mask, **{**kw, "max_new_tokens": 2, "min_new_tokens": 2}
+            )  # warm-up
             pop.generate(ids, mask, all_individuals=True, **{**kw, "max_new_tokens": 2, "min_new_tokens": 2})
             plain_s = routed_s = float("inf")
             for _ in range(args.repeats):
@@ -115,8 +126,10 @@ def main() -> None:
                     for name, delta in deltas.items():
                         model.get_submodule(name).weight.sub_(delta.to(dtype))
                 merged_s *= P / sample  # the P runs have the same shapes: a sample times them all
-                line += [f"{tok / merged_s:.1f}" + ("" if sample == P else f" ({sample} of {P} runs timed)"),
-                         f"{merged_s / routed_s:.2f}x"]
+                line += [
+                    f"{tok / merged_s:.1f}" + ("" if sample == P else f" ({sample} of {P} runs timed)"),
+                    f"{merged_s / routed_s:.2f}x",
+                ]
 
             if peft_base is None:
                 line += ["-", "-", "-"]
@@ -131,8 +144,10 @@ def main() -> None:
                         peft.load_adapter(str(Path(folder) / f"a{i}"), adapter_name=f"a{i}")
                 peft.eval()
                 names = [f"a{i}" for i in range(P) for _ in PROMPTS]  # rows (p b)
-                s, peft_out = timed(lambda: peft.generate(input_ids=full_ids, attention_mask=full_mask,
-                                                          adapter_names=names, **kw), device)
+                s, peft_out = timed(
+                    lambda: peft.generate(input_ids=full_ids, attention_mask=full_mask, adapter_names=names, **kw),
+                    device,
+                )
                 same = (peft_out == routed).all(1).float().mean().item()
                 line += [f"{tok / s:.1f}", f"{s / routed_s:.2f}x", f"{same:.0%} of rows"]
                 peft_base = peft.unload()  # the bare base model again, for the next P

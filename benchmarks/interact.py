@@ -68,9 +68,8 @@ from __future__ import annotations
 import argparse
 import time
 
-import numpy as np
-
 import gymnasium as gym
+import numpy as np
 import torch
 from torch import nn
 
@@ -203,8 +202,10 @@ def compiled_policy(repeats: int) -> None:
                     for _ in range(200):
                         fn(obs, ids)
                     times[name] = min(times[name], (CLOCK() - start) / 200)
-            print(f"| {n} | {times['eager'] * 1e6:.0f} | {times['compiled'] * 1e6:.0f} | "
-                  f"{times['compiled'] / times['eager']:.2f} | {first:.1f} | {'yes' if same else 'no'} |")
+            print(
+                f"| {n} | {times['eager'] * 1e6:.0f} | {times['compiled'] * 1e6:.0f} | "
+                f"{times['compiled'] / times['eager']:.2f} | {first:.1f} | {'yes' if same else 'no'} |"
+            )
     interactor.close()
 
 
@@ -241,23 +242,34 @@ def seed_dm_control_block() -> None:
     cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     history = namespace["history"]
     best = [round(h.best, 1) for h in history]
-    print(f"seed dm_control block: wall {wall:.0f} s, CPU {cpu:.0f} s, load average {os.getloadavg()[0]:.1f} "
-          f"on {os.cpu_count()} cores; {history[-1].env_steps:,} env steps (validation included; training alone "
-          f"{16 * 1000 * len(history):,}); best per generation {best}; validated "
-          f"{[None if h.validated is None else round(h.validated, 1) for h in history]}")
+    print(
+        f"seed dm_control block: wall {wall:.0f} s, CPU {cpu:.0f} s, load average {os.getloadavg()[0]:.1f} "
+        f"on {os.cpu_count()} cores; {history[-1].env_steps:,} env steps (validation included; training alone "
+        f"{16 * 1000 * len(history):,}); best per generation {best}; validated "
+        f"{[None if h.validated is None else round(h.validated, 1) for h in history]}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5, help="best of this many runs per measurement")
     parser.add_argument("--quick", action="store_true", help="one run per measurement")
-    parser.add_argument("--seed-dm-control-block", action="store_true",
-                        help="time the seed README's dm_control block as written instead")
-    parser.add_argument("--cpu-time", action="store_true",
-                        help="time with the process's CPU time (a loaded machine) instead of the wall clock")
+    parser.add_argument(
+        "--seed-dm-control-block",
+        action="store_true",
+        help="time the seed README's dm_control block as written instead",
+    )
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time with the process's CPU time (a loaded machine) instead of the wall clock",
+    )
     parser.add_argument("--no-vector-path", action="store_true", help="skip the vector-path column")
-    parser.add_argument("--compile", action="store_true",
-                        help="time the per-timestep policy eager vs torch.compile instead (minutes to compile)")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="time the per-timestep policy eager vs torch.compile instead (minutes to compile)",
+    )
     args = parser.parse_args()
     if args.seed_dm_control_block:
         seed_dm_control_block()
@@ -284,20 +296,39 @@ def main() -> None:
                     costs[n] = min(cost, costs.get(n, cost))
             rate, util, timesteps, fit = max(runs)
             bound = critical_path(counts, costs)
-            rows.append((num, f"{pop_size} x {episodes}", which, fit, max(bases), rate, max(vector, default=None),
-                         util, timesteps, bound, share))
-    print(f"CartPole-v1, SyncVectorEnv + env-ssl-wrapper, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} thread, best of {repeats}, {'CPU' if args.cpu_time else 'wall'} time")
-    print("| slots | individuals x episodes | population (mean return) | wrapped env, random actions (steps/s) "
-          "| evaluate (steps/s) | ratio | critical path (ms) | evaluate (ms) | ratio to critical path "
-          "| routed forward (share of evaluate) | vector path (steps/s) | utilisation | timesteps | us / timestep |")
+            rows.append(
+                (
+                    num,
+                    f"{pop_size} x {episodes}",
+                    which,
+                    fit,
+                    max(bases),
+                    rate,
+                    max(vector, default=None),
+                    util,
+                    timesteps,
+                    bound,
+                    share,
+                )
+            )
+    print(
+        f"CartPole-v1, SyncVectorEnv + env-ssl-wrapper, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} thread, best of {repeats}, {'CPU' if args.cpu_time else 'wall'} time"
+    )
+    print(
+        "| slots | individuals x episodes | population (mean return) | wrapped env, random actions (steps/s) "
+        "| evaluate (steps/s) | ratio | critical path (ms) | evaluate (ms) | ratio to critical path "
+        "| routed forward (share of evaluate) | vector path (steps/s) | utilisation | timesteps | us / timestep |"
+    )
     print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for num, work, which, fit, base, rate, vec, util, timesteps, bound, share in rows:
         seconds = util * timesteps * num / rate
         vec_text = "-" if vec is None else f"{vec:,.0f}"
-        print(f"| {num} | {work} | {which} ({fit:.0f}) | {base:,.0f} | {rate:,.0f} | {rate / base:.0%} | "
-              f"{bound * 1e3:.1f} | {seconds * 1e3:.1f} | {bound / seconds:.0%} | {share:.0%} | {vec_text} | "
-              f"{util:.0%} | {timesteps} | {seconds / timesteps * 1e6:.0f} |")
+        print(
+            f"| {num} | {work} | {which} ({fit:.0f}) | {base:,.0f} | {rate:,.0f} | {rate / base:.0%} | "
+            f"{bound * 1e3:.1f} | {seconds * 1e3:.1f} | {bound / seconds:.0%} | {share:.0%} | {vec_text} | "
+            f"{util:.0%} | {timesteps} | {seconds / timesteps * 1e6:.0f} |"
+        )
 
 
 if __name__ == "__main__":

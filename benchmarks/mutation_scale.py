@@ -36,16 +36,24 @@ def main(eps: list[float]) -> None:
     torch.set_num_threads(2)
     t0 = time.time()
     model, tok = load_smollm2()
-    texts = [tok.apply_chat_template([{"role": "user", "content": f"What is {a} + {b}?"}], tokenize=False,
-                                     add_generation_prompt=True) for a, b in PAIRS]
+    texts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": f"What is {a} + {b}?"}], tokenize=False, add_generation_prompt=True
+        )
+        for a, b in PAIRS
+    ]
     enc = tok(texts, return_tensors="pt", padding=True)
     pop = Population(model, 1 + 2 * len(eps), 8, LLAMA_ALL, init_scale=0, seed=0)  # 0 stays the base model
     for k, e in enumerate(eps):
         pop.mutate_("full_gaussian", individuals=[1 + 2 * k, 2 + 2 * k], epsilon=e)
 
     inputs = {}  # each target's input on the base forward
-    hooks = [model.get_submodule(n).register_forward_hook(
-        lambda mod, args, out, name=n: inputs.__setitem__(name, args[0].detach())) for n in pop.target_names]
+    hooks = [
+        model.get_submodule(n).register_forward_hook(
+            lambda mod, args, out, name=n: inputs.__setitem__(name, args[0].detach())
+        )
+        for n in pop.target_names
+    ]
     with torch.no_grad():
         pop(enc["input_ids"], attention_mask=enc["attention_mask"], individual=0)
     for h in hooks:
@@ -59,8 +67,15 @@ def main(eps: list[float]) -> None:
             for k, e in enumerate(eps):
                 for i in (1 + 2 * k, 2 + 2 * k):
                     rel[e].append(float(((x @ down[i]) @ up[i].T).square().mean().sqrt() / base))
-        out = pop.generate(enc["input_ids"], enc["attention_mask"], all_individuals=True, split=True,
-                           max_new_tokens=24, do_sample=False, pad_token_id=tok.pad_token_id)
+        out = pop.generate(
+            enc["input_ids"],
+            enc["attention_mask"],
+            all_individuals=True,
+            split=True,
+            max_new_tokens=24,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id,
+        )
     width = enc["input_ids"].shape[1]
     replies = [[tok.decode(r[width:], skip_special_tokens=True) for r in rows] for rows in out]
     n = len(PAIRS)
@@ -73,8 +88,10 @@ def main(eps: list[float]) -> None:
         tokens = sum((out[i, :, width:] != out[0, :, width:]).float().mean().item() for i in ids) / 2
         ok = sum(correct(replies[i][j], *PAIRS[j]) for i in ids for j in range(n))
         r = rel[e]
-        print(f"| {e} | {100 * statistics.median(r):.1f}% ({100 * min(r):.1f}-{100 * max(r):.1f}%) | "
-              f"{changed}/{2 * n} | {100 * tokens:.0f}% | {ok}/{2 * n} |")
+        print(
+            f"| {e} | {100 * statistics.median(r):.1f}% ({100 * min(r):.1f}-{100 * max(r):.1f}%) | "
+            f"{changed}/{2 * n} | {100 * tokens:.0f}% | {ok}/{2 * n} |"
+        )
     for k, e in enumerate(eps):
         print(f"epsilon {e}: {replies[1 + 2 * k][0][:70]!r}")
     print(f"base: {replies[0][0][:70]!r}  ({time.time() - t0:.0f} s)")

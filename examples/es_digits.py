@@ -63,11 +63,20 @@ def main() -> None:
     x_train, y_train, x_test, y_test = load_digits(args.seed)
     torch.manual_seed(args.seed)
     model = nn.Sequential(nn.Linear(64, args.hidden), nn.Tanh(), nn.Linear(args.hidden, 10))
-    es = EggrollES(model, args.pop_size, args.sigma, None, args.rank, seed=args.seed,
-                   optimizer=lambda params: torch.optim.Adam(params, lr=args.lr))
+    es = EggrollES(
+        model,
+        args.pop_size,
+        args.sigma,
+        None,
+        args.rank,
+        seed=args.seed,
+        optimizer=lambda params: torch.optim.Adam(params, lr=args.lr),
+    )
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(es.optimizer, T_max=args.steps)
-    print(f"{len(x_train)} train / {len(x_test)} test digits; {sum(p.numel() for p in model.parameters())} "
-          f"parameters; {args.pop_size} members x {args.batch} rows per generation")
+    print(
+        f"{len(x_train)} train / {len(x_test)} test digits; {sum(p.numel() for p in model.parameters())} "
+        f"parameters; {args.pop_size} members x {args.batch} rows per generation"
+    )
 
     generator = torch.Generator().manual_seed(args.seed)
     start = time.perf_counter()
@@ -76,11 +85,15 @@ def main() -> None:
         stats = es.step(x_train[rows], cross_entropy, y_train[rows])
         schedule.step()
         if step % 50 == 0 or step == args.steps:
-            print(f"step {step:4d}  train loss {-stats.mean:.3f}  test accuracy {accuracy(model, x_test, y_test):.3f}  "
-                  f"({time.perf_counter() - start:.0f} s)")
+            print(
+                f"step {step:4d}  train loss {-stats.mean:.3f}  test accuracy {accuracy(model, x_test, y_test):.3f}  "
+                f"({time.perf_counter() - start:.0f} s)"
+            )
     acc = accuracy(model, x_test, y_test)
-    print(f"final test accuracy {acc:.1%} (train {accuracy(model, x_train, y_train):.1%}) after {args.steps} "
-          f"generations in {time.perf_counter() - start:.1f} s")
+    print(
+        f"final test accuracy {acc:.1%} (train {accuracy(model, x_train, y_train):.1%}) after {args.steps} "
+        f"generations in {time.perf_counter() - start:.1f} s"
+    )
 
 
 if __name__ == "__main__":

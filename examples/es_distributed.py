@@ -46,14 +46,23 @@ def main() -> None:
     teacher = mlp(seed=1)
     student = mlp(seed=2)
     # EggrollES initialises the process group itself when launched by torchrun (gloo on CPU).
-    es = EggrollES(student, args.pop_size, args.sigma, None, args.rank, seed=0,
-                   optimizer=lambda params: torch.optim.Adam(params, lr=args.lr))
+    es = EggrollES(
+        student,
+        args.pop_size,
+        args.sigma,
+        None,
+        args.rank,
+        seed=0,
+        optimizer=lambda params: torch.optim.Adam(params, lr=args.lr),
+    )
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(es.optimizer, T_max=args.steps)
     teacher.to(es.device)
     main_rank = distributed.is_main_rank()
     if main_rank:
-        print(f"{distributed.world_size()} rank(s), device {es.device}: {args.pop_size} members, "
-              f"{len(distributed.partition(args.pop_size))} evaluated on each rank")
+        print(
+            f"{distributed.world_size()} rank(s), device {es.device}: {args.pop_size} members, "
+            f"{len(distributed.partition(args.pop_size))} evaluated on each rank"
+        )
 
     data = torch.Generator().manual_seed(0)  # the same batches on every rank
     x_test = torch.randn(1024, 16, generator=data).to(es.device)
@@ -69,9 +78,11 @@ def main() -> None:
     es.check_sync()  # collective: raises on every rank if the weights had drifted apart
     per_generation = (distributed.bytes_communicated - sent) / args.steps
     if main_rank:
-        print(f"{args.steps} generations in {time.perf_counter() - start:.1f} s; weights identical on every rank; "
-              f"{per_generation:.0f} bytes exchanged per generation per rank "
-              f"(fitnesses only, for {sum(p.numel() for p in student.parameters())} parameters)")
+        print(
+            f"{args.steps} generations in {time.perf_counter() - start:.1f} s; weights identical on every rank; "
+            f"{per_generation:.0f} bytes exchanged per generation per rank "
+            f"(fitnesses only, for {sum(p.numel() for p in student.parameters())} parameters)"
+        )
 
 
 if __name__ == "__main__":

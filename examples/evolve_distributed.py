@@ -18,38 +18,31 @@ from time import sleep
 
 import torch
 from torch import nn
+
 from populora import Population, is_main_rank
 
-model = nn.Sequential(
-    nn.Linear(8, 16),
-    nn.ReLU(),
-    nn.Linear(16, 1)
-)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
 
-pop = Population(
-    model,
-    pop_size = 16,
-    low_rank = 2,
-    lora_targets = ['0', '2']
-)
+pop = Population(model, pop_size=16, low_rank=2, lora_targets=["0", "2"])
 
 x = torch.randn(1, 8)
+
 
 def eval_env(population, idx):
     sleep(0.1)
     with torch.no_grad():
         # seed the environment with population.eval_seed (shared, auto-synced across ranks)
 
-        return population(x, individual = idx).abs().mean().item() + torch.randn(1).item()
+        return population(x, individual=idx).abs().mean().item() + torch.randn(1).item()
+
 
 for gen in range(10):
-
     # distributed evaluation
 
     fitnesses = pop.evaluate_distributed(eval_env)
 
     if is_main_rank():
-        print(f'gen {gen:02d} | best: {fitnesses.max():.3f} | mean: {fitnesses.mean():.3f}')
+        print(f"gen {gen:02d} | best: {fitnesses.max():.3f} | mean: {fitnesses.mean():.3f}")
 
     # evolution step
 

@@ -51,8 +51,10 @@ class ByteTokenizer:
     def batch(self, texts: list[str]) -> dict[str, torch.Tensor]:
         ids = [[1 + b % (self.vocab - 1) for b in t.encode()] for t in texts]
         width = max(map(len, ids))
-        return {"input_ids": torch.tensor([[0] * (width - len(r)) + r for r in ids]),  # left padded
-                "attention_mask": torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in ids])}
+        return {
+            "input_ids": torch.tensor([[0] * (width - len(r)) + r for r in ids]),  # left padded
+            "attention_mask": torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in ids]),
+        }
 
     def decode(self, ids: torch.Tensor, skip_special_tokens: bool = True) -> str:
         return bytes(int(i) + 47 for i in ids if 0 < int(i) < 11).decode()  # ids 1..10 read as digits 0..9
@@ -70,17 +72,27 @@ def load(which: str) -> tuple[Any, Any, str]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, eos_token_id=0,
-                         bos_token_id=0)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=0,
+        eos_token_id=0,
+        bos_token_id=0,
+    )
     return LlamaForCausalLM(config).eval(), ByteTokenizer(128), "tiny random Llama"
 
 
 def encode(tokenizer: Any, questions: list[str]) -> dict[str, torch.Tensor]:
     if isinstance(tokenizer, ByteTokenizer):
         return tokenizer.batch(questions)
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
-                                           add_generation_prompt=True) for q in questions]
+    texts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+        for q in questions
+    ]
     return dict(tokenizer(texts, return_tensors="pt", padding=True))
 
 
@@ -111,12 +123,16 @@ def main() -> None:
     batch = encode(tokenizer, [f"What is {a} + {b}?" for a, b in problems])
     ids, mask = batch["input_ids"], batch["attention_mask"]
     width = ids.shape[1]
+
     def reply(row: torch.Tensor) -> str:
         return tokenizer.decode(row[width:], skip_special_tokens=True)
 
     gen_kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    print(f"{name}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, loaded in "
-          f"{time.time() - start:.0f} s", flush=True)
+    print(
+        f"{name}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, loaded in "
+        f"{time.time() - start:.0f} s",
+        flush=True,
+    )
 
     pop = Population(model, args.pop_size, args.rank, LLAMA_ALL, init_scale=0, seed=args.seed)
     with torch.no_grad():  # every individual starts as the base model (up = 0): score it once
@@ -128,20 +144,27 @@ def main() -> None:
         """Every individual answers every prompt in one generate call: ``(P,)`` scores, ``(P, b, T)`` tokens."""
         with torch.no_grad():
             out = pop.generate(ids, mask, all_individuals=True, split=True, **gen_kwargs)
-        scores = torch.tensor([[verify(reply(row), a + b) for row, (a, b) in zip(rows, problems)]
-                               for rows in out]).mean(1)
+        scores = torch.tensor(
+            [[verify(reply(row), a + b) for row, (a, b) in zip(rows, problems)] for rows in out]
+        ).mean(1)
         return scores, out
 
     t = time.time()
     scores, _ = score()
-    print(f"generation 0: {args.pop_size} x {len(problems)} replies in one generate call ({time.time() - t:.0f} s); "
-          f"base model {base_score / len(problems):.2f}, best {scores.max():.2f}, mean {scores.mean():.2f}", flush=True)
+    print(
+        f"generation 0: {args.pop_size} x {len(problems)} replies in one generate call ({time.time() - t:.0f} s); "
+        f"base model {base_score / len(problems):.2f}, best {scores.max():.2f}, mean {scores.mean():.2f}",
+        flush=True,
+    )
     pop.evolve_(scores, epsilon=args.epsilon)
     t = time.time()
     scores, out = score()
     best = int(torch.argmax(scores))
-    print(f"generation 1: best {scores.max():.2f} (individual {best}), mean {scores.mean():.2f} "
-          f"({time.time() - t:.0f} s)", flush=True)
+    print(
+        f"generation 1: best {scores.max():.2f} (individual {best}), mean {scores.mean():.2f} "
+        f"({time.time() - t:.0f} s)",
+        flush=True,
+    )
 
     # the best as a PEFT adapter, reloaded on the plain base model, must answer as the routed individual did
     with torch.no_grad():
@@ -158,12 +181,26 @@ def main() -> None:
         logit_diff = (peft_model(input_ids=routed, attention_mask=full_mask).logits - routed_logits).abs().max().item()
     same = torch.equal(reloaded, routed) and logit_diff < 1e-3
     replies = [reply(row) for row in routed]
-    (args.out / "scores.json").write_text(json.dumps({
-        "model": name, "problems": problems, "base_score": base_score / len(problems), "scores": scores.tolist(),
-        "best": best,
-        "best_replies": replies, "peft_reload_equal": same, "peft_max_logit_diff": logit_diff}, indent=2) + "\n")
-    print(f"best individual exported to {folder}; PeftModel reload replies equal the routed individual's: {same} "
-          f"(max logit diff {logit_diff:.1e})")
+    (args.out / "scores.json").write_text(
+        json.dumps(
+            {
+                "model": name,
+                "problems": problems,
+                "base_score": base_score / len(problems),
+                "scores": scores.tolist(),
+                "best": best,
+                "best_replies": replies,
+                "peft_reload_equal": same,
+                "peft_max_logit_diff": logit_diff,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    print(
+        f"best individual exported to {folder}; PeftModel reload replies equal the routed individual's: {same} "
+        f"(max logit diff {logit_diff:.1e})"
+    )
     for (a, b), reply in list(zip(problems, replies))[:3]:
         print(f"  {a} + {b} -> {reply.strip()[:60]!r}")
     print(f"done in {time.time() - start:.0f} s")

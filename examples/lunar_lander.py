@@ -46,20 +46,35 @@ def main() -> None:
     model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 4))  # logits of the 4 engines' actions
 
     start = time.perf_counter()
-    policy, history = evolve_with_env("LunarLander-v3", model, pop_size=64, low_rank=4, algorithm=args.algorithm,
-                                      num_envs=16, num_generations=args.generations, max_env_steps=args.max_env_steps,
-                                      horizon=1000, num_episodes=2, normalize_obs=True, seed=args.seed,
-                                      progress=not args.quiet)
+    policy, history = evolve_with_env(
+        "LunarLander-v3",
+        model,
+        pop_size=64,
+        low_rank=4,
+        algorithm=args.algorithm,
+        num_envs=16,
+        num_generations=args.generations,
+        max_env_steps=args.max_env_steps,
+        horizon=1000,
+        num_episodes=2,
+        normalize_obs=True,
+        seed=args.seed,
+        progress=not args.quiet,
+    )
     seconds = time.perf_counter() - start
 
     with interact_with_env("LunarLander-v3", num_envs=16) as interactor:
         returns = interactor.play(policy, horizon=1000, num_episodes=30, seed=7_000_000 + args.seed)  # fresh ones
     if is_main_rank():
         best = max(h.validated for h in history if h.validated is not None)
-        print(f"seed {args.seed}: {len(history)} generations, {history[-1].env_steps:,} env steps in {seconds:.0f} s; "
-              f"best validated {best:.0f}")
-        print(f"evolved policy on 30 fresh episodes: mean return {returns.mean():.0f} "
-              f"(min {returns.min():.0f}, max {returns.max():.0f}; solved is 200)")
+        print(
+            f"seed {args.seed}: {len(history)} generations, {history[-1].env_steps:,} env steps in {seconds:.0f} s; "
+            f"best validated {best:.0f}"
+        )
+        print(
+            f"evolved policy on 30 fresh episodes: mean return {returns.mean():.0f} "
+            f"(min {returns.min():.0f}, max {returns.max():.0f}; solved is 200)"
+        )
 
 
 if __name__ == "__main__":

@@ -47,21 +47,37 @@ def main() -> None:
 
     start = time.perf_counter()
     policy, history = evolve_with_env(
-        "LunarLanderContinuous-v3", nn.Sequential(model), pop_size=128, low_rank=2, algorithm="es",
+        "LunarLanderContinuous-v3",
+        nn.Sequential(model),
+        pop_size=128,
+        low_rank=2,
+        algorithm="es",
         es_kwargs=dict(sigma=0.1, optimizer="clipup", lr=0.03),  # ClipUp: max_speed 2 * lr, momentum 0.9
-        action=lambda out: out, num_envs=16, horizon=1000, normalize_obs=True, num_generations=100_000,
-        max_env_steps=args.max_env_steps, seed=args.seed, progress=not args.quiet)
+        action=lambda out: out,
+        num_envs=16,
+        horizon=1000,
+        normalize_obs=True,
+        num_generations=100_000,
+        max_env_steps=args.max_env_steps,
+        seed=args.seed,
+        progress=not args.quiet,
+    )
     seconds = time.perf_counter() - start
 
     with interact_with_env("LunarLanderContinuous-v3", num_envs=16) as interactor:
-        returns = interactor.play(policy, action=lambda out: out, horizon=1000, num_episodes=30,
-                                  seed=7_000_000 + args.seed)  # fresh episodes (the benchmark's reporting seeds)
+        returns = interactor.play(
+            policy, action=lambda out: out, horizon=1000, num_episodes=30, seed=7_000_000 + args.seed
+        )  # fresh episodes (the benchmark's reporting seeds)
     if is_main_rank():
         best = max(h.validated for h in history if h.validated is not None)
-        print(f"seed {args.seed}: {len(history)} generations, {history[-1].env_steps:,} env steps in {seconds:.0f} s; "
-              f"best validated {best:.0f}")
-        print(f"evolved policy on 30 fresh episodes: mean return {returns.mean():.0f} "
-              f"(min {returns.min():.0f}, max {returns.max():.0f}; solved is 200)")
+        print(
+            f"seed {args.seed}: {len(history)} generations, {history[-1].env_steps:,} env steps in {seconds:.0f} s; "
+            f"best validated {best:.0f}"
+        )
+        print(
+            f"evolved policy on 30 fresh episodes: mean return {returns.mean():.0f} "
+            f"(min {returns.min():.0f}, max {returns.max():.0f}; solved is 200)"
+        )
 
 
 if __name__ == "__main__":

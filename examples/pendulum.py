@@ -54,14 +54,19 @@ def main() -> None:
     seconds = time.perf_counter() - start
 
     fresh = interact_with_env(gym.make_vec("Pendulum-v1", num_envs=20, vectorization_mode="sync"))
-    returns = fresh.play(policy, action=lambda out: out, to_range=(-2.0, 2.0), horizon=200, num_episodes=20,
-                         seed=1_000_000 + args.seed)
+    returns = fresh.play(
+        policy, action=lambda out: out, to_range=(-2.0, 2.0), horizon=200, num_episodes=20, seed=1_000_000 + args.seed
+    )
     if is_main_rank():
         first, last = history[0], history[-1]
-        print(f"seed {args.seed}: {len(history)} generations in {seconds:.0f} s; best fitness {first.best:.0f} -> "
-              f"{last.best:.0f} (population mean {first.mean:.0f} -> {last.mean:.0f})")
-        print(f"evolved policy on 20 fresh episodes: mean return {returns.mean():.0f} "
-              f"(min {returns.min():.0f}, max {returns.max():.0f})")
+        print(
+            f"seed {args.seed}: {len(history)} generations in {seconds:.0f} s; best fitness {first.best:.0f} -> "
+            f"{last.best:.0f} (population mean {first.mean:.0f} -> {last.mean:.0f})"
+        )
+        print(
+            f"evolved policy on 20 fresh episodes: mean return {returns.mean():.0f} "
+            f"(min {returns.min():.0f}, max {returns.max():.0f})"
+        )
 
 
 if __name__ == "__main__":

@@ -68,8 +68,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--epsilon", type=float, default=0.02, help="students' mutation strength")
     parser.add_argument("--teacher-epsilon", type=float, default=0.05)
-    parser.add_argument("--pg-lr", type=float, default=0.0,
-                        help="PopuLoRA's hybrid: each student's policy-gradient step norm before evolve_ (0: off)")
+    parser.add_argument(
+        "--pg-lr",
+        type=float,
+        default=0.0,
+        help="PopuLoRA's hybrid: each student's policy-gradient step norm before evolve_ (0: off)",
+    )
     parser.add_argument("--proposals", type=int, default=2, help="problems per teacher per step")
     parser.add_argument("--anchors", type=int, default=8, help="task-sampled problems per student per step")
     parser.add_argument("--heldout", type=int, default=200)
@@ -128,13 +132,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     teachers = Population(model, args.teachers, args.rank, LLAMA_ALL, init_scale=0, seed=args.seed)
     students = Population(model, args.students, args.rank, LLAMA_ALL, init_scale=0, seed=args.seed + 1)
     ratings = Ratings({"teachers": args.teachers, "students": args.students})
-    sp = SelfPlay(teachers, students, tokenizer, task, ratings, proposals=args.proposals, anchors=args.anchors,
-                  teacher_generate=dict(max_new_tokens=args.teacher_tokens, do_sample=True, temperature=1.0,
-                                        top_p=0.95),
-                  student_generate=dict(max_new_tokens=args.max_new_tokens, do_sample=False),
-                  evolve_kwargs={"teachers": dict(epsilon=args.teacher_epsilon),
-                                 "students": dict(epsilon=args.epsilon)},
-                  student_pg_lr=args.pg_lr, seed=args.seed)
+    sp = SelfPlay(
+        teachers,
+        students,
+        tokenizer,
+        task,
+        ratings,
+        proposals=args.proposals,
+        anchors=args.anchors,
+        teacher_generate=dict(max_new_tokens=args.teacher_tokens, do_sample=True, temperature=1.0, top_p=0.95),
+        student_generate=dict(max_new_tokens=args.max_new_tokens, do_sample=False),
+        evolve_kwargs={"teachers": dict(epsilon=args.teacher_epsilon), "students": dict(epsilon=args.epsilon)},
+        student_pg_lr=args.pg_lr,
+        seed=args.seed,
+    )
     heldout = task.sample(args.heldout, torch.Generator().manual_seed(HELDOUT_SEED))
     validation = task.sample(args.validation, torch.Generator().manual_seed(VALIDATION_SEED))
 
@@ -142,8 +153,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     base_heldout = float(sp.solve_rate(heldout, [0], batch_size=args.batch_size).float().mean())
     per_row = (time.time() - t) / max(len(heldout), 1)
     base_validation = float(sp.solve_rate(validation, [0], batch_size=args.batch_size).float().mean())
-    say(f"base model: held-out {base_heldout:.3f}, validation {base_validation:.3f} "
-        f"({per_row:.2f} s per evaluated problem)")
+    say(
+        f"base model: held-out {base_heldout:.3f}, validation {base_validation:.3f} "
+        f"({per_row:.2f} s per evaluated problem)"
+    )
     final_rows = args.students * (len(heldout) + len(validation))
     curve = [{"step": 0, "mean": base_validation, "best": base_validation}]
 
@@ -156,9 +169,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         out = sp.step()
         step_time = time.time() - t
         r = out.record
-        say(f"step {r.step}: validity {r.validity:.2f}, students mean {r.student_mean:.2f} best {r.student_best:.2f}"
+        say(
+            f"step {r.step}: validity {r.validity:.2f}, students mean {r.student_mean:.2f} best {r.student_best:.2f}"
             f" (anchors {r.anchor_accuracy:.2f}), teachers mean {r.teacher_mean:.2f}, {r.matches} matches, "
-            f"{r.tokens_per_s:.0f} tok/s, {step_time:.0f} s")
+            f"{r.tokens_per_s:.0f} tok/s, {step_time:.0f} s"
+        )
         for text, problem in list(zip(out.proposals, out.problems))[:2]:
             say(f"  proposal {text.strip()[:70]!r} -> {problem.question if problem else 'rejected'}")
         if args.eval_every and sp.steps % args.eval_every == 0:
@@ -175,27 +190,41 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tokens = sum(h["tokens"] for h in history)
     gen_seconds = sum(h["seconds"] for h in history)
     result = {
-        "model": name, "task": "Mixture([Arithmetic(1) (single-digit a + b), Successor(3) (3-digit N + 1)])",
-        "steps": sp.steps, "pg_lr": args.pg_lr, "teachers": args.teachers, "students": args.students, "seed": args.seed,
-        "heldout_size": len(heldout), "validation_size": len(validation),
-        "base_heldout": base_heldout, "base_validation": base_validation,
+        "model": name,
+        "task": "Mixture([Arithmetic(1) (single-digit a + b), Successor(3) (3-digit N + 1)])",
+        "steps": sp.steps,
+        "pg_lr": args.pg_lr,
+        "teachers": args.teachers,
+        "students": args.students,
+        "seed": args.seed,
+        "heldout_size": len(heldout),
+        "validation_size": len(validation),
+        "base_heldout": base_heldout,
+        "base_validation": base_validation,
         "mean_student_heldout_before": base_heldout,  # every student is the base model at init_scale=0
         "mean_student_heldout_after": float(heldout_acc.mean()),
-        "student_heldout_after": heldout_acc.tolist(), "student_validation_after": validation_acc.tolist(),
-        "chosen_student": chosen, "chosen_student_heldout": float(heldout_acc[chosen]),
+        "student_heldout_after": heldout_acc.tolist(),
+        "student_validation_after": validation_acc.tolist(),
+        "chosen_student": chosen,
+        "chosen_student_heldout": float(heldout_acc[chosen]),
         "gain_points": 100 * (float(heldout_acc[chosen]) - base_heldout),
         "validity": sum(h["validity"] for h in history) / max(len(history), 1),
-        "tokens": tokens, "tokens_per_s": tokens / gen_seconds if gen_seconds > 0 else 0.0,
-        "wall_s": time.time() - start, "curve": curve, "history": history,
+        "tokens": tokens,
+        "tokens_per_s": tokens / gen_seconds if gen_seconds > 0 else 0.0,
+        "wall_s": time.time() - start,
+        "curve": curve,
+        "history": history,
         "command": "python examples/selfplay_arithmetic.py " + " ".join(argv if argv is not None else []),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     plot(args.out / "accuracy.png", history, curve, base_heldout)
-    say(f"held-out: base {base_heldout:.3f}; students after {result['mean_student_heldout_after']:.3f} (mean); "
+    say(
+        f"held-out: base {base_heldout:.3f}; students after {result['mean_student_heldout_after']:.3f} (mean); "
         f"validation-chosen student {chosen}: {result['chosen_student_heldout']:.3f} "
         f"({result['gain_points']:+.1f} points); validity {result['validity']:.2f}; "
-        f"{result['tokens_per_s']:.0f} tok/s; {result['wall_s']:.0f} s; written to {args.out}")
+        f"{result['tokens_per_s']:.0f} tok/s; {result['wall_s']:.0f} s; written to {args.out}"
+    )
     return result
 
 

@@ -23,8 +23,13 @@ import torch
 
 from populora.errors import CheckpointError
 
-__all__ = ["atomic_save", "atomic_save_safetensors", "is_safetensors_file", "load_checkpoint",
-           "load_safetensors_checkpoint"]
+__all__ = [
+    "atomic_save",
+    "atomic_save_safetensors",
+    "is_safetensors_file",
+    "load_checkpoint",
+    "load_safetensors_checkpoint",
+]
 
 _MAGIC = b"populora-checkpoint\n"
 _FORMAT = 1
@@ -39,8 +44,12 @@ def atomic_save(obj: Any, path: str | Path, *, kind: str) -> Path:
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     payload = buffer.getvalue()
-    header = json.dumps({"format": _FORMAT, "kind": kind, "size": len(payload),
-                         "sha256": hashlib.sha256(payload).hexdigest()}).encode() + b"\n"
+    header = (
+        json.dumps(
+            {"format": _FORMAT, "kind": kind, "size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+        ).encode()
+        + b"\n"
+    )
     return _write_atomically(path, _MAGIC + header + payload)
 
 
@@ -85,13 +94,13 @@ def load_checkpoint(path: str | Path, *, kind: str, map_location: str | torch.de
         raise CheckpointError(f"{where} is not a populora checkpoint (it starts with {data[:16]!r})")
     end = data.find(b"\n", len(_MAGIC))
     try:
-        header = json.loads(data[len(_MAGIC):end]) if end > 0 else None
+        header = json.loads(data[len(_MAGIC) : end]) if end > 0 else None
         found, size, digest = header["kind"], int(header["size"]), header["sha256"]
     except (ValueError, TypeError, KeyError):
         raise CheckpointError(f"{where} has a damaged header") from None
     if found != kind:
         raise CheckpointError(f"{where} holds a {found} checkpoint, expected a {kind} checkpoint")
-    payload = data[end + 1:]
+    payload = data[end + 1 :]
     if len(payload) != size:
         raise CheckpointError(f"{where} is truncated or padded: {len(payload)} payload bytes, expected {size}")
     if hashlib.sha256(payload).hexdigest() != digest:
@@ -121,13 +130,15 @@ def _safetensors(action: str) -> Any:
     try:
         import safetensors.torch
     except ImportError as err:  # pragma: no cover - safetensors ships with the llm and test extras
-        raise ImportError(f"{action} needs the `safetensors` package: pip install 'populora[llm]' "
-                          "(or pip install safetensors)") from err
+        raise ImportError(
+            f"{action} needs the `safetensors` package: pip install 'populora[llm]' (or pip install safetensors)"
+        ) from err
     return safetensors.torch
 
 
-def atomic_save_safetensors(tensors: dict[str, torch.Tensor], meta: dict[str, Any], path: str | Path, *,
-                            kind: str) -> Path:
+def atomic_save_safetensors(
+    tensors: dict[str, torch.Tensor], meta: dict[str, Any], path: str | Path, *, kind: str
+) -> Path:
     """Write ``tensors`` and the JSON-able ``meta`` as a ``.safetensors`` file of ``kind``, atomically.
 
     ``meta`` goes into the file's metadata (as JSON, under ``"populora"``)
@@ -154,8 +165,9 @@ def is_safetensors_file(path: str | Path) -> bool:
     return len(head) == 9 and head[8:9] == b"{"
 
 
-def load_safetensors_checkpoint(path: str | Path, *, kind: str,
-                                map_location: str | torch.device = "cpu") -> tuple[dict[str, torch.Tensor], Any]:
+def load_safetensors_checkpoint(
+    path: str | Path, *, kind: str, map_location: str | torch.device = "cpu"
+) -> tuple[dict[str, torch.Tensor], Any]:
     """Read :func:`atomic_save_safetensors`'s file: ``(tensors, meta)``, every byte checked first.
 
     Raises:
@@ -169,7 +181,7 @@ def load_safetensors_checkpoint(path: str | Path, *, kind: str,
     st = _safetensors(f"reading {where}")
     try:
         size = int.from_bytes(data[:8], "little")
-        raw = json.loads(data[8:8 + size]) if len(data) >= 8 + size else None
+        raw = json.loads(data[8 : 8 + size]) if len(data) >= 8 + size else None
         tensors = st.load(data)
     except Exception as err:  # safetensors validates the header and the data offsets
         raise CheckpointError(f"{where} is not a valid safetensors file ({type(err).__name__}: {err})") from None
@@ -177,8 +189,9 @@ def load_safetensors_checkpoint(path: str | Path, *, kind: str,
         header = json.loads(raw["__metadata__"][_ST_KEY])
         found, digest, meta = header["kind"], header["sha256"], header["meta"]
     except (TypeError, KeyError, ValueError):
-        raise CheckpointError(f"{where} is a safetensors file but not a populora checkpoint (no populora "
-                              "metadata)") from None
+        raise CheckpointError(
+            f"{where} is a safetensors file but not a populora checkpoint (no populora metadata)"
+        ) from None
     if found != kind:
         raise CheckpointError(f"{where} holds a {found} checkpoint, expected a {kind} checkpoint")
     if _tensor_digest(tensors) != digest:

@@ -108,8 +108,9 @@ def check_float(
             expect = f"{'<' if high_open else '<='} {high}"
         else:
             expect = "finite"
-        raise InvalidValueError(f"`{name}` must be a finite number {expect}, got {value!r}".replace(
-            "finite number finite", "finite number"))
+        raise InvalidValueError(
+            f"`{name}` must be a finite number {expect}, got {value!r}".replace("finite number finite", "finite number")
+        )
     return value
 
 

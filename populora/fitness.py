@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from populora import distributed as _dist
-from populora.checks import check_int, check_one_of
+from populora.checks import check_one_of
 from populora.errors import FitnessError, InvalidTypeError, InvalidValueError
 
 __all__ = ["NAN_POLICIES", "FitnessKind", "as_fitnesses", "evaluate", "fitness_kind", "validate_fitnesses"]
@@ -102,13 +102,8 @@ def fitness_kind(fn: Callable[..., Any]) -> FitnessKind:
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     by_keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     has_individuals = any(p.name == "individuals" and p.kind in by_keyword for p in params)
-    required = [
-        p for p in params if p.kind in positional and p.default is p.empty and p.name != "individuals"
-    ]
-    other_kw = [
-        p.name for p in params
-        if p.kind is p.KEYWORD_ONLY and p.default is p.empty and p.name != "individuals"
-    ]
+    required = [p for p in params if p.kind in positional and p.default is p.empty and p.name != "individuals"]
+    other_kw = [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty and p.name != "individuals"]
     if other_kw:
         raise refuse(f"it requires keyword-only argument(s) {other_kw} that populora cannot supply")
     if has_individuals:
@@ -169,10 +164,12 @@ def as_fitnesses(values: Any, what: str = "fitnesses", *, returned: int | None =
         ...
         populora.errors.FitnessError: fitnesses must be real numbers (a tensor, array or list), got str: 'abc'
     """
+
     def refuse(kind: str) -> FitnessError:
         if returned is not None:
-            return FitnessError(f"{what} must return {returned} numbers (sequence, array or tensor), got {kind}: "
-                                f"{values!r:.80}")
+            return FitnessError(
+                f"{what} must return {returned} numbers (sequence, array or tensor), got {kind}: {values!r:.80}"
+            )
         return FitnessError(f"{what} must be real numbers (a tensor, array or list), got {kind}: {values!r:.80}")
 
     if isinstance(values, Tensor):
@@ -198,7 +195,9 @@ def as_fitnesses(values: Any, what: str = "fitnesses", *, returned: int | None =
         except (TypeError, ValueError, RuntimeError):
             raise refuse(type(values).__name__) from None
     if t.is_complex() or not (t.is_floating_point() or t.dtype in _REAL_DTYPES):
-        raise FitnessError(f"{what} must {'return' if returned is not None else 'be'} real numbers, got dtype {t.dtype}")
+        raise FitnessError(
+            f"{what} must {'return' if returned is not None else 'be'} real numbers, got dtype {t.dtype}"
+        )
     return t
 
 
@@ -259,8 +258,9 @@ def validate_fitnesses(
         ids = bad.nonzero().flatten().tolist()
         if nan_policy != "worst" or (not allow_inf and bool((f == math.inf).any())) or bool(bad.all()):
             hint = "; pass nan_policy='worst' to treat NaN as the lowest fitness" if nan_policy != "worst" else ""
-            raise FitnessError(f"{what} must be {'free of NaN' if allow_inf else 'finite'}, got {f[bad].tolist()} "
-                               f"at ids {ids}{hint}")
+            raise FitnessError(
+                f"{what} must be {'free of NaN' if allow_inf else 'finite'}, got {f[bad].tolist()} at ids {ids}{hint}"
+            )
         good = f[~bad & torch.isfinite(f)] if allow_inf else f[~bad]
         if good.numel() == 0:
             good = torch.zeros(1, dtype=f.dtype, device=f.device)

@@ -25,8 +25,8 @@ With :class:`~populora.EggrollES` or ``evolve_with_env(..., algorithm='es')``::
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -58,8 +58,14 @@ class ClipUp(torch.optim.Optimizer):
         tensor([-0.3000, -0.4000])
     """
 
-    def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]], lr: float, momentum: float = 0.9,
-                 max_speed: float | None = None, eps: float = 1e-12):
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        lr: float,
+        momentum: float = 0.9,
+        max_speed: float | None = None,
+        eps: float = 1e-12,
+    ):
         lr = check_float("lr", lr, low=0.0, low_open=True)
         momentum = check_float("momentum", momentum, low=0.0, high=1.0, high_open=True)
         max_speed = 2.0 * lr if max_speed is None else check_float("max_speed", max_speed, low=0.0, low_open=True)

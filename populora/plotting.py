@@ -67,8 +67,10 @@ def plot_history(
     try:
         import matplotlib.pyplot as plt  # optional dependency: imported only when a plot is asked for
     except ImportError as err:
-        raise ImportError("plot_history needs matplotlib, which populora does not require: install it with "
-                          "`pip install matplotlib` or `pip install 'populora[examples]'`") from err
+        raise ImportError(
+            "plot_history needs matplotlib, which populora does not require: install it with "
+            "`pip install matplotlib` or `pip install 'populora[examples]'`"
+        ) from err
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 4))
     for name, rows in series.items():
@@ -79,11 +81,23 @@ def plot_history(
         spread = [(g, m, s) for g, _, m, s, _ in rows if s is not None and math.isfinite(s)]
         checked = [(g, v) for g, _, _, _, v in rows if v is not None and math.isfinite(v)]
         if checked:  # evolve_with_env's validated scores
-            ax.plot([g for g, _ in checked], [v for _, v in checked], linestyle=":", marker=".",
-                    color=line.get_color(), label=f"{prefix}validated")
+            ax.plot(
+                [g for g, _ in checked],
+                [v for _, v in checked],
+                linestyle=":",
+                marker=".",
+                color=line.get_color(),
+                label=f"{prefix}validated",
+            )
         if std and spread:
-            ax.fill_between([g for g, _, _ in spread], [m - s for _, m, s in spread], [m + s for _, m, s in spread],
-                            color=line.get_color(), alpha=0.2, linewidth=0)
+            ax.fill_between(
+                [g for g, _, _ in spread],
+                [m - s for _, m, s in spread],
+                [m + s for _, m, s in spread],
+                color=line.get_color(),
+                alpha=0.2,
+                linewidth=0,
+            )
     ax.set_xlabel("generation")
     ax.set_ylabel("fitness")
     if title is not None:
@@ -108,8 +122,10 @@ def _series(history: Any) -> dict[str, list[tuple[float, float, float, float | N
 
 def _rows(entries: Any, where: str) -> list[tuple[float, float, float, float | None, float | None]]:
     if isinstance(entries, (str, bytes)) or not isinstance(entries, Sequence):
-        raise InvalidTypeError(f"`{where}` must be a list of per-generation entries (generation, best, mean[, std]), "
-                               f"got {type(entries).__name__}")
+        raise InvalidTypeError(
+            f"`{where}` must be a list of per-generation entries (generation, best, mean[, std]), "
+            f"got {type(entries).__name__}"
+        )
     if not entries:
         raise InvalidValueError(f"`{where}` is empty: nothing to plot")
     return [_row(entry, f"{where}[{i}]") for i, entry in enumerate(entries)]
@@ -123,8 +139,10 @@ def _row(entry: Any, where: str) -> tuple[float, float, float, float | None, flo
     elif isinstance(entry, Sequence) and not isinstance(entry, (str, bytes)) and 3 <= len(entry) <= 6:
         values = [*entry, None, None][:5]  # (generation, best, mean[, std[, validated[, env_steps]]])
     else:
-        raise InvalidTypeError(f"`{where}` must have generation, best and mean (a GenerationStats, say), got "
-                               f"{type(entry).__name__} {entry!r}")
+        raise InvalidTypeError(
+            f"`{where}` must have generation, best and mean (a GenerationStats, say), got "
+            f"{type(entry).__name__} {entry!r}"
+        )
     for field, value in zip(_FIELDS, values):
         if field in ("std", "validated") and value is None:
             continue

@@ -77,8 +77,10 @@ def _openskill_models() -> Any:
     try:
         import openskill.models as models
     except ImportError as err:
-        raise ImportError("populora.matchmaking.Ratings needs the `openskill` package: "
-                          "pip install openskill (or pip install 'populora[llm]')") from err
+        raise ImportError(
+            "populora.matchmaking.Ratings needs the `openskill` package: "
+            "pip install openskill (or pip install 'populora[llm]')"
+        ) from err
     return models
 
 
@@ -86,8 +88,9 @@ def _as_ids(name: str, ids: Any, size: int) -> list[int]:
     """A 1-D sequence or int tensor of ids in ``[0, size)`` as a list of ints."""
     if isinstance(ids, torch.Tensor):
         if ids.ndim != 1 or ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-            raise InvalidTypeError(f"`{name}` must be a 1-D integer tensor, got {ids.dtype} of shape "
-                                   f"{tuple(ids.shape)}")
+            raise InvalidTypeError(
+                f"`{name}` must be a 1-D integer tensor, got {ids.dtype} of shape {tuple(ids.shape)}"
+            )
         ids = ids.tolist()
     elif isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
         raise InvalidTypeError(f"`{name}` must be a sequence or 1-D tensor of ids, got {type(ids).__name__}")
@@ -98,12 +101,14 @@ def _as_scores(scores: Any) -> list[float]:
     """A 1-D sequence or real tensor of scores in ``[0, 1]`` as a list of floats."""
     if isinstance(scores, torch.Tensor):
         if scores.ndim != 1 or scores.dtype.is_complex or scores.dtype == torch.bool:
-            raise InvalidTypeError(f"`scores` must be a 1-D real tensor, got {scores.dtype} of shape "
-                                   f"{tuple(scores.shape)}")
+            raise InvalidTypeError(
+                f"`scores` must be a 1-D real tensor, got {scores.dtype} of shape {tuple(scores.shape)}"
+            )
         scores = scores.tolist()
     elif isinstance(scores, (str, bytes)) or not isinstance(scores, Sequence):
-        raise InvalidTypeError(f"`scores` must be a sequence or 1-D tensor of numbers in [0, 1], "
-                               f"got {type(scores).__name__}")
+        raise InvalidTypeError(
+            f"`scores` must be a sequence or 1-D tensor of numbers in [0, 1], got {type(scores).__name__}"
+        )
     return [check_float(f"scores[{k}]", s, low=0.0, high=1.0) for k, s in enumerate(scores)]
 
 
@@ -153,8 +158,9 @@ class Ratings(Snapshot):
             raise InvalidTypeError(f"`model` must be a str, one of {list(MODELS)}, got {type(model).__name__}")
         check_one_of("model", model, MODELS)
         if not isinstance(inherit, str):
-            raise InvalidTypeError(f"`inherit` must be a str, one of {list(INHERIT_MODES)}, "
-                                   f"got {type(inherit).__name__}")
+            raise InvalidTypeError(
+                f"`inherit` must be a str, one of {list(INHERIT_MODES)}, got {type(inherit).__name__}"
+            )
         check_one_of("inherit", inherit, INHERIT_MODES)
         self.prior_mu = check_float("prior_mu", prior_mu)
         self.prior_sigma = check_float("prior_sigma", prior_sigma, low=0.0, low_open=True)
@@ -163,7 +169,8 @@ class Ratings(Snapshot):
         self.model_name = model
         self.inherit = inherit
         self._model = getattr(_openskill_models(), model)(
-            mu=self.prior_mu, sigma=self.prior_sigma, beta=self.beta, tau=self.tau)
+            mu=self.prior_mu, sigma=self.prior_sigma, beta=self.beta, tau=self.tau
+        )
         self._sizes = checked
         self._mu = {n: torch.full((p,), self.prior_mu, dtype=torch.float64) for n, p in checked.items()}
         self._sigma = {n: torch.full((p,), self.prior_sigma, dtype=torch.float64) for n, p in checked.items()}
@@ -232,9 +239,14 @@ class Ratings(Snapshot):
         ``ordinal_best`` and ``best`` (the id with the highest ordinal, lowest id on ties)."""
         name = self._name(name)
         ordinal = self.ordinal(name)
-        return {"mu_mean": float(self._mu[name].mean()), "mu_max": float(self._mu[name].max()),
-                "sigma_mean": float(self._sigma[name].mean()), "ordinal_mean": float(ordinal.mean()),
-                "ordinal_best": float(ordinal.max()), "best": int(torch.argmax(ordinal))}
+        return {
+            "mu_mean": float(self._mu[name].mean()),
+            "mu_max": float(self._mu[name].max()),
+            "sigma_mean": float(self._sigma[name].mean()),
+            "ordinal_mean": float(ordinal.mean()),
+            "ordinal_best": float(ordinal.max()),
+            "best": int(torch.argmax(ordinal)),
+        }
 
     # ----------------------------------------------------------------- updating
     def _outcome(self, ra: Any, rb: Any, ranks: list[int]) -> tuple[float, float, float, float]:
@@ -295,8 +307,9 @@ class Ratings(Snapshot):
         ib = _as_ids("ids_b", ids_b, self._sizes[name_b])
         ss = _as_scores(scores)
         if not len(ia) == len(ib) == len(ss):
-            raise InvalidValueError(f"`ids_a`, `ids_b` and `scores` must have the same length, got "
-                                    f"{len(ia)}, {len(ib)} and {len(ss)}")
+            raise InvalidValueError(
+                f"`ids_a`, `ids_b` and `scores` must have the same length, got {len(ia)}, {len(ib)} and {len(ss)}"
+            )
         if name_a == name_b:
             for k, (x, y) in enumerate(zip(ia, ib)):
                 if x == y:
@@ -325,14 +338,17 @@ class Ratings(Snapshot):
         """
         name = self._name(name)
         if not isinstance(result, SelectionResult):
-            raise InvalidTypeError(f"`result` must be the SelectionResult returned by evolve_, "
-                                   f"got {type(result).__name__}")
+            raise InvalidTypeError(
+                f"`result` must be the SelectionResult returned by evolve_, got {type(result).__name__}"
+            )
         size = self._sizes[name]
         kept = _as_ids("result.selected_in_indices", result.selected_in_indices, size)
         culled = _as_ids("result.selected_out_indices", result.selected_out_indices, size)
         if sorted(kept + culled) != list(range(size)):
-            raise InvalidValueError(f"`result` does not partition the {size} ids of {name!r} into survivors "
-                                    f"{kept} and culled {culled}: is it from another population?")
+            raise InvalidValueError(
+                f"`result` does not partition the {size} ids of {name!r} into survivors "
+                f"{kept} and culled {culled}: is it from another population?"
+            )
         if not culled:
             return
         index = torch.tensor(culled, dtype=torch.int64)
@@ -345,8 +361,9 @@ class Ratings(Snapshot):
         self._matches[name][index] = 0
 
     # ------------------------------------------------------------------ pairing
-    def pair(self, name_a: str, name_b: str, generator: torch.Generator, *, mode: str = "pfsp",
-             offset: int = 0) -> Tensor:
+    def pair(
+        self, name_a: str, name_b: str, generator: torch.Generator, *, mode: str = "pfsp", offset: int = 0
+    ) -> Tensor:
         """An opponent in ``name_b`` for every player of ``name_a``.
 
         Args:
@@ -400,16 +417,28 @@ class Ratings(Snapshot):
 
     # --------------------------------------------------------------- checkpoint
     def _config(self) -> dict[str, Any]:
-        return {"model": self.model_name, "inherit": self.inherit, "prior_mu": self.prior_mu,
-                "prior_sigma": self.prior_sigma, "beta": self.beta, "tau": self.tau, "sizes": dict(self._sizes)}
+        return {
+            "model": self.model_name,
+            "inherit": self.inherit,
+            "prior_mu": self.prior_mu,
+            "prior_sigma": self.prior_sigma,
+            "beta": self.beta,
+            "tau": self.tau,
+            "sizes": dict(self._sizes),
+        }
 
     def state_dict(self) -> dict[str, Any]:
         """A snapshot of plain values and tensors (no shared storage): the config and every ``mu``,
         ``sigma`` and match count, for :func:`populora.checkpoint.atomic_save` or a run's checkpoint."""
-        return {"format": _FORMAT, "version": _VERSION, "config": self._config(), "played": self._played,
-                "mu": {n: t.clone() for n, t in self._mu.items()},
-                "sigma": {n: t.clone() for n, t in self._sigma.items()},
-                "matches": {n: t.clone() for n, t in self._matches.items()}}
+        return {
+            "format": _FORMAT,
+            "version": _VERSION,
+            "config": self._config(),
+            "played": self._played,
+            "mu": {n: t.clone() for n, t in self._mu.items()},
+            "sigma": {n: t.clone() for n, t in self._sigma.items()},
+            "matches": {n: t.clone() for n, t in self._matches.items()},
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict` exactly; everything is checked before anything is written.
@@ -443,17 +472,23 @@ class Ratings(Snapshot):
         for key, dtype in (("mu", torch.float64), ("sigma", torch.float64), ("matches", torch.int64)):
             table = state[key]
             if not isinstance(table, Mapping) or set(table) != set(self._sizes):
-                raise CheckpointError(f"Ratings state {key!r} must map {sorted(self._sizes)} to tensors, got "
-                                      f"{sorted(table) if isinstance(table, Mapping) else type(table).__name__}")
+                raise CheckpointError(
+                    f"Ratings state {key!r} must map {sorted(self._sizes)} to tensors, got "
+                    f"{sorted(table) if isinstance(table, Mapping) else type(table).__name__}"
+                )
             new[key] = {}
             for name, size in self._sizes.items():
                 t = table[name]
                 if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != (size,):
                     got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
-                    raise CheckpointError(f"Ratings state {key}[{name!r}] must be a {dtype} tensor of shape "
-                                          f"({size},), got {got}")
-                bad = (t < 0).any() if key == "matches" else ~torch.isfinite(t).all() | (
-                    (t <= 0).any() if key == "sigma" else False)
+                    raise CheckpointError(
+                        f"Ratings state {key}[{name!r}] must be a {dtype} tensor of shape ({size},), got {got}"
+                    )
+                bad = (
+                    (t < 0).any()
+                    if key == "matches"
+                    else ~torch.isfinite(t).all() | ((t <= 0).any() if key == "sigma" else False)
+                )
                 if bool(bad):
                     raise CheckpointError(f"Ratings state {key}[{name!r}] has invalid values {t.tolist()}")
                 new[key][name] = t.detach().to("cpu").clone()
@@ -461,6 +496,6 @@ class Ratings(Snapshot):
         self._played = played
 
     def __repr__(self) -> str:
-        return (f"Ratings(sizes={self._sizes}, model={self.model_name!r}, inherit={self.inherit!r}, "
-                f"played={self._played})")
-
+        return (
+            f"Ratings(sizes={self._sizes}, model={self.model_name!r}, inherit={self.inherit!r}, played={self._played})"
+        )

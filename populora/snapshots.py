@@ -61,12 +61,16 @@ class Snapshot:
 
     def state(self) -> dict[str, Any]:
         """Deprecated: use :meth:`state_dict`."""
-        warnings.warn(f"`{type(self).__name__}.state()` is deprecated; use `state_dict()`", DeprecationWarning,
-                      stacklevel=2)
+        warnings.warn(
+            f"`{type(self).__name__}.state()` is deprecated; use `state_dict()`", DeprecationWarning, stacklevel=2
+        )
         return self.state_dict()
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         """Deprecated: use :meth:`load_state_dict`."""
-        warnings.warn(f"`{type(self).__name__}.load_state()` is deprecated; use `load_state_dict()`",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            f"`{type(self).__name__}.load_state()` is deprecated; use `load_state_dict()`",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         self.load_state_dict(state)

@@ -52,8 +52,21 @@ SUPPORTED = (nn.Linear, nn.Embedding)
 __all__ = ["SUPPORTED", "find_targets", "layer_dims", "quantized_reason", "tied_weights", "unroutable_reason"]
 
 # packages whose layers hold quantized weights (a layer of theirs is refused even if its weight looks float)
-_QUANTIZED_PACKAGES = ("bitsandbytes", "auto_gptq", "gptqmodel", "awq", "hqq", "optimum.quanto", "quanto",
-                       "torchao", "gguf", "llama_cpp", "eetq", "fbgemm_gpu", "compressed_tensors")
+_QUANTIZED_PACKAGES = (
+    "bitsandbytes",
+    "auto_gptq",
+    "gptqmodel",
+    "awq",
+    "hqq",
+    "optimum.quanto",
+    "quanto",
+    "torchao",
+    "gguf",
+    "llama_cpp",
+    "eetq",
+    "fbgemm_gpu",
+    "compressed_tensors",
+)
 
 
 def quantized_reason(module: nn.Module, path: str = "") -> str | None:
@@ -93,9 +106,11 @@ def quantized_reason(module: nn.Module, path: str = "") -> str | None:
 
 def _quantized_error(paths: dict[str, str], how: str) -> TargetNotFoundError:
     shown = "; ".join(list(paths.values())[:5]) + (f"; and {len(paths) - 5} more" if len(paths) > 5 else "")
-    return TargetNotFoundError(f"{how} {shown}: quantized base layers are not supported yet (a routed delta "
-                               "on them would not equal a merge); load the model in a float dtype, or exclude "
-                               "them (a '!pattern' entry) and target plain nn.Linear / nn.Embedding layers")
+    return TargetNotFoundError(
+        f"{how} {shown}: quantized base layers are not supported yet (a routed delta "
+        "on them would not equal a merge); load the model in a float dtype, or exclude "
+        "them (a '!pattern' entry) and target plain nn.Linear / nn.Embedding layers"
+    )
 
 
 def unroutable_reason(module: nn.Module, path: str = "") -> str | None:
@@ -104,11 +119,15 @@ def unroutable_reason(module: nn.Module, path: str = "") -> str | None:
     for kind in SUPPORTED:
         if isinstance(module, kind):
             if type(module).forward is not kind.forward:
-                return (f"{type(module).__name__} '{where}' overrides the forward of {kind.__name__}, so its "
-                        "output is not the plain layer's that a low-rank delta (or a merge) assumes")
+                return (
+                    f"{type(module).__name__} '{where}' overrides the forward of {kind.__name__}, so its "
+                    "output is not the plain layer's that a low-rank delta (or a merge) assumes"
+                )
             if kind is nn.Embedding and module.max_norm is not None:
-                return (f"nn.Embedding '{where}' has max_norm={module.max_norm}, which rescales rows of the "
-                        "weight in place during forward; a routed delta cannot follow that")
+                return (
+                    f"nn.Embedding '{where}' has max_norm={module.max_norm}, which rescales rows of the "
+                    "weight in place during forward; a routed delta cannot follow that"
+                )
             return None
     return f"'{where}' is {type(module).__name__}; expected nn.Linear or nn.Embedding"
 
@@ -162,9 +181,11 @@ def tied_weights(model: nn.Module) -> dict[str, list[str]]:
 
 
 def _tied_message(path: str, others: list[str]) -> str:
-    return (f"'{path}.weight' is the same tensor as {', '.join(repr(o) for o in others)} (tied weights): "
-            f"merging an adapter of '{path}' would also change {', '.join(repr(o.rpartition('.')[0] or o) for o in others)}, "
-            "so the merged model would not be the routed individual")
+    return (
+        f"'{path}.weight' is the same tensor as {', '.join(repr(o) for o in others)} (tied weights): "
+        f"merging an adapter of '{path}' would also change {', '.join(repr(o.rpartition('.')[0] or o) for o in others)}, "
+        "so the merged model would not be the routed individual"
+    )
 
 
 def layer_dims(module: nn.Module) -> tuple[int, int]:
@@ -209,27 +230,33 @@ def find_targets(model: nn.Module, lora_targets: str | Iterable[str] | None) -> 
     if lora_targets is None:
         entries: list[str] = []
     elif not isinstance(lora_targets, (str, Iterable)):
-        raise InvalidTypeError(f"`lora_targets` must be None, a str or a list of str, got "
-                               f"{type(lora_targets).__name__} {lora_targets!r}")
+        raise InvalidTypeError(
+            f"`lora_targets` must be None, a str or a list of str, got {type(lora_targets).__name__} {lora_targets!r}"
+        )
     else:
         entries = [lora_targets] if isinstance(lora_targets, str) else list(lora_targets)
         if not entries:
             raise TargetNotFoundError("`lora_targets` is empty; pass None to target every nn.Linear")
         for entry in entries:
             if not isinstance(entry, str):
-                raise InvalidTypeError(f"`lora_targets` entries must be str paths or glob patterns, got "
-                                       f"{type(entry).__name__} {entry!r}")
+                raise InvalidTypeError(
+                    f"`lora_targets` entries must be str paths or glob patterns, got {type(entry).__name__} {entry!r}"
+                )
     excluded = _excluded(model, modules, {**supported, **quantized}, [e[1:] for e in entries if e.startswith("!")])
     includes = [e for e in entries if not e.startswith("!")]
     kept = {p: why for p, why in quantized.items() if p not in excluded}
 
     if not includes:  # auto-discovery, minus the exclusions
-        how = "`lora_targets=None` looks for every nn.Linear" if lora_targets is None else (
-            f"`lora_targets={lora_targets!r}` (only exclusions) looks for every other nn.Linear")
+        how = (
+            "`lora_targets=None` looks for every nn.Linear"
+            if lora_targets is None
+            else (f"`lora_targets={lora_targets!r}` (only exclusions) looks for every other nn.Linear")
+        )
         if kept:
             raise _quantized_error(kept, how + ", but found")
-        found = {p: m for p, m in supported.items()
-                 if isinstance(m, nn.Linear) and p not in unroutable and p not in excluded}
+        found = {
+            p: m for p, m in supported.items() if isinstance(m, nn.Linear) and p not in unroutable and p not in excluded
+        }
         skipped = [p for p in found if p in tied]
         found = {p: m for p, m in found.items() if p not in tied}
         if not found:
@@ -251,29 +278,35 @@ def find_targets(model: nn.Module, lora_targets: str | Iterable[str] | None) -> 
             matches = [p for p in supported if fnmatch.fnmatchcase(p, entry)]
             if not matches:
                 raise TargetNotFoundError(
-                    f"lora target pattern {entry!r} matches no nn.Linear or nn.Embedding; "
-                    f"{_suggest(entry, supported)}"
+                    f"lora target pattern {entry!r} matches no nn.Linear or nn.Embedding; {_suggest(entry, supported)}"
                 )
             matches = [p for p in matches if p not in unroutable]
             if not matches:
-                raise TargetNotFoundError(f"lora target pattern {entry!r} matches only unroutable layers: "
-                                          + "; ".join(unroutable[p] for p in unroutable if fnmatch.fnmatchcase(p, entry)))
+                raise TargetNotFoundError(
+                    f"lora target pattern {entry!r} matches only unroutable layers: "
+                    + "; ".join(unroutable[p] for p in unroutable if fnmatch.fnmatchcase(p, entry))
+                )
             if all(p in tied for p in matches):
-                raise TargetNotFoundError(f"lora target pattern {entry!r} matches only layers with tied weights: "
-                                          + "; ".join(_tied_message(p, tied[p]) for p in matches))
+                raise TargetNotFoundError(
+                    f"lora target pattern {entry!r} matches only layers with tied weights: "
+                    + "; ".join(_tied_message(p, tied[p]) for p in matches)
+                )
             skipped += [p for p in matches if p in tied and p not in skipped]
             chosen.update(p for p in matches if p not in tied)
             continue
         if entry not in modules:
-            raise TargetNotFoundError(f"lora target {entry!r} is not a module of {type(model).__name__}; "
-                                      f"{_suggest(entry, supported)}")
+            raise TargetNotFoundError(
+                f"lora target {entry!r} is not a module of {type(model).__name__}; {_suggest(entry, supported)}"
+            )
         if entry in quantized:
             raise _quantized_error({entry: quantized[entry]}, "lora target")
         if entry in unroutable:
             raise TargetNotFoundError(f"lora target {entry!r} cannot be routed: {unroutable[entry]}")
         if entry in tied:
-            raise TargetNotFoundError(f"lora target {entry!r} cannot be a target: {_tied_message(entry, tied[entry])}; "
-                                      "untie the weights or target other layers")
+            raise TargetNotFoundError(
+                f"lora target {entry!r} cannot be a target: {_tied_message(entry, tied[entry])}; "
+                "untie the weights or target other layers"
+            )
         if not isinstance(modules[entry], SUPPORTED):
             raise TargetNotFoundError(
                 f"lora target {entry!r} is {type(modules[entry]).__name__}; expected nn.Linear or "
@@ -282,14 +315,15 @@ def find_targets(model: nn.Module, lora_targets: str | Iterable[str] | None) -> 
         chosen.add(entry)
     chosen -= excluded
     if not chosen:
-        raise TargetNotFoundError(f"`lora_targets={lora_targets!r}` selects no layer: every layer its entries "
-                                  "match is excluded by its '!' entries")
+        raise TargetNotFoundError(
+            f"`lora_targets={lora_targets!r}` selects no layer: every layer its entries "
+            "match is excluded by its '!' entries"
+        )
     _warn_tied([p for p in skipped if p not in chosen and p not in excluded], tied)
     return {p: m for p, m in supported.items() if p in chosen}
 
 
-def _excluded(model: nn.Module, modules: dict[str, nn.Module], layers: dict[str, Any],
-              patterns: list[str]) -> set[str]:
+def _excluded(model: nn.Module, modules: dict[str, nn.Module], layers: dict[str, Any], patterns: list[str]) -> set[str]:
     """Every module path an exclusion matches, with the modules below it (``'!model.layers.0'`` drops that block)."""
     out: set[str] = set()
     for pattern in patterns:
@@ -300,16 +334,21 @@ def _excluded(model: nn.Module, modules: dict[str, nn.Module], layers: dict[str,
         below = [p for p in modules if any(p.startswith(h + ".") for h in hit)]
         if not any(p in layers for p in hit + below):
             supported = {p: m for p, m in modules.items() if isinstance(m, SUPPORTED)}
-            raise TargetNotFoundError(f"lora target exclusion {'!' + pattern!r} matches no nn.Linear or nn.Embedding "
-                                      f"of {type(model).__name__}; {_suggest(pattern, supported)}")
+            raise TargetNotFoundError(
+                f"lora target exclusion {'!' + pattern!r} matches no nn.Linear or nn.Embedding "
+                f"of {type(model).__name__}; {_suggest(pattern, supported)}"
+            )
         out.update(hit, below)
     return out
 
 
 def _warn_tied(skipped: list[str], tied: dict[str, list[str]]) -> None:
     if skipped:
-        warnings.warn(f"skipped {len(skipped)} layer(s) with tied weights, which cannot be targets: "
-                      + "; ".join(_tied_message(p, tied[p]) for p in skipped), stacklevel=4)
+        warnings.warn(
+            f"skipped {len(skipped)} layer(s) with tied weights, which cannot be targets: "
+            + "; ".join(_tied_message(p, tied[p]) for p in skipped),
+            stacklevel=4,
+        )
 
 
 def _suggest(entry: str, supported: dict[str, nn.Module]) -> str:

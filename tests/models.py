@@ -18,9 +18,10 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, dim = x.shape
-        split = lambda y: y.view(b, t, self.heads, dim // self.heads).transpose(1, 2)  # noqa: E731
-        att = nn.functional.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)), split(self.v(x)),
-                                                         is_causal=True)
+        split = lambda y: y.view(b, t, self.heads, dim // self.heads).transpose(1, 2)
+        att = nn.functional.scaled_dot_product_attention(
+            split(self.q(x)), split(self.k(x)), split(self.v(x)), is_causal=True
+        )
         return self.o(att.transpose(1, 2).reshape(b, t, dim))
 
 

@@ -17,8 +17,9 @@ WORLD = 2
 
 def init_gloo(rank: int, world: int, store: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
+    )
 
 
 def save(result: object, out: str, rank: int) -> None:
@@ -35,6 +36,6 @@ def error_of(fn, *args, **kwargs) -> tuple[str, str] | None:
     """``(exception type, message)`` of ``fn(*args, **kwargs)``, or None if it did not raise (for workers to report)."""
     try:
         fn(*args, **kwargs)
-    except Exception as error:  # noqa: BLE001 - recorded for the parent to check
+    except Exception as error:
         return type(error).__name__, str(error)
     return None

@@ -7,8 +7,8 @@ from torch import nn
 
 import populora
 from populora import adapters, operators
-from populora.routing import front as routing
 from populora.adapters import Adapter, Factors, to_adapter, to_factors, weight_adapter
+from populora.routing import front as routing
 
 
 def test_one_class_each_everywhere():

@@ -36,15 +36,18 @@ def test_overwrite_keeps_the_old_file_when_serialisation_fails(saved):
     assert [p.name for p in saved.parent.iterdir()] == ["ck.pt"]
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda d: b"", "is empty"),
-    (lambda d: d[: len(d) // 2], "is truncated"),
-    (lambda d: d[:-1], "is truncated"),
-    (lambda d: d + b"\0", "is truncated or padded"),
-    (lambda d: b"just some text\n" * 4, "is not a populora checkpoint"),
-    (lambda d: d[:-500] + bytes([d[-500] ^ 0x01]) + d[-499:], "is corrupted"),
-    (lambda d: d[:30] + b"{" + d[31:], "damaged header"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda d: b"", "is empty"),
+        (lambda d: d[: len(d) // 2], "is truncated"),
+        (lambda d: d[:-1], "is truncated"),
+        (lambda d: d + b"\0", "is truncated or padded"),
+        (lambda d: b"just some text\n" * 4, "is not a populora checkpoint"),
+        (lambda d: d[:-500] + bytes([d[-500] ^ 0x01]) + d[-499:], "is corrupted"),
+        (lambda d: d[:30] + b"{" + d[31:], "damaged header"),
+    ],
+)
 def test_damage_raises_checkpoint_error_naming_the_file(saved, damage, message):
     saved.write_bytes(damage(saved.read_bytes()))
     with pytest.raises(CheckpointError, match=re.escape(f"checkpoint {str(saved)!r}") + ".*" + message) as info:

@@ -69,7 +69,20 @@ def test_predicates_is_int_and_is_real():
     from populora.checks import is_int, is_real
 
     assert [is_int(v) for v in (3, np.int64(3), True, np.bool_(True), 3.0, "3", None)] == [
-        True, True, False, False, False, False, False]
+        True,
+        True,
+        False,
+        False,
+        False,
+        False,
+        False,
+    ]
     assert [is_real(v) for v in (0.5, np.float32(0.5), 2, False, np.bool_(False), "0.5")] == [
-        True, True, True, False, False, False]
+        True,
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
     assert is_real(float("inf")) and not is_real(float("inf"), finite=True) and not is_real(float("nan"), finite=True)

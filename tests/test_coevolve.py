@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from ranks import init_gloo, save, spawn
 from torch import nn
 
-from ranks import init_gloo, save, spawn
 from populora import CheckpointError, Coevolve, FitnessError, HallOfFame, Population
 from populora.coevolve.hall_of_fame import Champion
 from populora.stats import GenerationStats
@@ -105,8 +105,6 @@ for _ in range(100):
 """
 
 
-
-
 def contract(two_steps: int, three_steps: int, seed: int | None = 0) -> dict:
     """Run both contract blocks in one namespace with fewer steps (the allowed substitution)."""
     if seed is not None:
@@ -131,12 +129,13 @@ def line(width: int = 8, out: int = 1, seed: int = 0, pop_size: int = 4, **kwarg
 def probe_of(name: str):
     def probe(coevolve):
         return coevolve[name](torch.ones(1, 1), all_individuals=True)
+
     return probe
 
 
 def own_fitness(name: str):
     """A fitness of population ``name`` that reads only its own outputs."""
-    return eval(f"lambda {name}_outputs: {name}_outputs.flatten()")  # noqa: S307 - builds the parameter name
+    return eval(f"lambda {name}_outputs: {name}_outputs.flatten()")
 
 
 def spec(pop: Population, probe=None, fitness=None, name: str = "a") -> dict:
@@ -204,8 +203,22 @@ class TestAccess:
         with pytest.raises(KeyError, match=r"no population named 'c'; populations: \['a', 'b'\]"):
             co["c"]
 
-    @pytest.mark.parametrize("name", ["step", "history", "generation", "order", "populations", "save", "load",
-                                      "state", "hall_of_fame", "evolve_kwargs", "_members"])
+    @pytest.mark.parametrize(
+        "name",
+        [
+            "step",
+            "history",
+            "generation",
+            "order",
+            "populations",
+            "save",
+            "load",
+            "state",
+            "hall_of_fame",
+            "evolve_kwargs",
+            "_members",
+        ],
+    )
     def test_names_that_shadow_an_attribute_raise(self, name):
         with pytest.raises(ValueError, match=f"population name '{name}' would shadow the Coevolve attribute"):
             Coevolve(populations={name: spec(line(), probe=lambda: torch.zeros(1), fitness=lambda: torch.zeros(4))})
@@ -219,7 +232,9 @@ class TestAccess:
         with pytest.raises(TypeError, match="exactly the keys `population`, `probe`, `fitness`, got \\['population'"):
             Coevolve(populations=dict(a=dict(population=line(), probe=probe_of("a"))))
         with pytest.raises(TypeError, match="must be a Population, got Sequential"):
-            Coevolve(populations=dict(a=dict(population=nn.Sequential(), probe=probe_of("a"), fitness=own_fitness("a"))))
+            Coevolve(
+                populations=dict(a=dict(population=nn.Sequential(), probe=probe_of("a"), fitness=own_fitness("a")))
+            )
 
     def test_one_population_under_two_names_raises(self):
         a = line()
@@ -231,19 +246,24 @@ class TestInjection:
     def test_unknown_probe_parameter_names_it_and_the_allowed_names(self):
         def probe(coevolve, solver_output):
             return None
+
         pops = dict(proposer=spec(line(seed=1), name="proposer"), solver=spec(line(seed=2), probe=probe, name="solver"))
         with pytest.raises(ValueError) as info:
             Coevolve(populations=pops)
         message = str(info.value)
         assert "the probe of population 'solver' (probe) has parameter `solver_output`" in message
-        assert ("allowed parameter names: `coevolve`, `proposer`, `solver`, `proposer_outputs`, `solver_outputs`"
-                in message)
+        assert (
+            "allowed parameter names: `coevolve`, `proposer`, `solver`, `proposer_outputs`, `solver_outputs`" in message
+        )
         assert "Did you mean `solver_outputs`?" in message
 
     def test_fitness_cannot_take_coevolve(self):
         pops = dict(a=spec(line(), fitness=lambda coevolve, a_outputs: a_outputs.flatten()))
-        with pytest.raises(ValueError, match=r"the fitness of population 'a' \(<lambda>\) has parameter `coevolve`.*"
-                                             r"allowed parameter names: `a`, `a_outputs`\."):
+        with pytest.raises(
+            ValueError,
+            match=r"the fitness of population 'a' \(<lambda>\) has parameter `coevolve`.*"
+            r"allowed parameter names: `a`, `a_outputs`\.",
+        ):
             Coevolve(populations=pops)
 
     def test_outputs_of_an_unknown_population_raise(self):
@@ -270,13 +290,16 @@ class TestInjection:
             seen["fitness_a"] = (a_outputs, b_outputs)
             return torch.zeros(4)
 
-        pops = dict(a=dict(population=line(seed=1), probe=lambda: torch.ones(3), fitness=fitness_a),
-                    b=dict(population=line(seed=2), probe=probe_b, fitness=lambda: torch.arange(4.0)))
+        pops = dict(
+            a=dict(population=line(seed=1), probe=lambda: torch.ones(3), fitness=fitness_a),
+            b=dict(population=line(seed=2), probe=probe_b, fitness=lambda: torch.arange(4.0)),
+        )
         co = Coevolve(populations=pops)
         co.step()
         assert torch.equal(seen["probe_b"][0], torch.ones(3)) and seen["probe_b"][1] is co
-        assert torch.equal(seen["fitness_a"][0], torch.ones(3)) and torch.equal(seen["fitness_a"][1], torch.full((3,), 2.0))
-
+        assert torch.equal(seen["fitness_a"][0], torch.ones(3)) and torch.equal(
+            seen["fitness_a"][1], torch.full((3,), 2.0)
+        )
 
     def test_a_parameter_named_after_a_population_receives_its_outputs(self):
         """The seed README: "a parameter named after a population receives that population's outputs"."""
@@ -290,8 +313,10 @@ class TestInjection:
             seen["fitness_a"] = (a, b_outputs, b)
             return torch.zeros(4)
 
-        pops = dict(a=dict(population=line(seed=1), probe=lambda: torch.ones(3), fitness=fitness_a),
-                    b=dict(population=line(seed=2), probe=probe_b, fitness=lambda b: b.sum() + torch.arange(4.0)))
+        pops = dict(
+            a=dict(population=line(seed=1), probe=lambda: torch.ones(3), fitness=fitness_a),
+            b=dict(population=line(seed=2), probe=probe_b, fitness=lambda b: b.sum() + torch.arange(4.0)),
+        )
         co = Coevolve(populations=pops)
         assert co.order == ["a", "b"]  # `a` in b's probe is a dependency, like `a_outputs`
         fitnesses = co.step()
@@ -302,7 +327,7 @@ class TestInjection:
 
     def test_a_probe_taking_its_own_population_is_a_cycle_in_either_spelling(self):
         for param in ("a", "a_outputs"):
-            probe = eval(f"lambda coevolve, {param}: None")  # noqa: S307 - builds the parameter name
+            probe = eval(f"lambda coevolve, {param}: None")
             with pytest.raises(ValueError, match="probes form a cycle: a -> a"):
                 Coevolve(populations=dict(a=spec(line(), probe=probe)))
 
@@ -323,15 +348,18 @@ class TestOrder:
         pops = {}
         for i, (name, inputs) in enumerate(deps.items()):
             params = ", ".join(["coevolve", *(f"{d}_outputs" for d in inputs)])
-            probe = eval(f"lambda {params}: calls.append({name!r}) or torch.zeros(4, 1)",  # noqa: S307
-                         {"calls": calls if calls is not None else [], "torch": torch})
+            probe = eval(
+                f"lambda {params}: calls.append({name!r}) or torch.zeros(4, 1)",
+                {"calls": calls if calls is not None else [], "torch": torch},
+            )
             pops[name] = spec(line(seed=i), probe=probe, name=name)
         return pops
 
     def test_probes_run_in_dependency_order_not_declaration_order(self):
         calls: list[str] = []
-        co = Coevolve(populations=self.chain({"judge": ["solver", "proposer"], "solver": ["proposer"], "proposer": []},
-                                             calls))
+        co = Coevolve(
+            populations=self.chain({"judge": ["solver", "proposer"], "solver": ["proposer"], "proposer": []}, calls)
+        )
         assert co.order == ["proposer", "solver", "judge"]
         co.step()
         assert calls == ["proposer", "solver", "judge"]
@@ -346,8 +374,10 @@ class TestOrder:
 
     def test_three_cycle_is_spelled_out_in_data_flow_order(self):
         # b reads a, c reads b, a reads c: outputs flow a -> b -> c -> a
-        with pytest.raises(ValueError, match=re.escape("probes form a cycle: a -> b -> c -> a (`a -> b`: the probe "
-                                                       "of b takes `a_outputs`)")):
+        with pytest.raises(
+            ValueError,
+            match=re.escape("probes form a cycle: a -> b -> c -> a (`a -> b`: the probe of b takes `a_outputs`)"),
+        ):
             Coevolve(populations=self.chain({"a": ["c"], "b": ["a"], "c": ["b"], "d": ["a"]}))
 
     def test_cycle_behind_a_chain_and_self_loop(self):
@@ -377,8 +407,11 @@ class TestStep:
         before = adapters(a) + adapters(b)
         pops = dict(a=spec(a, name="a"), b=spec(b, name="b", fitness=lambda b_outputs: b_outputs))  # (4, 1)
         co = Coevolve(populations=pops)
-        with pytest.raises(FitnessError, match=r"fitness of population 'b' \(<lambda>\) is invalid: .*"
-                                               r"shape \(4,\), got \(4, 1\)"):
+        with pytest.raises(
+            FitnessError,
+            match=r"fitness of population 'b' \(<lambda>\) is invalid: .*"
+            r"shape \(4,\), got \(4, 1\)",
+        ):
             co.step()
         assert all(torch.equal(x, y) for x, y in zip(before, adapters(a) + adapters(b)))
         assert a.generation == b.generation == co.generation == 0 and co.history == {"a": [], "b": []}
@@ -399,30 +432,38 @@ class TestStep:
             def evolve_(fitnesses, **kwargs):
                 seen[name] = kwargs
                 return original(fitnesses, **kwargs)
+
             return evolve_
 
         for name, pop in (("a", a), ("b", b)):
             monkeypatch.setattr(pop, "evolve_", spy(name, pop.evolve_))
-        co = Coevolve(populations=dict(a=spec(a, name="a"), b=spec(b, name="b")),
-                      evolve_kwargs=dict(b=dict(epsilon=0.5, survive_frac=0.25)))
+        co = Coevolve(
+            populations=dict(a=spec(a, name="a"), b=spec(b, name="b")),
+            evolve_kwargs=dict(b=dict(epsilon=0.5, survive_frac=0.25)),
+        )
         co.step()
         assert seen == {"a": {}, "b": {"epsilon": 0.5, "survive_frac": 0.25}}
 
     def test_evolve_kwargs_for_unknown_population_or_option_raise(self):
         pops = dict(a=spec(line(), name="a"))
-        with pytest.raises(ValueError, match=r"`evolve_kwargs` has options for 'b', which is not a population; "
-                                             r"populations: \['a'\]"):
+        with pytest.raises(
+            ValueError,
+            match=r"`evolve_kwargs` has options for 'b', which is not a population; "
+            r"populations: \['a'\]",
+        ):
             Coevolve(populations=pops, evolve_kwargs=dict(b={}))
-        with pytest.raises(ValueError, match="option `epsilonn`, which Population.evolve_ does not take.*"
-                                             "Did you mean `epsilon`"):
+        with pytest.raises(
+            ValueError, match="option `epsilonn`, which Population.evolve_ does not take.*Did you mean `epsilon`"
+        ):
             Coevolve(populations=pops, evolve_kwargs=dict(a=dict(epsilonn=0.1)))
 
     def test_bad_option_value_at_first_step_restores_populations_already_evolved(self):
         a, b = line(seed=1), line(seed=2)
         before = adapters(a) + adapters(b)
         state = a.generator.get_state()
-        co = Coevolve(populations=dict(a=spec(a, name="a"), b=spec(b, name="b")),
-                      evolve_kwargs=dict(b=dict(survive_frac=2.0)))
+        co = Coevolve(
+            populations=dict(a=spec(a, name="a"), b=spec(b, name="b")), evolve_kwargs=dict(b=dict(survive_frac=2.0))
+        )
         with pytest.raises(ValueError, match="survive_frac"):
             co.step()
         assert all(torch.equal(x, y) for x, y in zip(before, adapters(a) + adapters(b)))
@@ -460,8 +501,13 @@ class TestStep:
         assert pop.model.training
 
     def test_non_tensor_outputs_are_fine_locally(self):
-        pops = dict(a=spec(line(), probe=lambda: {"x": torch.ones(4), "n": 3},
-                           fitness=lambda a_outputs: a_outputs["x"] * a_outputs["n"]))
+        pops = dict(
+            a=spec(
+                line(),
+                probe=lambda: {"x": torch.ones(4), "n": 3},
+                fitness=lambda a_outputs: a_outputs["x"] * a_outputs["n"],
+            )
+        )
         assert torch.equal(Coevolve(populations=pops).step()["a"], torch.full((4,), 3.0))
 
     def test_distributed_without_a_process_group_runs_locally(self):
@@ -499,11 +545,18 @@ def pure_coevolution(seed: int = 0, hall: bool = True) -> Coevolve:
 
     return Coevolve(
         populations=dict(
-            proposer=dict(population=proposer, probe=probe_proposer,
-                          fitness=lambda proposer_outputs, solver_outputs:
-                          errors(solver_outputs, proposer_outputs)[:, :12].mean(0).view(6, 2).mean(1)),
-            solver=dict(population=solver, probe=probe_solver,
-                        fitness=lambda solver_outputs, proposer_outputs: -errors(solver_outputs, proposer_outputs).mean(1)),
+            proposer=dict(
+                population=proposer,
+                probe=probe_proposer,
+                fitness=lambda proposer_outputs, solver_outputs: (
+                    errors(solver_outputs, proposer_outputs)[:, :12].mean(0).view(6, 2).mean(1)
+                ),
+            ),
+            solver=dict(
+                population=solver,
+                probe=probe_solver,
+                fitness=lambda solver_outputs, proposer_outputs: -errors(solver_outputs, proposer_outputs).mean(1),
+            ),
         ),
         evolve_kwargs=dict(solver=dict(epsilon=0.2)),
         hall_of_fame=archive,
@@ -547,8 +600,11 @@ class TestSaveLoad:
         co.step()
         co.save(tmp_path / "co.pt")
         other = Coevolve(populations=dict(a=spec(line(), name="a")))
-        with pytest.raises(ValueError, match=r"checkpoint has populations \['proposer', 'solver'\], this Coevolve "
-                                             r"has \['a'\]"):
+        with pytest.raises(
+            ValueError,
+            match=r"checkpoint has populations \['proposer', 'solver'\], this Coevolve "
+            r"has \['a'\]",
+        ):
             other.load(tmp_path / "co.pt")
         with pytest.raises(ValueError, match="disagree on having a hall of fame"):
             pure_coevolution(hall=False).load(tmp_path / "co.pt")
@@ -563,15 +619,20 @@ class TestSaveLoad:
         assert all(torch.equal(x, y) for x, y in zip(before, adapters(fresh.proposer) + adapters(fresh.solver)))
         assert fresh.generation == 0 and fresh.proposer.generation == 0
 
-
     @pytest.mark.parametrize("damage", ["empty", "truncated", "text", "flipped"])
     def test_a_damaged_checkpoint_raises_checkpoint_error_and_changes_nothing(self, tmp_path, damage):
         co = pure_coevolution()
         co.step()
         path = co.save(tmp_path / "co.pt")
         data = path.read_bytes()
-        path.write_bytes({"empty": b"", "truncated": data[: len(data) // 2], "text": b"hello, world\n",
-                          "flipped": data[:-100] + bytes([data[-100] ^ 0xFF]) + data[-99:]}[damage])
+        path.write_bytes(
+            {
+                "empty": b"",
+                "truncated": data[: len(data) // 2],
+                "text": b"hello, world\n",
+                "flipped": data[:-100] + bytes([data[-100] ^ 0xFF]) + data[-99:],
+            }[damage]
+        )
         fresh = pure_coevolution()
         before = adapters(fresh.proposer) + adapters(fresh.solver)
         with pytest.raises(CheckpointError, match=re.escape(str(path))):
@@ -614,8 +675,8 @@ class TestHallOfFame:
             split = hall.run(champions, x)  # 6 rows split among 3 champions
             single_row = hall.run(champions, x[:1])
             for j, i in enumerate((2, 0, 3)):
-                assert torch.allclose(shared[6 * j: 6 * j + 6], pop(x, individual=i), atol=1e-6)
-                assert torch.allclose(split[2 * j: 2 * j + 2], pop(x[2 * j: 2 * j + 2], individual=i), atol=1e-6)
+                assert torch.allclose(shared[6 * j : 6 * j + 6], pop(x, individual=i), atol=1e-6)
+                assert torch.allclose(split[2 * j : 2 * j + 2], pop(x[2 * j : 2 * j + 2], individual=i), atol=1e-6)
                 assert torch.allclose(single_row[j], pop(x[:1], individual=i)[0], atol=1e-6)
 
     def test_sample_is_seeded_distinct_and_capacity_drops_the_oldest(self):
@@ -700,8 +761,13 @@ def test_arms_race_lowers_the_solvers_held_out_error():
     shifter = nn.Sequential(nn.Linear(1, 16), nn.ReLU(), nn.Linear(16, 1), nn.Tanh())
     nn.init.zeros_(shifter[2].bias)
     proposer = Population(shifter, pop_size=p_size, low_rank=2, lora_targets=["0", "2"], seed=0)
-    solver = Population(nn.Sequential(nn.Linear(1, 16), nn.ReLU(), nn.Linear(16, 1)), pop_size=s_size, low_rank=2,
-                        lora_targets=["0", "2"], seed=1)
+    solver = Population(
+        nn.Sequential(nn.Linear(1, 16), nn.ReLU(), nn.Linear(16, 1)),
+        pop_size=s_size,
+        low_rank=2,
+        lora_targets=["0", "2"],
+        seed=1,
+    )
 
     def probe_proposer(coevolve):
         z = torch.rand(draws, 1, generator=torch.Generator().manual_seed(coevolve.generation)) * 2 - 1
@@ -716,11 +782,18 @@ def test_arms_race_lowers_the_solvers_held_out_error():
 
     co = Coevolve(
         populations=dict(
-            proposer=dict(population=proposer, probe=probe_proposer,
-                          fitness=lambda proposer_outputs, solver_outputs:
-                          errors(solver_outputs, proposer_outputs).mean(0).view(p_size, draws).mean(1)),
-            solver=dict(population=solver, probe=probe_solver,
-                        fitness=lambda solver_outputs, proposer_outputs: -errors(solver_outputs, proposer_outputs).mean(1)),
+            proposer=dict(
+                population=proposer,
+                probe=probe_proposer,
+                fitness=lambda proposer_outputs, solver_outputs: (
+                    errors(solver_outputs, proposer_outputs).mean(0).view(p_size, draws).mean(1)
+                ),
+            ),
+            solver=dict(
+                population=solver,
+                probe=probe_solver,
+                fitness=lambda solver_outputs, proposer_outputs: -errors(solver_outputs, proposer_outputs).mean(1),
+            ),
         ),
         evolve_kwargs=dict(solver=dict(epsilon=0.3)),
     )
@@ -776,11 +849,17 @@ def _worker(rank: int, world: int, store: str, out: str) -> None:
         return lambda coevolve: calls.append(name) or value
 
     pops = {
-        "a": spec(line(seed=1), probe=probe("a", torch.arange(6, dtype=torch.int16).view(2, 3)),
-                  fitness=lambda a_outputs, b_outputs, c_outputs: torch.full((4,), float(a_outputs.sum() + b_outputs[1]))),
+        "a": spec(
+            line(seed=1),
+            probe=probe("a", torch.arange(6, dtype=torch.int16).view(2, 3)),
+            fitness=lambda a_outputs, b_outputs, c_outputs: torch.full((4,), float(a_outputs.sum() + b_outputs[1])),
+        ),
         "b": spec(line(seed=2), probe=probe("b", (torch.ones(2), 7.5)), fitness=lambda b_outputs: torch.arange(4.0)),
-        "c": spec(line(seed=3), probe=lambda coevolve, a_outputs: calls.append("c") or a_outputs.float() * 2,
-                  fitness=lambda c_outputs: c_outputs.flatten()[:4]),
+        "c": spec(
+            line(seed=3),
+            probe=lambda coevolve, a_outputs: calls.append("c") or a_outputs.float() * 2,
+            fitness=lambda c_outputs: c_outputs.flatten()[:4],
+        ),
     }
     co = Coevolve(populations=pops)
     res["mixed_fitness"] = co.step(distributed=True)
@@ -796,7 +875,7 @@ def _worker(rank: int, world: int, store: str, out: str) -> None:
     try:
         co.step(distributed=True)
         res["failure"] = None
-    except Exception as error:  # noqa: BLE001 - recorded for the parent
+    except Exception as error:
         res["failure"] = (type(error).__name__, str(error))
     res["after_failure"] = Coevolve(populations=dict(x=spec(line(), name="x"))).step(distributed=True)["x"]
     save(res, out, rank)
@@ -848,8 +927,10 @@ class TestDistributed:
     def test_a_failing_probe_fails_every_rank_without_hanging(self, ranks):
         zero, one = ranks
         assert one["failure"] == ("RuntimeError", "boom in the probe")
-        assert zero["failure"] == ("RuntimeError", "the probe of population 'b' failed on rank 1: "
-                                                   "RuntimeError: boom in the probe")
+        assert zero["failure"] == (
+            "RuntimeError",
+            "the probe of population 'b' failed on rank 1: RuntimeError: boom in the probe",
+        )
         assert torch.equal(zero["after_failure"], one["after_failure"])
 
 
@@ -872,12 +953,22 @@ torch.save({"history": coevolve.history, "state": coevolve.state_dict()},
 def test_contract_blocks_under_torchrun(tmp_path):
     """Both blocks as written (2 steps each, unseeded) under `torchrun --standalone --nproc-per-node=2`."""
     script = tmp_path / "coevolve.py"
-    script.write_text(CONTRACT_TWO.replace("range(100)", "range(2)") + CONTRACT_THREE.replace("range(100)", "range(2)")
-                      + SAVE_STATE)
-    env = {**os.environ, "POPULORA_TEST_OUT": str(tmp_path),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([*_torchrun(), "--standalone", f"--nproc-per-node={WORLD}", str(script)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    script.write_text(
+        CONTRACT_TWO.replace("range(100)", "range(2)") + CONTRACT_THREE.replace("range(100)", "range(2)") + SAVE_STATE
+    )
+    env = {
+        **os.environ,
+        "POPULORA_TEST_OUT": str(tmp_path),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    proc = subprocess.run(
+        [*_torchrun(), "--standalone", f"--nproc-per-node={WORLD}", str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     zero, one = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD))
     assert zero["history"] == one["history"] and [len(h) for h in zero["history"].values()] == [2, 2, 2]
@@ -893,8 +984,14 @@ def test_example_runs(tmp_path):
     pytest.importorskip("matplotlib")
     plot = tmp_path / "sine.png"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, str(REPO / "examples" / "coevolve_sine.py"), "--generations", "3",
-                           "--plot", str(plot)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "coevolve_sine.py"), "--generations", "3", "--plot", str(plot)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("gen ")]
     assert [ln[:8] for ln in lines] == ["gen 0000", "gen 0001", "gen 0002"]

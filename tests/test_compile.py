@@ -8,10 +8,9 @@ so it is fast and its outputs match eager mode's to rounding.
 import pytest
 import torch
 import torch._dynamo
-from torch._dynamo.utils import counters
-from torch import nn
-
 from models import TinyTransformer, mlp
+from torch._dynamo.utils import counters
+
 from populora import Population
 
 BACKEND = "aot_eager"
@@ -42,8 +41,14 @@ def mlp_population(P=4, requires_grad=False):
 def transformer_population(P=4):
     torch.manual_seed(0)
     model = TinyTransformer(vocab=11, dim=16, heads=2, depth=1, seq=8)
-    return Population(model, pop_size=P, low_rank=2, init_scale=0.5, seed=1,
-                      lora_targets=["embed", "blocks.*.attn.*", "blocks.*.mlp.*", "head"])
+    return Population(
+        model,
+        pop_size=P,
+        low_rank=2,
+        init_scale=0.5,
+        seed=1,
+        lora_targets=["embed", "blocks.*.attn.*", "blocks.*.mlp.*", "head"],
+    )
 
 
 LAYOUTS = {  # name: (routing kwargs, rows)

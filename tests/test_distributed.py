@@ -20,14 +20,12 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
 from ranks import error_of, init_gloo, save
+
 from populora import distributed as pd
 
 WORLD = 2
 REPO = Path(__file__).resolve().parents[1]
-
-
 
 
 def _rank_tensors(rank: int) -> list[torch.Tensor]:
@@ -333,7 +331,10 @@ class TestTwoRanks:
             assert res["object"] == {"seed": 1234, "from": 0}
         # rank 0 sent nothing: both ranks raise instead of waiting for a payload
         assert two_ranks[0]["raw_none"] == ("InvalidTypeError", "`tensor` must be a tensor on rank 0, got NoneType")
-        assert two_ranks[1]["raw_none"] == ("InvalidTypeError", "rank 0 had no valid tensor to send in broadcast_tensor_raw")
+        assert two_ranks[1]["raw_none"] == (
+            "InvalidTypeError",
+            "rank 0 had no valid tensor to send in broadcast_tensor_raw",
+        )
 
 
 _TORCHRUN_SCRIPT = """
@@ -360,9 +361,19 @@ def test_init_from_env_under_torchrun(tmp_path):
     script.write_text(textwrap.dedent(_TORCHRUN_SCRIPT))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
-         str(script), str(tmp_path)],
-        env=env, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={WORLD}",
+            str(script),
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]

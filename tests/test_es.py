@@ -39,8 +39,9 @@ def make(kind: str = "mlp", pop: int = 6, seed: int = 0, **kwargs):
         if kind == "tied":
             model[2].weight = model[0].weight
         x = torch.randint(0, 13, (4, 5))
-    es = EggrollES(model, pop, kwargs.pop("sigma", 0.3), kwargs.pop("lr", 0.1), kwargs.pop("rank", 3), seed=seed,
-                   **kwargs)
+    es = EggrollES(
+        model, pop, kwargs.pop("sigma", 0.3), kwargs.pop("lr", 0.1), kwargs.pop("rank", 3), seed=seed, **kwargs
+    )
     return es, model, x
 
 
@@ -152,7 +153,9 @@ def test_noise_is_a_pure_function_of_seed_name_epoch():
     n3 = draw_noise(3, "other.weight", 7, 4, (5, 6), 2, torch.device("cpu"))
     assert not torch.equal(n1.at, n3.at)
     assert stable_seed(0, "a", 1) == stable_seed(0, "a", 1) != stable_seed(0, "a", 2)
-    assert stable_seed(0, "a", 1) == 6061146345047571689  # pinned: same in every process and version (BLAKE2b, not hash())
+    assert (
+        stable_seed(0, "a", 1) == 6061146345047571689
+    )  # pinned: same in every process and version (BLAKE2b, not hash())
 
 
 # --------------------------------------------------------------------------------------- gradient
@@ -160,8 +163,14 @@ def test_noise_is_a_pure_function_of_seed_name_epoch():
 
 @pytest.mark.parametrize(
     "options",
-    [{}, {"fitness_shaping": "centered_rank"}, {"fitness_shaping": "raw", "antithetic": False},
-     {"group_size": 4, "pop": 8}, {"group_size": 3, "antithetic": False}, {"fitness_shaping": "center"}],
+    [
+        {},
+        {"fitness_shaping": "centered_rank"},
+        {"fitness_shaping": "raw", "antithetic": False},
+        {"group_size": 4, "pop": 8},
+        {"group_size": 3, "antithetic": False},
+        {"fitness_shaping": "center"},
+    ],
 )
 def test_factor_gradient_equals_explicit_sum(options):
     """g from the factors (one matmul) == sqrt(N) * mean_i(z_i * (W_i - W)) over materialised members."""
@@ -239,8 +248,9 @@ def test_teacher_student_sgd():
 
 
 def test_teacher_student_adam_and_per_individual_inputs():
-    start, end, _ = teacher_student(optimizer=lambda params: torch.optim.Adam(params, lr=0.01), steps=60,
-                                    per_individual=True)
+    start, end, _ = teacher_student(
+        optimizer=lambda params: torch.optim.Adam(params, lr=0.01), steps=60, per_individual=True
+    )
     assert end < start / 10, (start, end)
 
 
@@ -271,9 +281,13 @@ def test_param_filter_arities_and_requires_grad():
     torch.manual_seed(0)
     model = mlp()
     assert EggrollES(model, 4, 0.1, 0.1, 2, param_filter=lambda name: "bias" not in name).param_names == [
-        "0.weight", "2.weight"]
+        "0.weight",
+        "2.weight",
+    ]
     assert EggrollES(model, 4, 0.1, 0.1, 2, param_filter=lambda name, p: p.dim() == 1).param_names == [
-        "0.bias", "2.bias"]
+        "0.bias",
+        "2.bias",
+    ]
     model[0].requires_grad_(False)
     assert EggrollES(model, 4, 0.1, 0.1, 2).param_names == ["2.weight", "2.bias"]
 
@@ -321,8 +335,7 @@ def test_checkpoint_resume_is_bitwise_exact(tmp_path):
     def fresh():
         torch.manual_seed(0)
         model = mlp()
-        return EggrollES(model, 6, 0.1, None, 2, seed=5,
-                         optimizer=lambda p: torch.optim.Adam(p, lr=0.01)), model
+        return EggrollES(model, 6, 0.1, None, 2, seed=5, optimizer=lambda p: torch.optim.Adam(p, lr=0.01)), model
 
     straight, model_a = fresh()
     run(straight, 6, x, y)
@@ -356,8 +369,18 @@ def test_bad_constructor_arguments():
     """Every bad value is an InvalidValueError (a PopuloraError and a ValueError), every bad type an InvalidTypeError."""
     model = mlp()
     cases = [
-        (InvalidValueError, "pop_size must be even when using antithetic sampling, got pop_size=5", (5, 0.1, 0.1, 2), {}),
-        (InvalidValueError, "pop_size must be even when using antithetic sampling, got pop_size=7", (7, 0.1, 0.1, 2), {}),
+        (
+            InvalidValueError,
+            "pop_size must be even when using antithetic sampling, got pop_size=5",
+            (5, 0.1, 0.1, 2),
+            {},
+        ),
+        (
+            InvalidValueError,
+            "pop_size must be even when using antithetic sampling, got pop_size=7",
+            (7, 0.1, 0.1, 2),
+            {},
+        ),
         (InvalidValueError, "`pop_size` must be an int >= 2, got 1", (1, 0.1, 0.1, 2), {}),
         (InvalidTypeError, "`pop_size` must be an int, got str '8'", ("8", 0.1, 0.1, 2), {}),
         (InvalidValueError, r"`sigma` must be a finite number > 0(\.0)?, got -1", (4, -1, 0.1, 2), {}),
@@ -382,8 +405,16 @@ def test_bad_constructor_arguments():
 
 
 def test_numpy_scalars_are_accepted_like_python_numbers():
-    es = EggrollES(mlp(), np.int64(8), np.float32(0.25), np.float64(0.1), np.int32(2), seed=np.int64(3),
-                   antithetic=np.bool_(True), noise_reuse=np.int64(1))
+    es = EggrollES(
+        mlp(),
+        np.int64(8),
+        np.float32(0.25),
+        np.float64(0.1),
+        np.int32(2),
+        seed=np.int64(3),
+        antithetic=np.bool_(True),
+        noise_reuse=np.int64(1),
+    )
     assert (es.pop_size, es.sigma, es.rank, es.seed, es.lr) == (8, 0.25, 2, 3, pytest.approx(0.1))
     assert type(es.pop_size) is int and type(es.sigma) is float
     members = es.individual_params(np.int64(7))

@@ -14,9 +14,9 @@ import warnings
 import pytest
 import torch
 import torch.distributed as dist
+from ranks import error_of, init_gloo, save, spawn
 from torch import nn
 
-from ranks import error_of, init_gloo, save, spawn
 from populora import EggrollES, TorchEggrollES
 from populora import distributed as pd
 
@@ -150,11 +150,17 @@ def _mismatch_worker(rank: int, world: int, store: str, out: str) -> None:
         torch.manual_seed(0)
         hidden = kwargs.pop("hidden")
         model = nn.Sequential(nn.Linear(5, hidden), nn.Tanh(), nn.Linear(hidden, 3))
-        es = EggrollES(model, kwargs.pop("pop_size"), kwargs.pop("sigma"), kwargs.pop("lr"), kwargs.pop("rank"),
-                       **kwargs)
+        es = EggrollES(
+            model, kwargs.pop("pop_size"), kwargs.pop("sigma"), kwargs.pop("lr"), kwargs.pop("rank"), **kwargs
+        )
         before = [p.detach().clone() for p in model.parameters()]
-        res.append((error_of(es.step, x, mse, y), es.generation,
-                    all(torch.equal(a, b) for a, b in zip(before, model.parameters()))))
+        res.append(
+            (
+                error_of(es.step, x, mse, y),
+                es.generation,
+                all(torch.equal(a, b) for a, b in zip(before, model.parameters())),
+            )
+        )
     # the torcheggroll class goes through the same check
     tegg = TorchEggrollES(model_for(0), pop_size=POP if rank == 0 else POP + 2, rank=2)
     res.append((error_of(tegg.step, x, mse, y), tegg.epoch, True))

@@ -163,7 +163,8 @@ def test_folded_apply_refuses_what_it_cannot_add():
     torch.testing.assert_close(out, before + delta.reshape(8, 2))
     ids = torch.tensor([3, 0])  # gathered groups
     out2, x2 = torch.randn(4, 2), x[:4]
-    expect = out2 + (torch.einsum("kcd,krd->kcr", x2.view(2, 2, 3), adapter[0][ids]) @ buf[ids, :1]
-                     + buf[ids, 1:]).reshape(4, 2)
+    expect = out2 + (
+        torch.einsum("kcd,krd->kcr", x2.view(2, 2, 3), adapter[0][ids]) @ buf[ids, :1] + buf[ids, 1:]
+    ).reshape(4, 2)
     assert folded_apply(linear, x2, out2, Route(n=4, groups=2, chunk=2, index=ids), adapter) is out2
     torch.testing.assert_close(out2, expect)

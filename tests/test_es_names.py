@@ -72,7 +72,7 @@ def test_members_class_is_a_deprecated_name_of_individuals():
         cls = pes.Members
     assert cls is Individuals and isinstance(make().ask(), cls)
     with pytest.warns(DeprecationWarning, match="Members is deprecated"):
-        from populora.es.members import Members  # noqa: F401 - the deprecated import path itself
+        from populora.es.members import Members
     assert Members is Individuals
 
 
@@ -130,8 +130,9 @@ def test_history_is_in_the_state_and_old_states_load_with_an_empty_one(tmp_path)
     assert fresh.history == [] and fresh.generation == 2
 
 
-@pytest.mark.parametrize("bad", ["x", [[0, 1.0, 0.5]], [[0, 1.0, 0.5, -1.0]], [[-1, 1.0, 0.5, 0.1]],
-                                 [[0, 1.0, 0.5, math.nan]]])
+@pytest.mark.parametrize(
+    "bad", ["x", [[0, 1.0, 0.5]], [[0, 1.0, 0.5, -1.0]], [[-1, 1.0, 0.5, 0.1]], [[0, 1.0, 0.5, math.nan]]]
+)
 def test_a_bad_history_raises_and_changes_nothing(bad):
     es = make()
     es.tell(torch.randn(6))

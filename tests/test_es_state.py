@@ -207,8 +207,9 @@ def test_damaged_or_foreign_files_raise_checkpoint_error_naming_the_file(tmp_pat
             es.load(tmp_path / name)
         assert name in str(info.value)
     foreign_kind = "TorchEggrollES" if cls == "EggrollES" else "EggrollES"
-    foreign = (EggrollES(mlp(), 6, 0.1, 0.1, 2) if foreign_kind == "EggrollES"
-               else TorchEggrollES(mlp(), pop_size=6)).save(tmp_path / "foreign.ckpt")
+    foreign = (
+        EggrollES(mlp(), 6, 0.1, 0.1, 2) if foreign_kind == "EggrollES" else TorchEggrollES(mlp(), pop_size=6)
+    ).save(tmp_path / "foreign.ckpt")
     with pytest.raises(CheckpointError, match=f"foreign.ckpt.*holds a {foreign_kind} checkpoint, expected a {cls}"):
         es.load(foreign)
     assert_same(snapshot(model), before)
@@ -248,8 +249,9 @@ def test_get_stacked_params_of_a_float64_model_is_float64():
     x = torch.randn(4, 7, dtype=torch.float64)
     out = es.es.ask()(x)
     for i in range(6):
-        torch.testing.assert_close(out[i], torch.func.functional_call(model, es.prepare_population()[i], (x,)),
-                                   rtol=0, atol=1e-12)
+        torch.testing.assert_close(
+            out[i], torch.func.functional_call(model, es.prepare_population()[i], (x,)), rtol=0, atol=1e-12
+        )
 
 
 def test_noise_for_shapes_in_float64_is_computed_in_float64():

@@ -12,14 +12,18 @@ import torch
 from torch import nn
 
 import populora
-from populora import TorchEggrollES, compute_es_gradient, generate_lora_noise, generate_noise_for_shapes, generate_standard_noise
-
-
+from populora import (
+    TorchEggrollES,
+    compute_es_gradient,
+    generate_lora_noise,
+    generate_noise_for_shapes,
+    generate_standard_noise,
+)
 
 # The Python snippets of the torcheggroll 0.2.0 README, verbatim and in README order (Quick Start,
 # the noise utilities, the async three-step API, the vmap-style snippet, Checkpointing).
 README_BLOCKS = [
-    '''
+    """
 import torch
 import torch.nn as nn
 from torcheggroll import TorchEggrollES
@@ -53,8 +57,8 @@ def mse_loss(outputs, targets):
 for step in range(100):
     mean_fitness = es.step(x_train, mse_loss, y_train)
     print(f"Step {step}: fitness = {mean_fitness:.4f}")
-''',
-    '''
+""",
+    """
 from torcheggroll import generate_noise_for_shapes, compute_es_gradient
 import torch
 
@@ -79,8 +83,8 @@ rewards = torch.randn(32)  # fitness per population member
 # Compute gradients
 grads = compute_es_gradient(noise, rewards)
 # grads["W1"] shape: (20, 10) - same as original param
-''',
-    '''
+""",
+    """
 import torch
 from torcheggroll import TorchEggrollES
 
@@ -102,8 +106,8 @@ fitnesses = torch.tensor(fitnesses)
 
 # Step 3: Apply fitness scores and update
 mean_fitness = es.apply_fitness_scores(fitnesses)
-''',
-    '''
+""",
+    """
 # Get stacked params for vmap
 population = es.prepare_population()
 stacked = es.get_stacked_params()  # Dict[name -> (pop_size, *shape)]
@@ -120,8 +124,8 @@ all_outputs = batched_forward(*stacked.values())  # (pop_size, batch, ...)
 # Compute fitness and apply
 fitnesses = compute_fitness(all_outputs, targets)
 mean_fitness = es.apply_fitness_scores(fitnesses)
-''',
-    '''
+""",
+    """
 # Save
 state = es.state_dict()
 torch.save(state, "checkpoint.pt")
@@ -129,7 +133,7 @@ torch.save(state, "checkpoint.pt")
 # Load
 state = torch.load("checkpoint.pt")
 es.load_state_dict(state)
-''',
+""",
 ]
 
 
@@ -173,15 +177,32 @@ def test_readme_blocks_run_in_order_in_one_namespace(tmp_path, monkeypatch, caps
 def test_signatures_and_defaults_match_torcheggroll():
     sig = inspect.signature(TorchEggrollES)
     defaults = {k: v.default for k, v in sig.parameters.items()}
-    assert list(defaults) == ["model", "pop_size", "sigma", "lr", "rank", "device", "param_filter",
-                              "normalize_fitness", "antithetic"]
+    assert list(defaults) == [
+        "model",
+        "pop_size",
+        "sigma",
+        "lr",
+        "rank",
+        "device",
+        "param_filter",
+        "normalize_fitness",
+        "antithetic",
+    ]
     assert defaults["pop_size"] == 32 and defaults["sigma"] == 0.02 and defaults["lr"] == 0.05
     assert defaults["rank"] == 4 and defaults["device"] is None and defaults["param_filter"] is None
     assert defaults["normalize_fitness"] is True and defaults["antithetic"] is True
     assert list(inspect.signature(generate_lora_noise).parameters) == ["param", "rank", "sigma", "seed", "device"]
     assert list(inspect.signature(generate_standard_noise).parameters) == ["param", "sigma", "seed", "device"]
     assert list(inspect.signature(generate_noise_for_shapes).parameters) == [
-        "shapes", "ranks", "pop_size", "sigma", "epoch", "device", "dtype", "antithetic"]
+        "shapes",
+        "ranks",
+        "pop_size",
+        "sigma",
+        "epoch",
+        "device",
+        "dtype",
+        "antithetic",
+    ]
     assert list(inspect.signature(compute_es_gradient).parameters) == ["noise", "rewards", "normalize_fitness"]
     assert "TorchEggrollES" in populora.__all__
 
@@ -209,7 +230,9 @@ def test_population_dicts_views_of_stacked_and_runtime_errors():
     population = es.prepare_population()
     stacked = es.get_stacked_params()
     assert len(population) == 4 and set(population[0]) == {"weight", "bias"}
-    assert stacked["weight"].shape == (4, 3, 4) and population[2]["weight"].data_ptr() == stacked["weight"][2].data_ptr()
+    assert (
+        stacked["weight"].shape == (4, 3, 4) and population[2]["weight"].data_ptr() == stacked["weight"][2].data_ptr()
+    )
     with pytest.raises(ValueError, match="Expected 4 fitness scores, got 3"):
         es.apply_fitness_scores(torch.zeros(3))
     assert es.apply_fitness_scores([1.0, 2.0, 3.0, 4.0]) == 2.5
@@ -242,8 +265,9 @@ def test_normalize_fitness_false_is_mean_centring():
     model = nn.Linear(3, 2)
     es = TorchEggrollES(model, pop_size=4, sigma=0.1, lr=1.0, normalize_fitness=False)
     base = model.weight.detach().clone()
-    noise = es.prepare_population() and {k: v - dict(model.named_parameters())[k].detach()
-                                          for k, v in es.get_stacked_params().items()}
+    noise = es.prepare_population() and {
+        k: v - dict(model.named_parameters())[k].detach() for k, v in es.get_stacked_params().items()
+    }
     f = torch.tensor([1.0, 2.0, 3.0, 10.0])
     es.apply_fitness_scores(f)
     expected = math.sqrt(4) * ((f - f.mean())[:, None, None] * noise["weight"]).mean(0)

@@ -67,8 +67,14 @@ def test_evolve_keeps_elites_bitwise(selection, parents):
     for crossover, mutation in zip(sorted(CROSSOVERS), sorted(MUTATIONS) * 2):
         pop = make()
         before = snapshot(pop)
-        result = pop.evolve_(FITNESS, selection_type=selection, parent_selection_type=parents,
-                             crossover_type=crossover, mutation_type=mutation, elite_frac=0.25)
+        result = pop.evolve_(
+            FITNESS,
+            selection_type=selection,
+            parent_selection_type=parents,
+            crossover_type=crossover,
+            mutation_type=mutation,
+            elite_frac=0.25,
+        )
         elites = set(result.elite_indices.tolist())
         assert elites == {5, 2, 8}  # the top 3 of FITNESS
         assert not (changed_ids(before, pop) & set(result.selected_in_indices.tolist()))
@@ -124,7 +130,11 @@ class TestErrors:
     @pytest.mark.parametrize(
         "kwargs, error, message",
         [
-            ({"crossover_type": "avg"}, ValueError, r"Unknown crossover `avg`; available: \[.*'average'.*\]. Did you mean `average`\?"),
+            (
+                {"crossover_type": "avg"},
+                ValueError,
+                r"Unknown crossover `avg`; available: \[.*'average'.*\]. Did you mean `average`\?",
+            ),
             ({"mutation_type": "gauss"}, ValueError, r"Unknown mutation `gauss`"),
             ({"selection_type": "top"}, ValueError, r"Unknown selection `top`"),
             ({"parent_selection_type": "tournamnet"}, ValueError, r"Did you mean `tournament`\?"),
@@ -133,7 +143,11 @@ class TestErrors:
             ({"survive_frac": 1.0}, ValueError, r"`survive_frac` must be a finite number in \(0, 1\), got 1.0"),
             ({"survive_frac": 0.0}, ValueError, r"`survive_frac` must be a finite number in \(0, 1\), got 0.0"),
             ({"elite_frac": -0.1}, ValueError, r"`elite_frac` must be a finite number in \[0, 1\), got -0.1"),
-            ({"elite_frac": 0.9}, ValueError, r"`elite_frac=0.9` gives 10 elites per group but `survive_frac=0.5` keeps only 6"),
+            (
+                {"elite_frac": 0.9},
+                ValueError,
+                r"`elite_frac=0.9` gives 10 elites per group but `survive_frac=0.5` keeps only 6",
+            ),
             ({"epsilon": -1.0}, InvalidValueError, r"`epsilon` must be >= 0, got -1.0"),
             ({"epsilon": float("nan")}, InvalidValueError, r"`epsilon` must be >= 0, got nan"),
             ({"epsilon": "a"}, InvalidTypeError, r"`epsilon` must be a real number >= 0, got str 'a'"),
@@ -180,8 +194,12 @@ def test_readme_usage_block_semantics():
     assert preds.shape == (16, 4, 1)
     fitnesses = -((preds - torch.randn(1, 4, 1)) ** 2).reshape(16, -1).mean(dim=-1)
     result = pop.select(selection_type="deterministic", fitnesses=fitnesses, survive_frac=0.5)
-    parents = pop.select_parents(selection_type="tournament", fitnesses=fitnesses,
-                                 num_children=len(result.selected_out_indices), culled=result.selected_out_indices)
+    parents = pop.select_parents(
+        selection_type="tournament",
+        fitnesses=fitnesses,
+        num_children=len(result.selected_out_indices),
+        culled=result.selected_out_indices,
+    )
     assert parents.shape == (8, 2)
     pop.crossover_("average", parents, result.selected_out_indices)
     pop.mutate_("full_gaussian", individuals=result.selected_out_indices)
@@ -251,8 +269,16 @@ def test_numpy_epsilon_is_accepted_and_gives_the_same_result():
     assert all(torch.equal(f.down, g.down) and torch.equal(f.up, g.up) for f, g in zip(a.factors(), b.factors()))
 
 
-@pytest.mark.parametrize("epsilon, error", [("a", InvalidTypeError), (None, InvalidTypeError), (True, InvalidTypeError),
-                                            (-0.5, InvalidValueError), (float("inf"), InvalidValueError)])
+@pytest.mark.parametrize(
+    "epsilon, error",
+    [
+        ("a", InvalidTypeError),
+        (None, InvalidTypeError),
+        (True, InvalidTypeError),
+        (-0.5, InvalidValueError),
+        (float("inf"), InvalidValueError),
+    ],
+)
 def test_mutate_and_the_operator_raise_the_same_class(epsilon, error):
     """The same mistake, the same class, whether through mutate_ or the operator itself."""
     pop = make()
@@ -260,8 +286,9 @@ def test_mutate_and_the_operator_raise_the_same_class(epsilon, error):
     with pytest.raises(error) as through_population:
         pop.mutate_("full_gaussian", all_individuals=True, epsilon=epsilon)
     with pytest.raises(error) as direct:
-        MUTATIONS["full_gaussian"](pop.factors(), epsilon=epsilon, weight_scales=pop.weight_scales,
-                                   generator=torch.Generator())
+        MUTATIONS["full_gaussian"](
+            pop.factors(), epsilon=epsilon, weight_scales=pop.weight_scales, generator=torch.Generator()
+        )
     assert str(through_population.value) == str(direct.value)
     assert not changed_ids(before, pop)
 
@@ -289,12 +316,15 @@ class TestFitnessValidatedOnce:
         monkeypatch.setattr(shaping, "_validate_tensor", counted_scan)
         return calls
 
-    @pytest.mark.parametrize("types", [
-        {},
-        {"selection_type": "probabilistic", "parent_selection_type": "roulette", "crossover_type": "xes"},
-        {"selection_type": "fuss", "parent_selection_type": "fuss", "crossover_type": "extrapolative"},
-        {"parent_selection_type": "queen_bee", "num_groups": 2},
-    ])
+    @pytest.mark.parametrize(
+        "types",
+        [
+            {},
+            {"selection_type": "probabilistic", "parent_selection_type": "roulette", "crossover_type": "xes"},
+            {"selection_type": "fuss", "parent_selection_type": "fuss", "crossover_type": "extrapolative"},
+            {"parent_selection_type": "queen_bee", "num_groups": 2},
+        ],
+    )
     def test_one_validation_per_evolve(self, monkeypatch, types):
         pop = make()
         calls = self.count(monkeypatch)
@@ -326,8 +356,9 @@ class TestFitnessValidatedOnce:
         f = twin.validate_fitnesses(FITNESS)
         result = ops.select_survivors(f, SELECTIONS["probabilistic"], 0.5, 0.1, 1, generator=twin.generator)
         culled = result.selected_out_indices
-        parents = ops.parents_for_slots(f, PARENT_SELECTIONS["tournament"], culled, culled.numel(), 2,
-                                        generator=twin.generator)
+        parents = ops.parents_for_slots(
+            f, PARENT_SELECTIONS["tournament"], culled, culled.numel(), 2, generator=twin.generator
+        )
         twin._crossover(CROSSOVERS["xes"], parents, culled, f, 1, {})
         twin._mutate(MUTATIONS["full_gaussian"], culled, 0.1, {})
         for a, b in zip(pop.factors(), twin.factors()):

@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
 from ranks import error_of, init_gloo, save
+
 from populora.errors import FitnessError, InvalidValueError
 from populora.fitness import as_fitnesses, evaluate, fitness_kind, validate_fitnesses
 
@@ -83,10 +83,15 @@ class TestFitnessKind:
             (lambda: 0, r"<lambda>\(\): it has 0 required positional parameters, not 1 or 2"),
             (lambda a, b, c: 0, r"<lambda>\(a, b, c\): it has 3 required positional parameters, not 1 or 2"),
             (lambda *args: 0, r"<lambda>\(\*args\): it takes \*args \(a wrapper\? decorate it with functools\.wraps\)"),
-            (lambda pop, *, k: 0, r"<lambda>\(pop, \*, k\): it requires keyword-only argument\(s\) \['k'\] that populora cannot supply"),
-            (lambda pop, idx, individuals: 0,
-             r"<lambda>\(pop, idx, individuals\): it takes `individuals` but 2 other required positional parameters, "
-             r"not 1"),
+            (
+                lambda pop, *, k: 0,
+                r"<lambda>\(pop, \*, k\): it requires keyword-only argument\(s\) \['k'\] that populora cannot supply",
+            ),
+            (
+                lambda pop, idx, individuals: 0,
+                r"<lambda>\(pop, idx, individuals\): it takes `individuals` but 2 other required positional parameters, "
+                r"not 1",
+            ),
         ],
     )
     def test_refuses_other_signatures(self, fn, why):
@@ -105,8 +110,11 @@ class TestEvaluateSingleProcess:
         out = evaluate(fn, population, NUM)
         assert out.dtype == torch.float32 and out.device.type == "cpu" and out.shape == (NUM,)
         torch.testing.assert_close(out, expected(population), equal_nan=True)  # NaN kept
-        calls = {"batch": [("batch", list(range(NUM)))], "single": [("single", i) for i in range(NUM)],
-                 "all": [("all",)]}
+        calls = {
+            "batch": [("batch", list(range(NUM)))],
+            "single": [("single", i) for i in range(NUM)],
+            "all": [("all",)],
+        }
         assert population.calls == calls[fitness_kind(fn)]
 
     @pytest.mark.parametrize(
@@ -137,14 +145,20 @@ class TestEvaluateSingleProcess:
     @pytest.mark.parametrize(
         ("fn", "match"),
         [
-            (lambda population: [1.0, 2.0],
-             r"fitness function <lambda>\(population\) returned 2 values \(shape \(2,\)\) for 3 individuals; "
-             r"expected shape \(3,\)"),
-            (lambda population, individuals: torch.zeros(3, 2),
-             r"returned 6 values \(shape \(3, 2\)\) for 3 individuals; expected shape \(3,\)"),
+            (
+                lambda population: [1.0, 2.0],
+                r"fitness function <lambda>\(population\) returned 2 values \(shape \(2,\)\) for 3 individuals; "
+                r"expected shape \(3,\)",
+            ),
+            (
+                lambda population, individuals: torch.zeros(3, 2),
+                r"returned 6 values \(shape \(3, 2\)\) for 3 individuals; expected shape \(3,\)",
+            ),
             (lambda population: None, r"returned None; expected 3 values \(did it forget to `return`\?\)"),
-            (lambda population, idx: torch.ones(2),
-             r"fitness function <lambda>\(population, idx\) \(individual 0\) must return one number, got shape \(2,\)"),
+            (
+                lambda population, idx: torch.ones(2),
+                r"fitness function <lambda>\(population, idx\) \(individual 0\) must return one number, got shape \(2,\)",
+            ),
             (lambda population, idx: "good", r"\(individual 0\) must return a number, got str: 'good'"),
             (lambda population: "abc", r"must return 3 numbers \(sequence, array or tensor\), got str"),
             (lambda population: torch.zeros(3, dtype=torch.complex64), r"must return real numbers, got dtype"),
@@ -168,8 +182,6 @@ class TestEvaluateSingleProcess:
 
 
 # --------------------------------------------------------------- two processes
-
-
 
 
 def _fitness_worker(rank: int, store: str, out: str) -> None:
@@ -281,28 +293,42 @@ def test_raising_rank_ends_the_run_with_its_error(tmp_path):
 class TestAsFitnesses:
     """The dtype rules of populora.fitness.as_fitnesses, which Population.validate_fitnesses applies."""
 
-    @pytest.mark.parametrize("values, dtype", [
-        ([1e8 + 1, 1e8], torch.float64),  # Python floats are doubles: kept exactly
-        ([1, 2, 3], torch.float64),
-        ((0.5, np.float32(1.5), torch.tensor(2.5)), torch.float64),
-        (np.arange(3.0), torch.float64),
-        (np.arange(3.0, dtype=np.float32), torch.float32),
-        (torch.arange(3.0, dtype=torch.float64), torch.float64),
-        (torch.arange(3.0), torch.float32),
-        (torch.arange(3), torch.int64),  # integer tensors keep their dtype; the population widens them
-    ])
+    @pytest.mark.parametrize(
+        "values, dtype",
+        [
+            ([1e8 + 1, 1e8], torch.float64),  # Python floats are doubles: kept exactly
+            ([1, 2, 3], torch.float64),
+            ((0.5, np.float32(1.5), torch.tensor(2.5)), torch.float64),
+            (np.arange(3.0), torch.float64),
+            (np.arange(3.0, dtype=np.float32), torch.float32),
+            (torch.arange(3.0, dtype=torch.float64), torch.float64),
+            (torch.arange(3.0), torch.float32),
+            (torch.arange(3), torch.int64),  # integer tensors keep their dtype; the population widens them
+        ],
+    )
     def test_precision_is_kept(self, values, dtype):
         out = as_fitnesses(values)
         assert out.dtype == dtype and out.shape == (len(values),)
         assert out.tolist() == [float(v) for v in values]
 
-    @pytest.mark.parametrize("values, named", [
-        ("abc", "str"), (b"abc", "bytes"), ({"a": 1.0}, "dict"), ({1.0, 2.0}, "set"), (None, "NoneType"),
-        (object(), "object"), (["a", "b"], "list holding str"), ([{"a": 1}], "list holding dict"),
-        ([1.0, object()], r"list of non-numbers"),
-    ])
+    @pytest.mark.parametrize(
+        "values, named",
+        [
+            ("abc", "str"),
+            (b"abc", "bytes"),
+            ({"a": 1.0}, "dict"),
+            ({1.0, 2.0}, "set"),
+            (None, "NoneType"),
+            (object(), "object"),
+            (["a", "b"], "list holding str"),
+            ([{"a": 1}], "list holding dict"),
+            ([1.0, object()], r"list of non-numbers"),
+        ],
+    )
     def test_non_numbers_raise_naming_the_type(self, values, named):
-        with pytest.raises(FitnessError, match=rf"fitnesses must be real numbers \(a tensor, array or list\), got {named}"):
+        with pytest.raises(
+            FitnessError, match=rf"fitnesses must be real numbers \(a tensor, array or list\), got {named}"
+        ):
             as_fitnesses(values)
 
     def test_complex_is_refused(self):
@@ -319,8 +345,9 @@ def population(**kwargs):
     from populora import Population
 
     torch.manual_seed(0)
-    return Population(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)), pop_size=P, low_rank=2,
-                      seed=0, **kwargs)
+    return Population(
+        torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)), pop_size=P, low_rank=2, seed=0, **kwargs
+    )
 
 
 class TestPopulationPrecision:
@@ -387,25 +414,34 @@ class TestPopulationPrecision:
 
 
 class TestPopulationNonNumericFitnesses:
-    @pytest.mark.parametrize("fitnesses, named", [
-        ("abcdefgh", "str"), ({i: float(i) for i in range(P)}, "dict"), (object(), "object"),
-        (["a"] * P, "list holding str"),
-    ])
-    @pytest.mark.parametrize("call", ["evolve_", "select", "select_parents", "select_and_merge_best_",
-                                      "validate_fitnesses", "crossover_"])
+    @pytest.mark.parametrize(
+        "fitnesses, named",
+        [
+            ("abcdefgh", "str"),
+            ({i: float(i) for i in range(P)}, "dict"),
+            (object(), "object"),
+            (["a"] * P, "list holding str"),
+        ],
+    )
+    @pytest.mark.parametrize(
+        "call", ["evolve_", "select", "select_parents", "select_and_merge_best_", "validate_fitnesses", "crossover_"]
+    )
     def test_fitness_error_names_the_type(self, fitnesses, named, call):
         pop = population()
         before = [f.down.clone() for f in pop.factors()]
         method = getattr(pop, call)
-        args = {"select": ("deterministic", fitnesses), "select_parents": ("tournament", fitnesses, 2, [0, 1]),
-                "crossover_": ("xes", [[2, 3]], [0], fitnesses)}
+        args = {
+            "select": ("deterministic", fitnesses),
+            "select_parents": ("tournament", fitnesses, 2, [0, 1]),
+            "crossover_": ("xes", [[2, 3]], [0], fitnesses),
+        }
         with pytest.raises(FitnessError, match=rf"fitnesses must be real numbers .*got {named}"):
             method(*args.get(call, (fitnesses,)))
         assert all(torch.equal(b, f.down) for b, f in zip(before, pop.factors())) and pop.generation == 0
 
 
 def test_evaluate_in_float64_keeps_python_floats():
-    close = lambda population, idx: 1e8 + idx  # noqa: E731
+    close = lambda population, idx: 1e8 + idx
     assert evaluate(close, None, 3, dtype=torch.float64).tolist() == [1e8, 1e8 + 1, 1e8 + 2]
     assert evaluate(close, None, 3).dtype == torch.float32
     with pytest.raises(ValueError, match=r"`dtype` must be torch.float32 or torch.float64"):

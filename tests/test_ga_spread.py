@@ -51,12 +51,16 @@ class StrictDevices(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if getattr(func, "__name__", "") not in _MOVES:
-            devices = {t.device for t in tree_leaves((args, kwargs))
-                       if isinstance(t, Tensor) and not (t.dim() == 0 and t.device.type == "cpu")}
+            devices = {
+                t.device
+                for t in tree_leaves((args, kwargs))
+                if isinstance(t, Tensor) and not (t.dim() == 0 and t.device.type == "cpu")
+            }
             self.seen |= devices
             if len(devices) > 1:
-                raise RuntimeError(f"cross-device op {getattr(func, '__qualname__', func)} on "
-                                   f"{sorted(map(str, devices))}")
+                raise RuntimeError(
+                    f"cross-device op {getattr(func, '__qualname__', func)} on {sorted(map(str, devices))}"
+                )
         return func(*args, **kwargs)
 
 
@@ -136,8 +140,7 @@ def test_the_spread_population_has_its_layout():
 @pytest.mark.parametrize("name", sorted(PARENT_SELECTIONS))
 def test_select_parents(name):
     spread, twin = pair()
-    out, expected = both(spread, twin, lambda pop: pop.select_parents(name, FITNESS, culled=[1, 3, 6]),
-                         stacks=False)
+    out, expected = both(spread, twin, lambda pop: pop.select_parents(name, FITNESS, culled=[1, 3, 6]), stacks=False)
     assert out.device == CPU and torch.equal(out, expected)
 
 
@@ -173,17 +176,27 @@ def test_mutate(name, selector):
         both(spread, twin, lambda pop: pop.mutate_(name, epsilon=0.3, **selector))
 
 
-@pytest.mark.parametrize("crossover_type, mutation_type", [
-    ("average", "full_gaussian"), ("xes", "layer_selective_gaussian"), ("layer_wise", "svd_structured"),
-    ("extrapolative", "neftune_style"), ("svd_subspace", "component_masking"), ("dare", "full_gaussian"),
-    ("average_delta", "full_gaussian"),
-])
+@pytest.mark.parametrize(
+    "crossover_type, mutation_type",
+    [
+        ("average", "full_gaussian"),
+        ("xes", "layer_selective_gaussian"),
+        ("layer_wise", "svd_structured"),
+        ("extrapolative", "neftune_style"),
+        ("svd_subspace", "component_masking"),
+        ("dare", "full_gaussian"),
+        ("average_delta", "full_gaussian"),
+    ],
+)
 def test_evolve(crossover_type, mutation_type):
     spread, twin = pair(seed=4)
     for generation in range(3):
         f = FITNESS.roll(generation)
-        out, expected = both(spread, twin, lambda pop: pop.evolve_(f, crossover_type=crossover_type,
-                                                                   mutation_type=mutation_type, epsilon=0.2))
+        out, expected = both(
+            spread,
+            twin,
+            lambda pop: pop.evolve_(f, crossover_type=crossover_type, mutation_type=mutation_type, epsilon=0.2),
+        )
         assert torch.equal(out.selected_out_indices, expected.selected_out_indices)
     assert spread.generation == 3 and len(spread.history) == 3
 
@@ -191,14 +204,21 @@ def test_evolve(crossover_type, mutation_type):
 def test_evolve_with_islands():
     spread, twin = pair(seed=2)
     for _ in range(2):
-        both(spread, twin, lambda pop: pop.evolve_(FITNESS, num_groups=2, crossover_type="xes",
-                                                   mutation_type="layer_selective_gaussian"))
+        both(
+            spread,
+            twin,
+            lambda pop: pop.evolve_(
+                FITNESS, num_groups=2, crossover_type="xes", mutation_type="layer_selective_gaussian"
+            ),
+        )
 
 
 def test_set_factors():
     spread, twin = pair()
-    new = [(torch.full((d.shape[1], d.shape[2]), 0.25), torch.full((u.shape[1], u.shape[2]), -0.5))
-           for d, u in twin.factors()]
+    new = [
+        (torch.full((d.shape[1], d.shape[2]), 0.25), torch.full((u.shape[1], u.shape[2]), -0.5))
+        for d, u in twin.factors()
+    ]
     both(spread, twin, lambda pop: pop.set_factors_(5, new))
     assert torch.equal(twin.factors()[0].down[5], new[0][0])
 
@@ -235,12 +255,16 @@ def raising():
     del MUTATIONS["test_spread_raises"], CROSSOVERS["test_spread_raises"]
 
 
-@pytest.mark.parametrize("call", [
-    lambda pop: pop.mutate_("test_spread_raises", individuals=[1, 3]),
-    lambda pop: pop.crossover_("test_spread_raises", [[0, 2], [4, 5]], [1, 3]),
-    lambda pop: pop.evolve_(FITNESS, mutation_type="test_spread_raises"),
-    lambda pop: pop.evolve_(FITNESS, crossover_type="test_spread_raises"),
-], ids=["mutate_", "crossover_", "evolve_ mutation", "evolve_ crossover"])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda pop: pop.mutate_("test_spread_raises", individuals=[1, 3]),
+        lambda pop: pop.crossover_("test_spread_raises", [[0, 2], [4, 5]], [1, 3]),
+        lambda pop: pop.evolve_(FITNESS, mutation_type="test_spread_raises"),
+        lambda pop: pop.evolve_(FITNESS, crossover_type="test_spread_raises"),
+    ],
+    ids=["mutate_", "crossover_", "evolve_ mutation", "evolve_ crossover"],
+)
 def test_undo_on_error(raising, call):
     spread, twin = pair()
     both(spread, twin, lambda pop: pop.evolve_(FITNESS))  # something to roll back to

@@ -18,8 +18,9 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu.sh"
-pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
-                                reason="needs bash and coreutils' timeout")
+pytestmark = pytest.mark.skipif(
+    shutil.which("bash") is None or shutil.which("timeout") is None, reason="needs bash and coreutils' timeout"
+)
 
 MEASURES = [
     "forward all / pure, geometric mean, judged points",
@@ -36,13 +37,17 @@ MEASURES = [
 
 def _run(*args: str, out: Path, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
     environ = dict(os.environ, PYTHON=sys.executable, GPU_BENCH_OUT=str(out), **env)
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=environ,
-                          cwd=REPO)
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=environ, cwd=REPO
+    )
 
 
 def _table(text: str) -> list[list[str]]:
-    return [[cell.strip() for cell in line.strip().strip("|").split("|")]
-            for line in text.splitlines() if line.startswith("|")]
+    return [
+        [cell.strip() for cell in line.strip().strip("|").split("|")]
+        for line in text.splitlines()
+        if line.startswith("|")
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -78,11 +83,12 @@ def test_cpu_smoke_keeps_both_benchmarks_output(smoke):
     assert (out / "forward.rc").read_text().strip() == "0" and (out / "es.rc").read_text().strip() == "0"
     report = json.loads((out / "es.json").read_text())
     assert report["device"] == "cpu" and report["pops"] == [4]
-    assert sorted(r["method"] for r in report["results"]) == ["ours", "ours_pm", "ours_unshared", "plain",
-                                                              "plain_loss"]
+    assert sorted(r["method"] for r in report["results"]) == ["ours", "ours_pm", "ours_unshared", "plain", "plain_loss"]
     assert all(r["seconds"] > 0 and r["steps"] >= 2 for r in report["results"])
     ratios = report["ratios"]
-    assert set(ratios) == {f"{m} {kind} N=4" for m in ("ours", "ours_unshared", "ours_pm") for kind in ("thr", "thr+loss")}
+    assert set(ratios) == {
+        f"{m} {kind} N=4" for m in ("ours", "ours_unshared", "ours_pm") for kind in ("thr", "thr+loss")
+    }
     times = {r["method"]: r["seconds"] for r in report["results"]}
     assert ratios["ours thr+loss N=4"] == pytest.approx(times["plain_loss"] / times["ours"])
     assert "geometric mean all/pure" in (out / "forward.log").read_text()
@@ -104,7 +110,11 @@ def test_without_a_gpu_it_says_so_and_points_to_the_smoke_run(tmp_path):
 
 
 def test_es_benchmark_refuses_unknown_methods():
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "es.py"), "--methods", "plain,fast"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "es.py"), "--methods", "plain,fast"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "unknown --methods ['fast']" in proc.stderr

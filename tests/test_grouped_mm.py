@@ -6,10 +6,10 @@ CPU too, so forcing it (``GROUPED_MM = True``) checks both paths agree here.
 
 import pytest
 import torch
+from models import TinyTransformer
 from torch import nn
 
 import populora.routing.router as router
-from models import TinyTransformer
 from populora import Population
 from populora.routing import rows
 
@@ -134,8 +134,9 @@ def test_grouped_mm_default_is_off_on_cpu(monkeypatch, calls):
 
 
 def test_route_carries_group_offsets():
-    from populora.routing.rows import _plan
     import numpy as np
+
+    from populora.routing.rows import _plan
 
     route, perm = _plan(UNEQUAL.numpy(), 5, torch.device("cpu"))
     assert route.ids.tolist() == [0, 1, 3, 4] and route.offs.dtype == torch.int32

@@ -19,7 +19,7 @@ import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from torch import nn
 
-from populora import EnvInteractor, EvolveResult, GenerationStats, Population, evolve_with_env, interact_with_env
+from populora import EvolveResult, GenerationStats, Population, evolve_with_env, interact_with_env
 from populora.errors import FitnessError, InvalidIndexError, InvalidTypeError, InvalidValueError
 from populora.interact import EnvStepError, ObsNormalizer, episode_seed, episode_seeds
 from populora.interact.envs import DEFAULT_NUM_ENVS
@@ -121,8 +121,12 @@ def seeded_length_envs(kind: str, num: int) -> tuple[object, list]:
 class DictObsEnv(gym.Env):
     """Dict observations ``{'pos': (2,), 'vel': (1,)}`` (keys in the space's order); reward depends on action and state."""
 
-    observation_space = gym.spaces.Dict({"pos": gym.spaces.Box(-np.inf, np.inf, (2,), np.float32),
-                                         "vel": gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)})
+    observation_space = gym.spaces.Dict(
+        {
+            "pos": gym.spaces.Box(-np.inf, np.inf, (2,), np.float32),
+            "vel": gym.spaces.Box(-np.inf, np.inf, (1,), np.float32),
+        }
+    )
     action_space = gym.spaces.Discrete(2)
 
     def _obs(self) -> dict:
@@ -202,7 +206,8 @@ def test_pendulum_fitness_equals_hand_rolled_rollout():
     # could move the last bit of an action in principle, hence approx)
     listed = interact_with_env([gym.make("Pendulum-v1") for _ in range(2)])
     assert listed.evaluate(pop, action=torque, horizon=40, num_episodes=2).tolist() == pytest.approx(
-        fitness.tolist(), rel=1e-6)
+        fitness.tolist(), rel=1e-6
+    )
 
 
 def test_list_vector_env_factory_and_slot_count_give_the_same_fitness():
@@ -377,8 +382,15 @@ def test_evolve_with_env_improves_cartpole():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2))
     result = evolve_with_env(
-        gym.make_vec("CartPole-v1", 8, vectorization_mode="sync"), model, pop_size=16, low_rank=2,
-        action=argmax, num_generations=6, horizon=200, seed=0, num_episodes=2,
+        gym.make_vec("CartPole-v1", 8, vectorization_mode="sync"),
+        model,
+        pop_size=16,
+        low_rank=2,
+        action=argmax,
+        num_generations=6,
+        horizon=200,
+        seed=0,
+        num_episodes=2,
         evolve_kwargs=dict(epsilon=0.3),
     )
     assert isinstance(result, EvolveResult)
@@ -395,21 +407,38 @@ def test_evolved_policy_acts_as_during_evolution():
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2))
         policy, history = evolve_with_env(
-            [gym.make("CartPole-v1") for _ in range(4)], model, 8, 2, action=argmax, num_generations=3,
-            horizon=120, seed=4, num_episodes=2, normalize_obs=normalize,
+            [gym.make("CartPole-v1") for _ in range(4)],
+            model,
+            8,
+            2,
+            action=argmax,
+            num_generations=3,
+            horizon=120,
+            seed=4,
+            num_episodes=2,
+            normalize_obs=normalize,
         )
         assert isinstance(policy[0], ObsNormalizer) == normalize
         # the returned policy is the validated champion: it replays its validation episodes exactly
         replay = interact_with_env(gym.make("CartPole-v1")).play(
-            policy, action=argmax, horizon=120, seeds=stream_seeds(4, VALIDATION_STREAM, validation_defaults(8, 2)[0]))
+            policy, action=argmax, horizon=120, seeds=stream_seeds(4, VALIDATION_STREAM, validation_defaults(8, 2)[0])
+        )
         assert replay.mean().item() == pytest.approx(max(h.validated for h in history if h.validated is not None))
 
 
 def test_target_fitness_stops_early_and_return_history_false():
     log: list = []
     with pytest.warns(DeprecationWarning, match=r"return_history=False.*EvolveResult"):  # deprecated in 0.2
-        policy = evolve_with_env([SeededLengthEnv(log)], tiny_net(), 4, 2, num_generations=10, horizon=2,
-                                 target_fitness=2.0, return_history=False)
+        policy = evolve_with_env(
+            [SeededLengthEnv(log)],
+            tiny_net(),
+            4,
+            2,
+            num_generations=10,
+            horizon=2,
+            target_fitness=2.0,
+            return_history=False,
+        )
     assert isinstance(policy, nn.Module) and not isinstance(policy, tuple)
     assert len(log) == 4 + 3 + 9  # one generation: 4 training episodes (4 individuals x 1), the top candidate's
     # 3 validation episodes (validation_defaults(4, 1)), then, as it reached the target, its confirmation: the 3
@@ -421,8 +450,17 @@ def test_checkpoint_and_exact_resume(tmp_path):
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2))
         return evolve_with_env(
-            gym.make_vec("CartPole-v1", 4, vectorization_mode="sync"), model, 8, 2, action=argmax,
-            num_generations=gens, horizon=60, seed=9, checkpoint_dir=folder, resume=resume, normalize_obs=True,
+            gym.make_vec("CartPole-v1", 4, vectorization_mode="sync"),
+            model,
+            8,
+            2,
+            action=argmax,
+            num_generations=gens,
+            horizon=60,
+            seed=9,
+            checkpoint_dir=folder,
+            resume=resume,
+            normalize_obs=True,
         )
 
     straight = run(4, False, None)
@@ -434,10 +472,19 @@ def test_checkpoint_and_exact_resume(tmp_path):
         assert torch.equal(a, b), name
     with pytest.raises(ValueError, match="differs from the one"):
         torch.manual_seed(1)
-        evolve_with_env(gym.make_vec("CartPole-v1", 2, vectorization_mode="sync"),
-                        nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2)), 8, 2, action=argmax,
-                        num_generations=3, horizon=10, seed=9, checkpoint_dir=tmp_path, resume=True,
-                        normalize_obs=True)
+        evolve_with_env(
+            gym.make_vec("CartPole-v1", 2, vectorization_mode="sync"),
+            nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2)),
+            8,
+            2,
+            action=argmax,
+            num_generations=3,
+            horizon=10,
+            seed=9,
+            checkpoint_dir=tmp_path,
+            resume=True,
+            normalize_obs=True,
+        )
 
 
 def test_observation_statistics_are_frozen_within_a_generation():
@@ -466,8 +513,9 @@ def test_custom_fitness_in_the_three_signatures():
         assert interactor.evaluate(pop, fitness=fn).tolist() == [0.0, 1.0, 2.0, 3.0]
     with pytest.raises(TypeError, match="cannot tell how to call"):
         interactor.evaluate(pop, fitness=lambda: 0)
-    policy, history = evolve_with_env(gym.make("CartPole-v1"), cartpole_net(), 4, 2, num_generations=2,
-                                      fitness=lambda population, idx: float(idx))
+    policy, history = evolve_with_env(
+        gym.make("CartPole-v1"), cartpole_net(), 4, 2, num_generations=2, fitness=lambda population, idx: float(idx)
+    )
     assert [h.best for h in history] == [3.0, 3.0]
 
 
@@ -511,7 +559,9 @@ def test_nan_reward_raises_or_scores_worst(kind):
     envs = [SeededLengthEnv(), SeededLengthEnv(nan_at=2)]
     interactor = interact_with_env(envs if kind == "list" else SyncVectorEnv([lambda e=e: e for e in envs]))
     pop = interactor.population(tiny_net(), 3, 2)
-    with pytest.raises(FitnessError, match=r"NaN reward at slot 1 \(individual 1, episode 0, step 2\).*nan_policy='worst'"):
+    with pytest.raises(
+        FitnessError, match=r"NaN reward at slot 1 \(individual 1, episode 0, step 2\).*nan_policy='worst'"
+    ):
         interactor.evaluate(pop, horizon=10)
     pop = interactor.population(tiny_net(), 3, 2, nan_policy="worst")
     fitness = interactor.evaluate(pop, horizon=10)
@@ -640,7 +690,8 @@ def test_failed_evolution_gives_the_model_back_unwrapped():
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        evolve_with_env(gym.make("CartPole-v1"), model, pop_size=4, low_rank=1, action=action, num_generations=2,
-                        horizon=5)
+        evolve_with_env(
+            gym.make("CartPole-v1"), model, pop_size=4, low_rank=1, action=action, num_generations=2, horizon=5
+        )
     assert all(p.requires_grad for p in model.parameters())
     assert "forward" not in vars(model[0]) and "forward" not in vars(model[2])

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from gymnasium.vector import SyncVectorEnv
+from test_interact import SeededLengthEnv, argmax, cartpole_net, length_of, tiny_net
 from torch import nn
 
 from populora import EvolveResult, GenerationStats, evolve_with_env, interact_with_env
@@ -21,8 +22,6 @@ from populora.interact.interactor import episode_seed, vector_reset_seed
 from populora.interact.normalize import ObsStatistics
 from populora.interact.sources import SingleEnvs, SubEnvSource
 from populora.interact.vector import VectorSource
-
-from test_interact import SeededLengthEnv, argmax, cartpole_net, length_of, tiny_net
 
 
 def normalizing(num: int = 2):
@@ -96,7 +95,9 @@ def test_interactor_load_state_dict_checks_everything_before_writing():
         target.load_state_dict({"obs_stats": {k: v for k, v in good["obs_stats"].items() if k != "clip"}})
     with pytest.raises(CheckpointError, match="'clip' must be a number > 0"):
         target.load_state_dict({"obs_stats": {**good["obs_stats"], "clip": -1.0}})
-    with pytest.raises(CheckpointError, match="holds no observation statistics; this interactor has normalize_obs=True"):
+    with pytest.raises(
+        CheckpointError, match="holds no observation statistics; this interactor has normalize_obs=True"
+    ):
         target.load_state_dict({"obs_stats": None})
     with pytest.raises(CheckpointError, match="must be a dict with 'obs_stats'"):
         target.load_state_dict(good["obs_stats"])
@@ -129,7 +130,9 @@ def test_obs_statistics_state_dict_is_a_snapshot():
 def test_deprecated_normalizer_state_names_warn_and_give_the_same_state():
     source = normalizing()
     advanced(source, source.population(cartpole_net(), 4, 2, seed=1, init_scale=2.0))
-    with pytest.warns(DeprecationWarning, match=r"normalizer_state\(\)` is deprecated; use `state_dict\(\)\['obs_stats'\]`"):
+    with pytest.warns(
+        DeprecationWarning, match=r"normalizer_state\(\)` is deprecated; use `state_dict\(\)\['obs_stats'\]`"
+    ):
         old = source.normalizer_state()
     new = source.state_dict()["obs_stats"]
     assert old.keys() == new.keys() and torch.equal(old["pending"], new["pending"])
@@ -149,24 +152,35 @@ def test_deprecated_normalizer_state_names_warn_and_give_the_same_state():
 def test_evolve_with_env_returns_evolve_result_with_std_and_no_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no internal call uses a deprecated name
-        result = evolve_with_env(gym.make("CartPole-v1"), cartpole_net(), 4, 2, num_generations=2,
-                                 fitness=lambda population, idx: float(idx))
-        explicit = evolve_with_env(gym.make("CartPole-v1"), cartpole_net(), 4, 2, num_generations=2,
-                                   fitness=lambda population, idx: float(idx), return_history=True)
+        result = evolve_with_env(
+            gym.make("CartPole-v1"), cartpole_net(), 4, 2, num_generations=2, fitness=lambda population, idx: float(idx)
+        )
+        explicit = evolve_with_env(
+            gym.make("CartPole-v1"),
+            cartpole_net(),
+            4,
+            2,
+            num_generations=2,
+            fitness=lambda population, idx: float(idx),
+            return_history=True,
+        )
     assert isinstance(result, EvolveResult) and isinstance(explicit, EvolveResult)
     policy, history = result  # the seed README's unpacking
     assert isinstance(policy, nn.Module) and result.policy is policy and result.history is history
     expected_std = float(torch.arange(4.0).std(correction=0))
     # validated: the custom fitness on the validation seeds (it ignores them); env_steps: none taken
-    assert history == [GenerationStats(0, 3.0, 1.5, expected_std, 3.0, 0),
-                       GenerationStats(1, 3.0, 1.5, expected_std, 3.0, 0)]
+    assert history == [
+        GenerationStats(0, 3.0, 1.5, expected_std, 3.0, 0),
+        GenerationStats(1, 3.0, 1.5, expected_std, 3.0, 0),
+    ]
     assert history == explicit.history
 
 
 def test_return_history_false_is_deprecated_but_returns_the_same_policy():
     def run(**kwargs):
-        return evolve_with_env([SeededLengthEnv() for _ in range(2)], tiny_net(), 4, 2, num_generations=2,
-                               horizon=3, seed=5, **kwargs)
+        return evolve_with_env(
+            [SeededLengthEnv() for _ in range(2)], tiny_net(), 4, 2, num_generations=2, horizon=3, seed=5, **kwargs
+        )
 
     with pytest.warns(DeprecationWarning, match=r"use `evolve_with_env\(\.\.\.\)\.policy`"):
         alone = run(return_history=False)
@@ -178,21 +192,37 @@ def test_return_history_false_is_deprecated_but_returns_the_same_policy():
 
 def test_resume_reads_version_1_checkpoints(tmp_path):
     """0.1's file: 'normalizer' instead of 'interactor', (generation, best, mean) history entries."""
+
     def run(gens, resume, folder):
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2))
-        return evolve_with_env(gym.make_vec("CartPole-v1", 4, vectorization_mode="sync"), model, 8, 2,
-                               action=argmax, num_generations=gens, horizon=40, seed=9, checkpoint_dir=folder,
-                               resume=resume, normalize_obs=True, validation_episodes=0)  # 0.1's rule
+        return evolve_with_env(
+            gym.make_vec("CartPole-v1", 4, vectorization_mode="sync"),
+            model,
+            8,
+            2,
+            action=argmax,
+            num_generations=gens,
+            horizon=40,
+            seed=9,
+            checkpoint_dir=folder,
+            resume=resume,
+            normalize_obs=True,
+            validation_episodes=0,
+        )  # 0.1's rule
 
     straight = run(3, False, None)
     run(2, False, tmp_path)
     path = tmp_path / CHECKPOINT_NAME
     state = load_checkpoint(path, kind="evolve_with_env")
     assert state["format"] == "populora.evolve_with_env/2" and len(state["history"][0]) == 6
-    old = {"format": "populora.evolve_with_env/1", "population": state["population"],
-           "normalizer": state["interactor"]["obs_stats"], "history": [h[:3] for h in state["history"]],
-           "base_checksum": state["base_checksum"]}
+    old = {
+        "format": "populora.evolve_with_env/1",
+        "population": state["population"],
+        "normalizer": state["interactor"]["obs_stats"],
+        "history": [h[:3] for h in state["history"]],
+        "base_checksum": state["base_checksum"],
+    }
     atomic_save(old, path, kind="evolve_with_env")
     resumed = run(3, True, tmp_path)
     assert [h[:3] for h in resumed.history] == [h[:3] for h in straight.history]
@@ -237,11 +267,20 @@ def test_slot_sources_share_one_interface():
 
 
 def test_runs_of_single_envs_between_vector_envs_are_one_source_each():
-    envs = [SeededLengthEnv(), SeededLengthEnv(), SyncVectorEnv([SeededLengthEnv for _ in range(2)]),
-            gym.vector.VectorWrapper(SyncVectorEnv([SeededLengthEnv for _ in range(2)])), SeededLengthEnv()]
+    envs = [
+        SeededLengthEnv(),
+        SeededLengthEnv(),
+        SyncVectorEnv([SeededLengthEnv for _ in range(2)]),
+        gym.vector.VectorWrapper(SyncVectorEnv([SeededLengthEnv for _ in range(2)])),
+        SeededLengthEnv(),
+    ]
     slots = build_slots(envs)
     assert [(type(s).__name__, s.start, s.stop) for s in slots.sources] == [
-        ("SingleEnvs", 0, 2), ("SubEnvSource", 2, 4), ("VectorSource", 4, 6), ("SingleEnvs", 6, 7)]
+        ("SingleEnvs", 0, 2),
+        ("SubEnvSource", 2, 4),
+        ("VectorSource", 4, 6),
+        ("SingleEnvs", 6, 7),
+    ]
     assert slots.raw_env(1) is envs[1] and slots.raw_env(3) is envs[2] and slots.raw_env(6) is envs[4]
     interactor = interact_with_env(envs)
     pop = interactor.population(tiny_net(), 9, 2, seed=2)

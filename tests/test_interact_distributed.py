@@ -10,13 +10,12 @@ and save what they saw; the assertions run in the parent.
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch import nn
 from ranks import init_gloo
+from torch import nn
 
 WORLD = 2
 POP, EPISODES, HORIZON, GENERATIONS = 6, 2, 60, 3  # seed 2: no near-tie action (margin 9e-3)
@@ -63,8 +62,16 @@ def _run(num_envs: int) -> dict:
     act = _Argmax()
     fitness = interactor.evaluate(pop, action=act, horizon=HORIZON, num_episodes=EPISODES)
     policy, history = evolve_with_env(
-        _envs(num_envs), _model(), POP, 2, action=act, num_generations=GENERATIONS, horizon=HORIZON,
-        seed=2, num_episodes=EPISODES, normalize_obs=True,
+        _envs(num_envs),
+        _model(),
+        POP,
+        2,
+        action=act,
+        num_generations=GENERATIONS,
+        horizon=HORIZON,
+        seed=2,
+        num_episodes=EPISODES,
+        normalize_obs=True,
     )
     return {
         "fitness": fitness,

@@ -46,9 +46,18 @@ def _params(model: nn.Module) -> dict:
 
 
 def _es_run(seed: int) -> tuple[dict, list]:
-    policy, history = evolve_with_env([gym.make("CartPole-v1") for _ in range(3)], _model(), POP, 2, algorithm="es",
-                                      num_generations=3, horizon=HORIZON, seed=seed, num_episodes=2,
-                                      validation_episodes=2)
+    policy, history = evolve_with_env(
+        [gym.make("CartPole-v1") for _ in range(3)],
+        _model(),
+        POP,
+        2,
+        algorithm="es",
+        num_generations=3,
+        horizon=HORIZON,
+        seed=seed,
+        num_episodes=2,
+        validation_episodes=2,
+    )
     return _params(policy), history
 
 
@@ -116,8 +125,9 @@ def test_fitness_equals_a_hand_rolled_rollout_of_the_perturbed_individual(seedin
 def test_env_steps_counted_equal_the_steps_taken():
     log: list = []
     envs = [_Counting(gym.make("CartPole-v1"), log) for _ in range(3)]
-    _, history = evolve_with_env(envs, _model(), POP, 2, algorithm="es", num_generations=3, horizon=HORIZON,
-                                 seed=0, validation_episodes=2)
+    _, history = evolve_with_env(
+        envs, _model(), POP, 2, algorithm="es", num_generations=3, horizon=HORIZON, seed=0, validation_episodes=2
+    )
     assert history[-1].env_steps == len(log) - _last_validation_steps(history, log)
     steps = [h.env_steps for h in history]
     assert steps == sorted(steps) and steps[0] > 0
@@ -132,8 +142,9 @@ def test_ga_env_steps_counted_equal_the_steps_taken():
     log: list = []
     envs = [_Counting(gym.make("CartPole-v1"), log) for _ in range(3)]
     counts = []
-    _, history = evolve_with_env(envs, _model(), 6, 2, num_generations=3, horizon=HORIZON, seed=0,
-                                 callback=lambda info: counts.append(len(log)))
+    _, history = evolve_with_env(
+        envs, _model(), 6, 2, num_generations=3, horizon=HORIZON, seed=0, callback=lambda info: counts.append(len(log))
+    )
     assert [h.env_steps for h in history] == counts  # validation steps included, generation by generation
     assert history[-1].env_steps == len(log)
 
@@ -142,8 +153,17 @@ def test_es_steps_per_generation_match_the_envs():
     log: list = []
     envs = [_Counting(gym.make("CartPole-v1"), log) for _ in range(3)]
     counts = []
-    _, history = evolve_with_env(envs, _model(), POP, 2, algorithm="es", num_generations=3, horizon=HORIZON,
-                                 seed=0, callback=lambda info: counts.append(len(log)))
+    _, history = evolve_with_env(
+        envs,
+        _model(),
+        POP,
+        2,
+        algorithm="es",
+        num_generations=3,
+        horizon=HORIZON,
+        seed=0,
+        callback=lambda info: counts.append(len(log)),
+    )
     assert [h.env_steps for h in history] == counts
 
 
@@ -154,23 +174,44 @@ def test_callback_can_stop_the_run_and_sees_the_generation():
         seen.append((info.stats.generation, info.fitnesses.shape, type(info.optimizer).__name__))
         return info.stats.generation == 1
 
-    _, history = evolve_with_env("CartPole-v1", _model(), POP, 2, num_generations=10, horizon=HORIZON,
-                                 num_envs=2, callback=callback)
+    _, history = evolve_with_env(
+        "CartPole-v1", _model(), POP, 2, num_generations=10, horizon=HORIZON, num_envs=2, callback=callback
+    )
     assert len(history) == 2 and seen == [(0, (POP,), "Population"), (1, (POP,), "Population")]
-    _, history = evolve_with_env("CartPole-v1", _model(), POP, 2, algorithm="es", num_generations=10,
-                                 horizon=HORIZON, num_envs=2, callback=callback)
+    _, history = evolve_with_env(
+        "CartPole-v1",
+        _model(),
+        POP,
+        2,
+        algorithm="es",
+        num_generations=10,
+        horizon=HORIZON,
+        num_envs=2,
+        callback=callback,
+    )
     assert len(history) == 2 and seen[-1] == (1, (POP,), "EggrollES")
 
 
 def test_max_env_steps_stops_the_run():
-    _, history = evolve_with_env("CartPole-v1", _model(), POP, 2, num_generations=50, horizon=HORIZON,
-                                 num_envs=2, max_env_steps=500)
+    _, history = evolve_with_env(
+        "CartPole-v1", _model(), POP, 2, num_generations=50, horizon=HORIZON, num_envs=2, max_env_steps=500
+    )
     assert history[-1].env_steps >= 500 and (len(history) == 1 or history[-2].env_steps < 500)
 
 
 def test_es_improves_a_short_cartpole_and_returns_the_best_validated_centre():
-    policy, history = evolve_with_env("CartPole-v1", _model(), 16, 2, algorithm="es", num_generations=12,
-                                      horizon=100, num_envs=4, seed=0, validation_episodes=4)
+    policy, history = evolve_with_env(
+        "CartPole-v1",
+        _model(),
+        16,
+        2,
+        algorithm="es",
+        num_generations=12,
+        horizon=100,
+        num_envs=4,
+        seed=0,
+        validation_episodes=4,
+    )
     validated = [h.validated for h in history if h.validated is not None]
     assert max(validated) >= 3 * validated[0]  # the centre learns (an untrained one falls within ~10 steps)
     with interact_with_env("CartPole-v1", num_envs=4) as interactor:
@@ -199,9 +240,20 @@ def test_make_es_defaults_adam_and_centred_ranks():
 
 
 def _es_rank_run(num_envs: int) -> dict:
-    policy, history = evolve_with_env([gym.make("CartPole-v1") for _ in range(num_envs)], _model(), POP, 2,
-                                      algorithm="es", num_generations=3, horizon=HORIZON, seed=3, num_episodes=2,
-                                      normalize_obs=True, validation_episodes=2, es_kwargs={"sigma": 0.5})
+    policy, history = evolve_with_env(
+        [gym.make("CartPole-v1") for _ in range(num_envs)],
+        _model(),
+        POP,
+        2,
+        algorithm="es",
+        num_generations=3,
+        horizon=HORIZON,
+        seed=3,
+        num_episodes=2,
+        normalize_obs=True,
+        validation_episodes=2,
+        es_kwargs={"sigma": 0.5},
+    )
     return {"policy": _params(policy), "history": [tuple(h) for h in history]}
 
 

@@ -30,8 +30,10 @@ def writes(path: Path) -> set[str]:
             name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
             if name in WRITERS:
                 found.add(name)
-            if name == "open" and any(isinstance(a, ast.Constant) and isinstance(a.value, str) and
-                                      set(a.value) & set("wax") for a in node.args[1:]):
+            if name == "open" and any(
+                isinstance(a, ast.Constant) and isinstance(a.value, str) and set(a.value) & set("wax")
+                for a in node.args[1:]
+            ):
                 found.add("open")
         if isinstance(node, ast.keyword) and node.arg == "checkpoint_dir":
             found.add("checkpoint_dir")
@@ -41,7 +43,11 @@ def writes(path: Path) -> set[str]:
 def test_only_known_examples_write_files_and_they_default_to_the_ignored_outputs_folder():
     writers = {path.name: writes(path) for path in EXAMPLES}
     assert {name for name, calls in writers.items() if calls - {"mkdir"}} == {
-        "coevolve_sine.py", "es_countdown.py", "llm_population.py", "selfplay_arithmetic.py"}, writers
+        "coevolve_sine.py",
+        "es_countdown.py",
+        "llm_population.py",
+        "selfplay_arithmetic.py",
+    }, writers
     for name in ("llm_population", "es_countdown", "selfplay_arithmetic"):
         text = (REPO / "examples" / f"{name}.py").read_text()
         assert f'DEFAULT_OUT = Path(__file__).resolve().parents[1] / "outputs" / "{name}"' in text
@@ -65,11 +71,33 @@ def test_the_default_plot_goes_to_the_git_ignored_outputs_folder():
 def test_coevolve_sine_creates_the_folder_of_its_plot(tmp_path):
     pytest.importorskip("matplotlib")
     plot = tmp_path / "outputs" / "sub" / "sine.png"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-           "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
-    proc = subprocess.run([sys.executable, str(REPO / "examples" / "coevolve_sine.py"), "--generations", "2",
-                           "--solvers", "4", "--proposers", "2", "--judges", "2", "--plot", str(plot)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        "OMP_NUM_THREADS": "1",
+        "MPLBACKEND": "Agg",
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "examples" / "coevolve_sine.py"),
+            "--generations",
+            "2",
+            "--solvers",
+            "4",
+            "--proposers",
+            "2",
+            "--judges",
+            "2",
+            "--plot",
+            str(plot),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert plot.is_file() and plot.stat().st_size > 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["outputs"]  # nothing else in the working folder

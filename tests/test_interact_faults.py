@@ -68,8 +68,16 @@ def assert_given_back(model: nn.Module, before: dict[str, bool]) -> None:
 
 
 def run(folder, model, generations=2, **kwargs):
-    return evolve_with_env([CountingEnv() for _ in range(2)], model, pop_size=4, low_rank=1,
-                           num_generations=generations, horizon=8, checkpoint_dir=folder, **kwargs)
+    return evolve_with_env(
+        [CountingEnv() for _ in range(2)],
+        model,
+        pop_size=4,
+        low_rank=1,
+        num_generations=generations,
+        horizon=8,
+        checkpoint_dir=folder,
+        **kwargs,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -136,21 +144,31 @@ def test_a_good_resume_still_continues(checkpoint, tmp_path):
     assert [h.generation for h in result.history] == [0, 1, 2]
 
 
-@pytest.mark.parametrize("options, error, message", [
-    ({"mutaton_type": "full_gaussian"}, TypeError, r"'mutaton_type' \(did you mean 'mutation_type'\?\)"),
-    ({"fitnesses": [1, 2]}, TypeError, "'fitnesses'"),
-    ({"mutation_type": "no_such_mutation"}, ValueError, "no_such_mutation"),
-    ({"crossover_type": "no_such_crossover"}, ValueError, "no_such_crossover"),
-    ({"epsilon": -1}, ValueError, "epsilon"),
-    ({"survive_frac": 0.0}, ValueError, "survive_frac"),
-])
+@pytest.mark.parametrize(
+    "options, error, message",
+    [
+        ({"mutaton_type": "full_gaussian"}, TypeError, r"'mutaton_type' \(did you mean 'mutation_type'\?\)"),
+        ({"fitnesses": [1, 2]}, TypeError, "'fitnesses'"),
+        ({"mutation_type": "no_such_mutation"}, ValueError, "no_such_mutation"),
+        ({"crossover_type": "no_such_crossover"}, ValueError, "no_such_crossover"),
+        ({"epsilon": -1}, ValueError, "epsilon"),
+        ({"survive_frac": 0.0}, ValueError, "survive_frac"),
+    ],
+)
 def test_bad_evolve_kwargs_fail_before_the_first_episode(options, error, message):
     model = model_with_a_frozen_layer()
     before = flags(model)
     CountingEnv.total_steps = 0
     with pytest.raises(error, match=message) as caught:
-        evolve_with_env([CountingEnv() for _ in range(2)], model, pop_size=4, low_rank=1, num_generations=2,
-                        horizon=8, evolve_kwargs=options)
+        evolve_with_env(
+            [CountingEnv() for _ in range(2)],
+            model,
+            pop_size=4,
+            low_rank=1,
+            num_generations=2,
+            horizon=8,
+            evolve_kwargs=options,
+        )
     assert isinstance(caught.value, PopuloraError)
     assert CountingEnv.total_steps == 0
     assert_given_back(model, before)
@@ -158,9 +176,18 @@ def test_bad_evolve_kwargs_fail_before_the_first_episode(options, error, message
 
 def test_checking_evolve_kwargs_does_not_change_the_run():
     """The up-front check runs one evolve_ and restores the population: the run is the one without it."""
+
     def go(options):
-        return evolve_with_env([CountingEnv({3: 0.5}) for _ in range(2)], model_with_a_frozen_layer(), pop_size=4,
-                               low_rank=1, num_generations=3, horizon=8, evolve_kwargs=options, seed=4)
+        return evolve_with_env(
+            [CountingEnv({3: 0.5}) for _ in range(2)],
+            model_with_a_frozen_layer(),
+            pop_size=4,
+            low_rank=1,
+            num_generations=3,
+            horizon=8,
+            evolve_kwargs=options,
+            seed=4,
+        )
 
     with_check = go({"epsilon": 0.1})  # the default value, passed explicitly: the check runs
     without = go(None)
@@ -185,8 +212,13 @@ def test_a_positive_inf_reward_is_traced_and_raises_under_every_nan_policy():
     for policy in ("raise", "worst"):
         interactor = interact_with_env(slots_with(math.inf))
         pop = interactor.population(tiny(), 3, 2, nan_policy=policy)
-        with pytest.raises(FitnessError, match=(r"env CountingEnv\(rewards=\{3: inf\}\) returned a \+inf reward at "
-                                                r"slot 1 \(individual 1, episode 0, step 3\).*ClipReward")):
+        with pytest.raises(
+            FitnessError,
+            match=(
+                r"env CountingEnv\(rewards=\{3: inf\}\) returned a \+inf reward at "
+                r"slot 1 \(individual 1, episode 0, step 3\).*ClipReward"
+            ),
+        ):
             interactor.evaluate(pop, horizon=8)
 
 
@@ -202,8 +234,11 @@ def test_the_advice_for_positive_inf_works():
 def test_a_negative_inf_reward_raises_with_advice_that_works():
     interactor = interact_with_env(slots_with(-math.inf))
     pop = interactor.population(tiny(), 3, 2)
-    with pytest.raises(FitnessError, match=r"returned a -inf reward at slot 1 \(individual 1, episode 0, "
-                                           r"step 3\).*nan_policy='worst'"):
+    with pytest.raises(
+        FitnessError,
+        match=r"returned a -inf reward at slot 1 \(individual 1, episode 0, "
+        r"step 3\).*nan_policy='worst'",
+    ):
         interactor.evaluate(pop, horizon=8)
     worst = interactor.population(tiny(), 3, 2, nan_policy="worst")
     fitness = interactor.evaluate(worst, horizon=8)
@@ -212,16 +247,26 @@ def test_a_negative_inf_reward_raises_with_advice_that_works():
     worst.evolve_(fitness)
     with pytest.raises(FitnessError, match=r"-inf reward at slot 1 \(individual 1"):
         evolve_with_env(slots_with(-math.inf), tiny(), pop_size=3, low_rank=1, num_generations=1, horizon=8)
-    result = evolve_with_env(slots_with(-math.inf), tiny(), pop_size=3, low_rank=1, num_generations=2, horizon=8,
-                             population_kwargs=dict(nan_policy="worst"))
+    result = evolve_with_env(
+        slots_with(-math.inf),
+        tiny(),
+        pop_size=3,
+        low_rank=1,
+        num_generations=2,
+        horizon=8,
+        population_kwargs=dict(nan_policy="worst"),
+    )
     assert len(result.history) == 2
 
 
 def test_a_nan_reward_names_the_env_too():
     interactor = interact_with_env(slots_with(math.nan))
     pop = interactor.population(tiny(), 3, 2)
-    with pytest.raises(FitnessError, match=r"env CountingEnv\(rewards=\{3: nan\}\) returned a NaN reward at slot 1 "
-                                           r"\(individual 1, episode 0, step 3\)"):
+    with pytest.raises(
+        FitnessError,
+        match=r"env CountingEnv\(rewards=\{3: nan\}\) returned a NaN reward at slot 1 "
+        r"\(individual 1, episode 0, step 3\)",
+    ):
         interactor.evaluate(pop, horizon=8)
 
 
@@ -240,8 +285,10 @@ def bad_calls():
         "factory in a list": (TypeError, lambda: interact_with_env([env, CountingEnv])),
         "num_envs for one env": (ValueError, lambda: interact_with_env(env, num_envs=2)),
         "num_envs float": (TypeError, lambda: interact_with_env(CountingEnv, num_envs=2.5)),
-        "normalize without flatten": (ValueError, lambda: interact_with_env(env, normalize_obs=True,
-                                                                             flatten_obs=False)),
+        "normalize without flatten": (
+            ValueError,
+            lambda: interact_with_env(env, normalize_obs=True, flatten_obs=False),
+        ),
         "horizon": (ValueError, lambda: interactor.evaluate(pop, horizon=-1)),
         "horizon type": (TypeError, lambda: interactor.evaluate(pop, horizon="10")),
         "action not callable": (TypeError, lambda: interactor.evaluate(pop, action="argmax")),
@@ -249,10 +296,14 @@ def bad_calls():
         "individuals out of range": (IndexError, lambda: interactor.episode_returns(pop, [5])),
         "individuals floats": (TypeError, lambda: interactor.episode_returns(pop, [0.5])),
         "action shape": (ValueError, lambda: interactor.evaluate(pop, action=lambda out: out, horizon=3)),
-        "float action for Discrete": (TypeError, lambda: interactor.evaluate(pop, action=lambda out: out[:, 0],
-                                                                             horizon=3)),
-        "action out of range": (ValueError, lambda: interactor.evaluate(pop, action=lambda out: out.argmax(-1) + 5,
-                                                                        horizon=3)),
+        "float action for Discrete": (
+            TypeError,
+            lambda: interactor.evaluate(pop, action=lambda out: out[:, 0], horizon=3),
+        ),
+        "action out of range": (
+            ValueError,
+            lambda: interactor.evaluate(pop, action=lambda out: out.argmax(-1) + 5, horizon=3),
+        ),
         "to_range on Discrete": (ValueError, lambda: interactor.evaluate(pop, to_range=(-1, 1))),
         "to_range not a pair": (ValueError, lambda: cont.evaluate(cpop, to_range=(1,), horizon=3)),
         "to_range strings": (TypeError, lambda: cont.evaluate(cpop, to_range=("a", "b"), horizon=3)),

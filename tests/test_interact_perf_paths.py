@@ -184,8 +184,9 @@ def test_work_queue_hands_out_the_reference_items(k, episodes, slots):
 @pytest.mark.parametrize("kind", ["list", "sync"])
 def test_horizon_cuts_staggered_episodes_exactly(kind):
     num, horizon = 3, 6
-    envs = [LongSeededEnv() for _ in range(num)] if kind == "list" else SyncVectorEnv(
-        [LongSeededEnv for _ in range(num)])
+    envs = (
+        [LongSeededEnv() for _ in range(num)] if kind == "list" else SyncVectorEnv([LongSeededEnv for _ in range(num)])
+    )
     interactor = interact_with_env(envs)
     pop = interactor.population(tiny_net(), pop_size=4, low_rank=2, seed=0)
     seeds = [3, 8, 13, 5, 9]  # lengths 5, 10, 6, 7, 2: cut at 6 or not, starting at different timesteps
@@ -203,7 +204,7 @@ def test_horizon_cuts_staggered_episodes_exactly(kind):
 
 
 def test_sync_vector_env_float32_box_skips_as_batch_with_the_same_returns():
-    make = lambda: gym.make("CartPole-v1")  # noqa: E731
+    make = lambda: gym.make("CartPole-v1")
     sync = interact_with_env(SyncVectorEnv([make for _ in range(4)]))
     assert sync._slots.sources[0]._direct
     listed = interact_with_env([make() for _ in range(4)])
@@ -237,8 +238,9 @@ def test_float64_box_keeps_the_general_batching():
 def test_obs_statistics_sum_copies_of_the_rows_like_per_step_sums(fold_rows):
     stats = ObsStatistics(3)
     stats.FOLD_ROWS = fold_rows  # 4: folded in the middle too
-    stats.normalizer.update_(10.0, torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64),
-                             torch.ones(3, dtype=torch.float64))
+    stats.normalizer.update_(
+        10.0, torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64), torch.ones(3, dtype=torch.float64)
+    )
     g = torch.Generator().manual_seed(0)
     batches = [torch.randn(k, 3, generator=g) for k in (1, 5, 2, 7)]
     reference = torch.zeros(7, dtype=torch.float64)  # the per-step sums observe() used to keep

@@ -172,8 +172,7 @@ def hand_rolled_cartpole_round(pop, seed: int, horizon: int, act) -> list[float]
     alive = np.ones(pop.pop_size, dtype=bool)
     for _ in range(horizon):
         with torch.inference_mode():
-            acts = np.array([int(act(pop(torch.as_tensor(obs[j:j + 1]), individual=j))) for j in
-                             range(pop.pop_size)])
+            acts = np.array([int(act(pop(torch.as_tensor(obs[j : j + 1]), individual=j))) for j in range(pop.pop_size)])
         obs, reward, terminated, truncated, _ = vec.step(acts)
         returns += np.where(alive, reward, 0.0)
         alive &= ~(terminated | truncated)
@@ -201,8 +200,15 @@ def test_evolve_with_env_on_make_vec_is_reproducible():
     def run():
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2))
-        return evolve_with_env(gym.make_vec("CartPole-v1", num_envs=4), model, pop_size=6, low_rank=2,
-                               num_generations=3, horizon=40, seed=3)
+        return evolve_with_env(
+            gym.make_vec("CartPole-v1", num_envs=4),
+            model,
+            pop_size=6,
+            low_rank=2,
+            num_generations=3,
+            horizon=40,
+            seed=3,
+        )
 
     first, second = run(), run()
     assert [tuple(h) for h in first.history] == [tuple(h) for h in second.history]

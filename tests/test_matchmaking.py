@@ -9,11 +9,11 @@ from models import mlp
 
 pytest.importorskip("openskill")
 
-from populora import Population  # noqa: E402
-from populora.checkpoint import atomic_save, load_checkpoint  # noqa: E402
-from populora.errors import CheckpointError, InvalidIndexError, InvalidTypeError, InvalidValueError  # noqa: E402
-from populora.ratings import MODELS, Ratings  # noqa: E402
-from populora.operators.selection import SelectionResult  # noqa: E402
+from populora import Population
+from populora.checkpoint import atomic_save, load_checkpoint
+from populora.errors import CheckpointError, InvalidIndexError, InvalidTypeError, InvalidValueError
+from populora.operators.selection import SelectionResult
+from populora.ratings import MODELS, Ratings
 
 
 def snapshot(r):
@@ -228,7 +228,9 @@ def test_pairing_rejects_bad_arguments():
         r.pair("one", "one", g)
     with pytest.raises(InvalidTypeError, match="`generator` must be a torch.Generator, got int"):
         r.pair("t", "one", 0)
-    with pytest.raises(InvalidValueError, match=r"`name_b` must be one of the rated populations \['t', 'one'\], got 'x'"):
+    with pytest.raises(
+        InvalidValueError, match=r"`name_b` must be one of the rated populations \['t', 'one'\], got 'x'"
+    ):
         r.pair("t", "x", g)
     with pytest.raises(InvalidValueError, match="`offset` must be an int >= 0, got -1"):
         r.pair("t", "one", g, mode="round_robin", offset=-1)
@@ -246,8 +248,9 @@ def played_ratings(inherit):
     r = Ratings({"pop": 8, "other": 3}, inherit=inherit)
     g = torch.Generator().manual_seed(0)
     for _ in range(3):
-        r.rate_many_("pop", list(range(8)), "other", r.pair("pop", "other", g, mode="uniform"),
-                     torch.rand(8, generator=g))
+        r.rate_many_(
+            "pop", list(range(8)), "other", r.pair("pop", "other", g, mode="uniform"), torch.rand(8, generator=g)
+        )
     return r
 
 
@@ -344,21 +347,29 @@ def test_checkpoint_file_round_trip_and_exact_resume(tmp_path):
     assert_same(snapshot(r), snapshot(third))
 
 
-@pytest.mark.parametrize("change, match", [
-    (lambda s: s.update(format="other"), "not a Ratings state dict"),
-    (lambda s: s.pop("mu"), r"missing \['mu'\]"),
-    (lambda s: s["config"].update(model="BradleyTerryFull"), "checkpoint has model='BradleyTerryFull', these Ratings "
-                                                             "have 'PlackettLuce'"),
-    (lambda s: s["config"].update(sizes={"pop": 9, "other": 3}), "checkpoint has sizes="),
-    (lambda s: s["config"].update(inherit="mean"), "checkpoint has inherit='mean'"),
-    (lambda s: s["config"].update(tau=0.0), "checkpoint has tau=0.0"),
-    (lambda s: s["mu"].update(pop=torch.zeros(8)), r"mu\['pop'\] must be a torch.float64 tensor of shape \(8,\), "
-                                                   "got torch.float32"),
-    (lambda s: s["sigma"].update(pop=torch.zeros(8, dtype=torch.float64)), r"sigma\['pop'\] has invalid values"),
-    (lambda s: s["mu"].update(pop=torch.full((8,), math.nan, dtype=torch.float64)), r"mu\['pop'\] has invalid"),
-    (lambda s: s["matches"].pop("other"), r"'matches' must map \['other', 'pop'\]"),
-    (lambda s: s.update(played=-1), "bad 'played'"),
-])
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda s: s.update(format="other"), "not a Ratings state dict"),
+        (lambda s: s.pop("mu"), r"missing \['mu'\]"),
+        (
+            lambda s: s["config"].update(model="BradleyTerryFull"),
+            "checkpoint has model='BradleyTerryFull', these Ratings have 'PlackettLuce'",
+        ),
+        (lambda s: s["config"].update(sizes={"pop": 9, "other": 3}), "checkpoint has sizes="),
+        (lambda s: s["config"].update(inherit="mean"), "checkpoint has inherit='mean'"),
+        (lambda s: s["config"].update(tau=0.0), "checkpoint has tau=0.0"),
+        (
+            lambda s: s["mu"].update(pop=torch.zeros(8)),
+            r"mu\['pop'\] must be a torch.float64 tensor of shape \(8,\), "
+            "got torch.float32",
+        ),
+        (lambda s: s["sigma"].update(pop=torch.zeros(8, dtype=torch.float64)), r"sigma\['pop'\] has invalid values"),
+        (lambda s: s["mu"].update(pop=torch.full((8,), math.nan, dtype=torch.float64)), r"mu\['pop'\] has invalid"),
+        (lambda s: s["matches"].pop("other"), r"'matches' must map \['other', 'pop'\]"),
+        (lambda s: s.update(played=-1), "bad 'played'"),
+    ],
+)
 def test_load_state_dict_rejects_bad_states_before_changing_anything(change, match):
     r = played_ratings("reset")
     state = played_ratings("reset").state_dict()
@@ -435,8 +446,14 @@ def test_priors_and_readers():
     assert r.ordinal("a").tolist() == [4.0] * 3
     r.mu("a")[0] = 99.0  # readers return copies
     assert r.mu("a")[0] == 10.0
-    assert r.summary("a") == {"mu_mean": 10.0, "mu_max": 10.0, "sigma_mean": 2.0, "ordinal_mean": 4.0,
-                              "ordinal_best": 4.0, "best": 0}
+    assert r.summary("a") == {
+        "mu_mean": 10.0,
+        "mu_max": 10.0,
+        "sigma_mean": 2.0,
+        "ordinal_mean": 4.0,
+        "ordinal_best": 4.0,
+        "best": 0,
+    }
 
 
 def test_missing_openskill_says_how_to_install(monkeypatch):
@@ -447,6 +464,9 @@ def test_missing_openskill_says_how_to_install(monkeypatch):
 
 def test_openskill_is_imported_only_when_ratings_are_built():
     import subprocess
-    code = ("import sys, populora, populora.matchmaking as m; assert 'openskill' not in sys.modules; "
-            "m.Ratings({'a': 2}); assert 'openskill' in sys.modules")
+
+    code = (
+        "import sys, populora, populora.matchmaking as m; assert 'openskill' not in sys.modules; "
+        "m.Ratings({'a': 2}); assert 'openskill' in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from populora.routing import front as routing
-from populora.routing.router import Adapter, Route, Router, route_on
 from populora.routing import rows
+from populora.routing.router import Adapter, Route, Router, route_on
 from populora.routing.rows import _plan
 
 CPU, META = torch.device("cpu"), torch.device("meta")
@@ -24,6 +24,8 @@ CPU, META = torch.device("cpu"), torch.device("meta")
 def padded(monkeypatch):
     """The padded (k c) layout (index, dest, ids, offs tensors) unless a test asks for one row per group."""
     monkeypatch.setattr(rows, "PER_ROW", 0)
+
+
 IDS = [3, 0, 0, 4, 3, 3, 1, 0, 3]  # unequal groups (padded chunks: index, dest, ids, offs tensors)
 
 
@@ -97,9 +99,14 @@ def test_routing_across_devices_every_layout():
     router = Router({"a": model.a, "b": model.b})
     adapters = spread_adapters()
     x = torch.randn(9, 8)
-    for routing_kw, rows in [(dict(individuals=IDS), 9), (dict(individuals=[4, 1, 2]), 9),
-                             (dict(individuals=torch.tensor(IDS)), 9), (dict(all_individuals=True, broadcast=True), 45),
-                             (dict(individual=2), 9), (dict(individuals=[1, 3], broadcast=True), 18)]:
+    for routing_kw, rows in [
+        (dict(individuals=IDS), 9),
+        (dict(individuals=[4, 1, 2]), 9),
+        (dict(individuals=torch.tensor(IDS)), 9),
+        (dict(all_individuals=True, broadcast=True), 45),
+        (dict(individual=2), 9),
+        (dict(individuals=[1, 3], broadcast=True), 18),
+    ]:
         out = routing.routed_call(model, router, adapters, 5, (x,), {}, **routing_kw)
         assert out.device == META and out.shape == (rows, 4), routing_kw
     # rows kept in input order (a KV cache in play): packed through `order` on each device

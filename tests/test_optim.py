@@ -97,12 +97,15 @@ def test_state_dict_round_trip_resumes_exactly():
     assert torch.equal(run(False), run(True))
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(lr=0.0), r"`lr` must be a finite number > 0.0, got 0.0"),
-    (dict(lr=0.1, momentum=1.0), r"`momentum` must be a finite number in \[0.0, 1.0\), got 1.0"),
-    (dict(lr=0.1, max_speed=-1.0), r"`max_speed` must be a finite number > 0.0, got -1.0"),
-    (dict(lr=float("nan")), r"`lr` must be a finite number > 0.0, got nan"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(lr=0.0), r"`lr` must be a finite number > 0.0, got 0.0"),
+        (dict(lr=0.1, momentum=1.0), r"`momentum` must be a finite number in \[0.0, 1.0\), got 1.0"),
+        (dict(lr=0.1, max_speed=-1.0), r"`max_speed` must be a finite number > 0.0, got -1.0"),
+        (dict(lr=float("nan")), r"`lr` must be a finite number > 0.0, got nan"),
+    ],
+)
 def test_bad_options_are_named(kwargs, match):
     with pytest.raises(InvalidValueError, match=match):
         ClipUp([nn.Parameter(torch.zeros(1))], **kwargs)
@@ -134,7 +137,11 @@ def test_eggroll_es_takes_clipup_and_moves_by_at_most_max_speed():
 def test_evolve_with_env_names_clipup_in_es_kwargs():
     es = make_es(nn.Linear(4, 2), 4, 1, 0, None, None, {"optimizer": "clipup", "lr": 0.02, "max_speed": 0.03})
     group = es.optimizer.param_groups[0]
-    assert isinstance(es.optimizer, ClipUp) and (group["lr"], group["max_speed"], group["momentum"]) == (0.02, 0.03, 0.9)
+    assert isinstance(es.optimizer, ClipUp) and (group["lr"], group["max_speed"], group["momentum"]) == (
+        0.02,
+        0.03,
+        0.9,
+    )
     es.close()
     es = make_es(nn.Linear(4, 2), 4, 1, 0, None, None, {"optimizer": "sgd", "lr": 0.02})
     assert type(es.optimizer) is torch.optim.SGD
@@ -144,7 +151,15 @@ def test_evolve_with_env_names_clipup_in_es_kwargs():
     with pytest.raises(InvalidValueError, match=r"\['max_speed'\] are ClipUp's options, but `optimizer` is 'adam'"):
         make_es(nn.Linear(4, 2), 4, 1, 0, None, None, {"max_speed": 0.1})
     torch.manual_seed(0)
-    policy, history = evolve_with_env([gym.make("CartPole-v1") for _ in range(2)], nn.Linear(4, 2), 4, 1,
-                                      algorithm="es", num_generations=2, horizon=30, validation_episodes=1,
-                                      es_kwargs={"optimizer": "clipup", "lr": 0.05, "sigma": 0.1})
+    policy, history = evolve_with_env(
+        [gym.make("CartPole-v1") for _ in range(2)],
+        nn.Linear(4, 2),
+        4,
+        1,
+        algorithm="es",
+        num_generations=2,
+        horizon=30,
+        validation_episodes=1,
+        es_kwargs={"optimizer": "clipup", "lr": 0.05, "sigma": 0.1},
+    )
     assert len(history) == 2 and history[-1].env_steps > 0

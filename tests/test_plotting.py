@@ -10,7 +10,7 @@ from models import mlp
 
 matplotlib.use("Agg")
 
-from matplotlib import pyplot as plt  # noqa: E402 - after choosing the Agg backend
+from matplotlib import pyplot as plt
 
 from populora import EggrollES, GenerationStats, InvalidTypeError, InvalidValueError, Population, plot_history
 
@@ -49,8 +49,12 @@ def test_an_object_with_a_history_and_a_coevolve_dict():
     ax = plot_history(pop)
     assert [line.get_label() for line in ax.get_lines()] == ["best", "mean"]
     ax = plot_history({"solver": pop.history, "proposer": pop.history[:1]})
-    assert [line.get_label() for line in ax.get_lines()] == ["solver: best", "solver: mean", "proposer: best",
-                                                             "proposer: mean"]
+    assert [line.get_label() for line in ax.get_lines()] == [
+        "solver: best",
+        "solver: mean",
+        "proposer: best",
+        "proposer: mean",
+    ]
 
 
 def test_evolve_with_env_and_es_style_entries():

@@ -165,7 +165,9 @@ class TestCheckpoint:
     def run(self, pop, generations, seed=0):
         gen = torch.Generator().manual_seed(seed)
         for _ in range(generations):
-            pop.evolve_(torch.randn(pop.pop_size, generator=gen), crossover_type="average", mutation_type="full_gaussian")
+            pop.evolve_(
+                torch.randn(pop.pop_size, generator=gen), crossover_type="average", mutation_type="full_gaussian"
+            )
 
     def test_save_load_continue_is_bitwise(self, tmp_path):
         a, _ = make(seed=1)
@@ -236,7 +238,9 @@ class TestRegressions:
         """load_state_dict(assign=True) swaps the Parameter objects: the forward must use the new ones."""
         pop, model = make(init_scale=1.0)
         x = torch.randn(3, 6)
-        zeroed = {k: torch.zeros_like(v) if k.startswith(("_downs", "_ups")) else v for k, v in pop.state_dict().items()}
+        zeroed = {
+            k: torch.zeros_like(v) if k.startswith(("_downs", "_ups")) else v for k, v in pop.state_dict().items()
+        }
         pop.load_state_dict(zeroed, assign=True)
         with torch.no_grad():
             torch.testing.assert_close(pop(x, individual=0), pop.model(x))
@@ -255,8 +259,11 @@ class TestRegressions:
         state["_ups.0"] = torch.zeros(8, 2, 5)  # wrong up shape for target '0' (stored layout (P, r, e))
         before = [(f.down.clone(), f.up.clone()) for f in pop.factors()]
         # the error quotes the public layout of factors(): up (P, e, r)
-        with pytest.raises(ValueError, match=r"checkpoint up adapter of '0' has shape \(8, 5, 2\), "
-                                             r"expected \(8, 16, 2\)"):
+        with pytest.raises(
+            ValueError,
+            match=r"checkpoint up adapter of '0' has shape \(8, 5, 2\), "
+            r"expected \(8, 16, 2\)",
+        ):
             pop.load_state_dict(state)
         assert all(torch.equal(d, f.down) and torch.equal(u, f.up) for (d, u), f in zip(before, pop.factors()))
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from ranks import error_of, init_gloo, save, spawn
 from torch import nn
 
-from ranks import error_of, init_gloo, save, spawn
 from populora import Population
 from populora import distributed as pd
 from populora.fitness import evaluate
@@ -52,9 +52,13 @@ def _flat_state(pop: Population) -> dict:
     state = pop.state_dict(include_model=False)
     extra = state["_extra_state"]
     n = len(pop.target_names)
-    return {"downs": [state[f"_downs.{t}"].detach().clone() for t in range(n)],
-            "ups": [state[f"_ups.{t}"].detach().clone() for t in range(n)],
-            "generator": extra["generator"], "generation": extra["generation"], "eval_seed": extra["eval_seed"]}
+    return {
+        "downs": [state[f"_downs.{t}"].detach().clone() for t in range(n)],
+        "ups": [state[f"_ups.{t}"].detach().clone() for t in range(n)],
+        "generator": extra["generator"],
+        "generation": extra["generation"],
+        "eval_seed": extra["eval_seed"],
+    }
 
 
 def _state_sum(pop: Population) -> torch.Tensor:
@@ -66,8 +70,6 @@ def _state_sum(pop: Population) -> torch.Tensor:
 
 def _model_sum(model: nn.Module) -> torch.Tensor:
     return pd.checksum([*model.parameters(), *model.buffers()])
-
-
 
 
 def _signatures(rank: int, res: dict) -> None:
@@ -206,8 +208,9 @@ class TestEvaluateDistributed:
         assert "rank 1: KeyError: 'no environment for individual 5'" in ranks[0]["raised"][1]
         for res in ranks:  # ranks built different populations: a clear error on both, no abort
             assert res["size_mismatch"][0] == "InvalidValueError"
-            assert res["size_mismatch"][1].startswith("adapters (pop_size, low_rank and lora_targets "
-                                                      "must match on every rank) have different shapes")
+            assert res["size_mismatch"][1].startswith(
+                "adapters (pop_size, low_rank and lora_targets must match on every rank) have different shapes"
+            )
             assert torch.equal(res["after_error"], torch.tensor([0.0, 1.0, 2.0, 3.0, 1004.0, 1005.0, 1006.0]))
 
 
@@ -267,8 +270,10 @@ class TestBaseModel:
             category, message = res["base_warnings"][0]
             assert category == "UserWarning"
             assert message.startswith("base model parameters differ across ranks (rank(s) [1] differ from rank 0;")
-            assert message.endswith("broadcasting rank 0's. Seed their construction (torch.manual_seed) "
-                                    "identically on every rank to avoid this.")
+            assert message.endswith(
+                "broadcasting rank 0's. Seed their construction (torch.manual_seed) "
+                "identically on every rank to avoid this."
+            )
 
     def test_fitnesses_agree_after_repair(self, ranks):
         zero, one = ranks
@@ -358,10 +363,19 @@ def _torchrun() -> list[str]:
 def test_contract_example_under_torchrun(tmp_path):
     script = tmp_path / "evolve.py"
     script.write_text(CONTRACT_EXAMPLE + SAVE_STATE)
-    env = {**os.environ, "POPULORA_TEST_OUT": str(tmp_path),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([*_torchrun(), "--standalone", f"--nproc-per-node={WORLD}", str(script)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    env = {
+        **os.environ,
+        "POPULORA_TEST_OUT": str(tmp_path),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    proc = subprocess.run(
+        [*_torchrun(), "--standalone", f"--nproc-per-node={WORLD}", str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
 
     gen_lines = [line for line in proc.stdout.splitlines() if line.startswith("gen ")]
@@ -372,8 +386,9 @@ def test_contract_example_under_torchrun(tmp_path):
 
     zero, one = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD))
     assert not torch.equal(zero["x"], one["x"])  # really unseeded
-    for a, b in zip([*zero["state"]["downs"], *zero["state"]["ups"]], [*one["state"]["downs"], *one["state"]["ups"]],
-                    strict=True):
+    for a, b in zip(
+        [*zero["state"]["downs"], *zero["state"]["ups"]], [*one["state"]["downs"], *one["state"]["ups"]], strict=True
+    ):
         assert torch.equal(a, b)
     assert torch.equal(zero["state"]["generator"], one["state"]["generator"])
     assert zero["state"]["generation"] == one["state"]["generation"] == 3
@@ -401,8 +416,14 @@ def test_explicit_device_still_joins_torchruns_group(tmp_path):
     script = tmp_path / "explicit.py"
     script.write_text(EXPLICIT_DEVICE)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([*_torchrun(), "--standalone", f"--nproc-per-node={WORLD}", str(script)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [*_torchrun(), "--standalone", f"--nproc-per-node={WORLD}", str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.count("explicit device joins the group: True") == WORLD, proc.stdout
 

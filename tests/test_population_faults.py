@@ -27,8 +27,12 @@ def make(pop_size=8, seed=0, **kwargs):
 
 def snapshot(pop):
     """Every tensor and counter of the population, cloned (bitwise comparable)."""
-    return ([p.detach().clone() for p in [*pop._downs, *pop._ups]], pop.generator.get_state().clone(),
-            pop.generation, pop.eval_seed)
+    return (
+        [p.detach().clone() for p in [*pop._downs, *pop._ups]],
+        pop.generator.get_state().clone(),
+        pop.generation,
+        pop.eval_seed,
+    )
 
 
 def assert_same(a, b):
@@ -88,8 +92,11 @@ class TestTiedWeights:
         model = TiedLM()
         before = flags(model)
         other = "embed" if target == "head" else "head"
-        with pytest.raises(ValueError, match=rf"lora target '{target}' cannot be a target: '{target}.weight' is "
-                                             rf"the same tensor as '{other}.weight' \(tied weights\)") as caught:
+        with pytest.raises(
+            ValueError,
+            match=rf"lora target '{target}' cannot be a target: '{target}.weight' is "
+            rf"the same tensor as '{other}.weight' \(tied weights\)",
+        ) as caught:
             Population(model, pop_size=4, low_rank=2, lora_targets=[target, "mid"])
         assert isinstance(caught.value, PopuloraError)
         assert flags(model) == before and plain(model)
@@ -157,8 +164,11 @@ class TestDamagedFiles:
         hall_path, pop_path = hall.save(tmp_path / "hall.pt"), pop.save(tmp_path / "pop.pt")
         co_path = atomic_save({"format": "populora.coevolve/1"}, tmp_path / "co.pt", kind="Coevolve")
         for path, found in ((hall_path, "HallOfFame"), (co_path, "Coevolve")):
-            with pytest.raises(CheckpointError, match=rf"{re.escape(repr(str(path)))} holds a {found} checkpoint, "
-                                                      "expected a Population checkpoint"):
+            with pytest.raises(
+                CheckpointError,
+                match=rf"{re.escape(repr(str(path)))} holds a {found} checkpoint, "
+                "expected a Population checkpoint",
+            ):
                 pop.load(path)
             other = mlp()
             with pytest.raises(CheckpointError, match=f"holds a {found} checkpoint"):
@@ -174,8 +184,11 @@ class TestDamagedFiles:
         model = mlp(d_out=4)
         model[2].weight.requires_grad_(False)
         expected = flags(model)
-        with pytest.raises(CheckpointError, match=rf"checkpoint {re.escape(repr(str(path)))}: checkpoint up adapter "
-                                                  r"of '2' has shape \(8, 3, 2\), expected \(8, 4, 2\)"):
+        with pytest.raises(
+            CheckpointError,
+            match=rf"checkpoint {re.escape(repr(str(path)))}: checkpoint up adapter "
+            r"of '2' has shape \(8, 3, 2\), expected \(8, 4, 2\)",
+        ):
             Population.from_checkpoint(path, model)
         assert flags(model) == expected and plain(model)
 
@@ -199,9 +212,18 @@ def legacy_state(pop):
 
 
 class TestLoadStateAllOrNothing:
-    @pytest.mark.parametrize("key, where", [("generation", "_extra_state"), ("eval_seed", "_extra_state"),
-                                            ("generator", "_extra_state"), ("config", "_extra_state"),
-                                            ("_downs.0", None), ("_ups.1", None), ("_extra_state", None)])
+    @pytest.mark.parametrize(
+        "key, where",
+        [
+            ("generation", "_extra_state"),
+            ("eval_seed", "_extra_state"),
+            ("generator", "_extra_state"),
+            ("config", "_extra_state"),
+            ("_downs.0", None),
+            ("_ups.1", None),
+            ("_extra_state", None),
+        ],
+    )
     def test_missing_key_raises_naming_it_before_any_write(self, key, where):
         source, _ = make(seed=1)
         source.evolve_(torch.arange(8.0))
@@ -229,25 +251,41 @@ class TestLoadStateAllOrNothing:
         [
             (lambda s: s["_extra_state"].update(generation="3"), r"'generation' must be an int >= 0, got '3'"),
             (lambda s: s["_extra_state"].update(eval_seed=1.5), r"'eval_seed' must be an int, got 1.5"),
-            (lambda s: s.update({"_downs.1": s["_downs.1"].long()}),
-             r"down adapter of '2' must be a 3-D floating-point tensor, got torch.int64"),
-            (lambda s: s.update({"_ups.0": s["_ups.0"][:, :1]}),
-             r"checkpoint up adapter of '0' has shape \(8, 16, 1\), expected \(8, 16, 2\)"),
+            (
+                lambda s: s.update({"_downs.1": s["_downs.1"].long()}),
+                r"down adapter of '2' must be a 3-D floating-point tensor, got torch.int64",
+            ),
+            (
+                lambda s: s.update({"_ups.0": s["_ups.0"][:, :1]}),
+                r"checkpoint up adapter of '0' has shape \(8, 16, 1\), expected \(8, 16, 2\)",
+            ),
             (lambda s: s.update(extra=torch.zeros(1)), r"unexpected key\(s\) \['extra'\]"),
             (lambda s: s["_extra_state"]["config"].pop("low_rank"), r"'config' lacks the key\(s\) \['low_rank'\]"),
-            (lambda s: s["_extra_state"]["config"].update(low_rank=3), r"checkpoint has low_rank=3, this population "
-                                                                        r"has 2"),
+            (
+                lambda s: s["_extra_state"]["config"].update(low_rank=3),
+                r"checkpoint has low_rank=3, this population "
+                r"has 2",
+            ),
             (lambda s: s["_extra_state"]["config"].update(nan_policy="ignore"), r"`nan_policy` must be one of"),
-            (lambda s: s["_extra_state"].update(generator=s["_extra_state"]["generator"][:100]),
-             r"'generator' holds 100 bytes, which is no generator state \(a cpu generator's has 5056\): it is "
-             r"truncated or damaged"),
-            (lambda s: s["_extra_state"].update(generator=s["_extra_state"]["generator"].float()),
-             r"'generator' must be a 1-D uint8 tensor"),
-            (lambda s: s["_extra_state"].update(format="populora.population/0"),
-             r"'format' is 'populora.population/0'"),
+            (
+                lambda s: s["_extra_state"].update(generator=s["_extra_state"]["generator"][:100]),
+                r"'generator' holds 100 bytes, which is no generator state \(a cpu generator's has 5056\): it is "
+                r"truncated or damaged",
+            ),
+            (
+                lambda s: s["_extra_state"].update(generator=s["_extra_state"]["generator"].float()),
+                r"'generator' must be a 1-D uint8 tensor",
+            ),
+            (
+                lambda s: s["_extra_state"].update(format="populora.population/0"),
+                r"'format' is 'populora.population/0'",
+            ),
             (lambda s: s["_extra_state"].update(history=[[0, 1.0]]), r"'history' must be a list of \[generation, "),
-            (lambda s: s["_extra_state"].update(weight_scales=[1.0]), r"'weight_scales' must be a list of one "
-                                                                       r"positive float per target \(2\)"),
+            (
+                lambda s: s["_extra_state"].update(weight_scales=[1.0]),
+                r"'weight_scales' must be a list of one "
+                r"positive float per target \(2\)",
+            ),
         ],
     )
     def test_bad_values_raise_before_any_write(self, edit, message):
@@ -279,8 +317,10 @@ class TestLoadStateAllOrNothing:
         "edit, message",
         [
             (lambda s: s.update(generation="3"), r"'generation' must be an int >= 0, got '3'"),
-            (lambda s: s["downs"].__setitem__(1, s["downs"][1].long()),
-             r"'downs' entry of '2' must be a 3-D floating-point tensor, got torch.int64"),
+            (
+                lambda s: s["downs"].__setitem__(1, s["downs"][1].long()),
+                r"'downs' entry of '2' must be a 3-D floating-point tensor, got torch.int64",
+            ),
             (lambda s: s["ups"].pop(), r"'ups' must be a list of one tensor per target \(2\), got list of 1"),
             (lambda s: s.update(format="populora.population/0"), r"'format' is 'populora.population/0'"),
         ],
@@ -396,8 +436,11 @@ class TestFailedConstructor:
         "kwargs, error, message",
         [
             ({"dtype": "float32"}, InvalidTypeError, r"`dtype` must be None or a torch.dtype .*got str 'float32'"),
-            ({"dtype": torch.int64, "requires_grad": True}, InvalidValueError,
-             r"`dtype` must be a floating-point dtype .*got torch.int64"),
+            (
+                {"dtype": torch.int64, "requires_grad": True},
+                InvalidValueError,
+                r"`dtype` must be a floating-point dtype .*got torch.int64",
+            ),
             ({"dtype": torch.int64}, InvalidValueError, r"`dtype` must be a floating-point dtype"),
             ({"seed": "abc"}, InvalidTypeError, r"`seed` must be an int, got str 'abc'"),
             ({"seed": 1.5}, InvalidTypeError, r"`seed` must be an int, got float 1.5"),
@@ -424,19 +467,33 @@ class TestFailedConstructor:
 
     def test_numpy_scalars_are_numbers(self):
         model = mlp()
-        pop = Population(copy.deepcopy(model), pop_size=np.int64(4), low_rank=np.int32(2), seed=np.int64(7),
-                         init_scale=np.float32(0.25), requires_grad=np.bool_(False))
+        pop = Population(
+            copy.deepcopy(model),
+            pop_size=np.int64(4),
+            low_rank=np.int32(2),
+            seed=np.int64(7),
+            init_scale=np.float32(0.25),
+            requires_grad=np.bool_(False),
+        )
         twin = Population(model, pop_size=4, low_rank=2, seed=7, init_scale=float(np.float32(0.25)))
         assert type(pop.pop_size) is int and type(pop.low_rank) is int and type(pop.seed) is int
-        assert all(torch.equal(a.down, b.down) and torch.equal(a.up, b.up) for a, b in zip(pop.factors(), twin.factors()))
+        assert all(
+            torch.equal(a.down, b.down) and torch.equal(a.up, b.up) for a, b in zip(pop.factors(), twin.factors())
+        )
 
 
 # ---------------------------------------------------------------- issue 10.7: two populations on one model
 
 
 ORDERS = [
-    ("a.merge", "b.close"), ("b.close", "a.merge"), ("a.close", "b.merge"), ("b.merge", "a.close"),
-    ("a.close", "b.close"), ("b.close", "a.close"), ("a.merge", "b.merge"), ("b.merge", "a.merge"),
+    ("a.merge", "b.close"),
+    ("b.close", "a.merge"),
+    ("a.close", "b.merge"),
+    ("b.merge", "a.close"),
+    ("a.close", "b.close"),
+    ("b.close", "a.close"),
+    ("a.merge", "b.merge"),
+    ("b.merge", "a.merge"),
 ]
 
 
@@ -447,8 +504,10 @@ class TestTwoPopulationsOneModel:
         model = mlp()
         model[0].bias.requires_grad_(False)
         expected = flags(model)
-        pops = {"a": Population(model, pop_size=4, low_rank=2, init_scale=0.5, seed=1),
-                "b": Population(model, pop_size=6, low_rank=1, lora_targets=["2"], init_scale=0.5, seed=2)}
+        pops = {
+            "a": Population(model, pop_size=4, low_rank=2, init_scale=0.5, seed=1),
+            "b": Population(model, pop_size=6, low_rank=1, lora_targets=["2"], init_scale=0.5, seed=2),
+        }
         x = torch.randn(3, 6)
         (first, _), (second, _) = (step.split(".") for step in order)
         with torch.no_grad():
@@ -511,10 +570,17 @@ class TestIdsAndErrorClasses:
         pop.mutate_("full_gaussian", individual=np.int64(3), epsilon=np.float32(0.25))
         twin.mutate_("full_gaussian", individual=3, epsilon=0.25)
         assert_same(snapshot(pop), snapshot(twin))
-        pop.evolve_(torch.arange(8.0), survive_frac=np.float64(0.5), elite_frac=np.float32(0.25),
-                    num_groups=np.int64(2), num_parents_per_child=np.int64(2), epsilon=np.float64(0.1))
-        twin.evolve_(torch.arange(8.0), survive_frac=0.5, elite_frac=0.25, num_groups=2, num_parents_per_child=2,
-                     epsilon=0.1)
+        pop.evolve_(
+            torch.arange(8.0),
+            survive_frac=np.float64(0.5),
+            elite_frac=np.float32(0.25),
+            num_groups=np.int64(2),
+            num_parents_per_child=np.int64(2),
+            epsilon=np.float64(0.1),
+        )
+        twin.evolve_(
+            torch.arange(8.0), survive_frac=0.5, elite_frac=0.25, num_groups=2, num_parents_per_child=2, epsilon=0.1
+        )
         assert_same(snapshot(pop), snapshot(twin))
         with torch.no_grad():
             expected = pop(x, individual=5)
@@ -537,8 +603,12 @@ class TestIdsAndErrorClasses:
 
     def test_wrong_types_are_type_errors(self):
         pop, _ = make()
-        for call in (lambda: pop.delta_weight(1.0), lambda: pop.merge_("3"),
-                     lambda: pop.mutate_(individuals=[0.5, 1.0]), lambda: pop.mutate_(all_individuals=True, epsilon="a")):
+        for call in (
+            lambda: pop.delta_weight(1.0),
+            lambda: pop.merge_("3"),
+            lambda: pop.mutate_(individuals=[0.5, 1.0]),
+            lambda: pop.mutate_(all_individuals=True, epsilon="a"),
+        ):
             with pytest.raises(TypeError) as caught:
                 call()
             assert isinstance(caught.value, PopuloraError)
@@ -563,8 +633,11 @@ class TestHallOfFameArguments:
             (lambda: HallOfFame([pop]), InvalidTypeError, r"`populations` must be a non-empty dict"),
             (lambda: hall.sample(0), InvalidValueError, r"`k` must be an int >= 1, got 0"),
             (lambda: hall.sample(3), InvalidValueError, r"cannot sample 3 distinct champions"),
-            (lambda: hall.add_champion("p", torch.arange(8.0), generation=-1), InvalidValueError,
-             r"`generation` must be an int >= 0, got -1"),
+            (
+                lambda: hall.add_champion("p", torch.arange(8.0), generation=-1),
+                InvalidValueError,
+                r"`generation` must be an int >= 0, got -1",
+            ),
             (lambda: hall.run([]), InvalidTypeError, r"`champions` must be a Champion"),
         ]
         for call, error, message in cases:
@@ -592,6 +665,8 @@ class TestHallOfFameArguments:
             edit(state)
             with pytest.raises(CheckpointError, match=message):
                 fresh.load_state_dict(state)
-            assert [c.generation for c in fresh.champions()] == [7] and torch.equal(fresh.generator.get_state(), generator)
+            assert [c.generation for c in fresh.champions()] == [7] and torch.equal(
+                fresh.generator.get_state(), generator
+            )
         fresh.load_state_dict(good)
         assert [c.generation for c in fresh.champions()] == [0, 1]

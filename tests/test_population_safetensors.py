@@ -15,7 +15,7 @@ from populora.checkpoint import atomic_save_safetensors
 from populora.errors import CheckpointError, InvalidValueError
 
 pytest.importorskip("safetensors")
-from safetensors.torch import load_file, save_file  # noqa: E402
+from safetensors.torch import load_file, save_file
 
 TARGETS = ["embed", "blocks.*.attn.q", "head"]
 
@@ -31,13 +31,17 @@ def _pop(seed: int = 3, **kw) -> Population:
 
 def _run(pop: Population, start: int, stop: int) -> None:
     for s in range(start, stop):
-        pop.evolve_(torch.randn(pop.pop_size, generator=torch.Generator().manual_seed(s)),
-                    crossover_type="average", mutation_type="full_gaussian")
+        pop.evolve_(
+            torch.randn(pop.pop_size, generator=torch.Generator().manual_seed(s)),
+            crossover_type="average",
+            mutation_type="full_gaussian",
+        )
 
 
 def _same(a: Population, b: Population) -> bool:
-    return (all(torch.equal(x.down, y.down) and torch.equal(x.up, y.up) for x, y in zip(a.factors(), b.factors()))
-            and torch.equal(a.generator.get_state(), b.generator.get_state()))
+    return all(
+        torch.equal(x.down, y.down) and torch.equal(x.up, y.up) for x, y in zip(a.factors(), b.factors())
+    ) and torch.equal(a.generator.get_state(), b.generator.get_state())
 
 
 @pytest.mark.parametrize("how", ["suffix", "format"])
@@ -66,12 +70,13 @@ def test_the_file_is_plain_safetensors_with_json_metadata(tmp_path):
     _run(pop, 0, 2)
     path = pop.save(tmp_path / "pop.safetensors")
     tensors = load_file(str(path))
-    assert sorted(tensors) == sorted([f"_downs.{i}" for i in range(4)] + [f"_ups.{i}" for i in range(4)]
-                                     + ["_extra_state.generator"])
+    assert sorted(tensors) == sorted(
+        [f"_downs.{i}" for i in range(4)] + [f"_ups.{i}" for i in range(4)] + ["_extra_state.generator"]
+    )
     assert tensors["_downs.1"].dtype == torch.bfloat16
     assert torch.equal(tensors["_ups.3"], pop.state_dict()["_ups.3"].cpu())
     size = int.from_bytes(path.read_bytes()[:8], "little")
-    meta = json.loads(json.loads(path.read_bytes()[8:8 + size])["__metadata__"]["populora"])
+    meta = json.loads(json.loads(path.read_bytes()[8 : 8 + size])["__metadata__"]["populora"])
     assert meta["kind"] == "Population" and len(meta["sha256"]) == 64
     assert meta["meta"]["generation"] == 2 and meta["meta"]["config"]["lora_targets"] == pop.target_names
     assert "generator" not in meta["meta"]
@@ -102,7 +107,7 @@ def _flip_tensor_byte(path):
 def _edit_header(path):
     data = path.read_bytes()
     size = int.from_bytes(data[:8], "little")
-    path.write_bytes(data[:8] + data[8:8 + size].replace(b'"dtype":"F32"', b'"dtype":"F64"', 1) + data[8 + size:])
+    path.write_bytes(data[:8] + data[8 : 8 + size].replace(b'"dtype":"F32"', b'"dtype":"F64"', 1) + data[8 + size :])
 
 
 CASES = {
@@ -110,12 +115,18 @@ CASES = {
     "truncated": (lambda p: p.write_bytes(p.read_bytes()[:-10]), r"is not a valid safetensors file"),
     "damaged header": (_edit_header, r"is not a valid safetensors file"),
     "empty": (lambda p: p.write_bytes(b""), r"is empty"),
-    "plain safetensors": (lambda p: save_file({"x": torch.zeros(2)}, str(p)),
-                          r"is a safetensors file but not a populora checkpoint"),
-    "another kind": (lambda p: atomic_save_safetensors({"x": torch.zeros(2)}, {}, p, kind="EggrollES"),
-                     r"holds a EggrollES checkpoint, expected a Population checkpoint"),
-    "no extra state": (lambda p: atomic_save_safetensors({"x": torch.zeros(2)}, {}, p, kind="Population"),
-                       r"without the population's extra state"),
+    "plain safetensors": (
+        lambda p: save_file({"x": torch.zeros(2)}, str(p)),
+        r"is a safetensors file but not a populora checkpoint",
+    ),
+    "another kind": (
+        lambda p: atomic_save_safetensors({"x": torch.zeros(2)}, {}, p, kind="EggrollES"),
+        r"holds a EggrollES checkpoint, expected a Population checkpoint",
+    ),
+    "no extra state": (
+        lambda p: atomic_save_safetensors({"x": torch.zeros(2)}, {}, p, kind="Population"),
+        r"without the population's extra state",
+    ),
 }
 
 

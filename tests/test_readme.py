@@ -52,17 +52,25 @@ def units() -> list[list[tuple[str, int]]]:
 
 def test_readme_has_the_contract_blocks():
     text = "\n".join(code for _, code, _ in blocks())
-    for needle in ("pop.select_and_merge_best_(fitnesses)", "pop.evaluate_distributed(eval_env)",
-                   "policy, history = evolve_with_env(", "interactor.evaluate(", "coevolve.step(distributed = True)",
-                   "es.step(x_train, mse_loss, y_train)", "es.apply_fitness_scores(fitnesses)",
-                   "compute_es_gradient(noise, rewards)", 'torch.save(state, "checkpoint.pt")'):
+    for needle in (
+        "pop.select_and_merge_best_(fitnesses)",
+        "pop.evaluate_distributed(eval_env)",
+        "policy, history = evolve_with_env(",
+        "interactor.evaluate(",
+        "coevolve.step(distributed = True)",
+        "es.step(x_train, mse_loss, y_train)",
+        "es.apply_fitness_scores(fitnesses)",
+        "compute_es_gradient(noise, rewards)",
+        'torch.save(state, "checkpoint.pt")',
+    ):
         assert needle in text, needle
 
 
 def test_markers_are_well_formed():
     text = README.read_text()
-    assert re.findall(r"<!-- readme: (\w+) -->", text) == re.findall(r"<!-- readme: (setup|continues) -->\n```python",
-                                                                   text), "a readme marker not right above a block"
+    assert re.findall(r"<!-- readme: (\w+) -->", text) == re.findall(
+        r"<!-- readme: (setup|continues) -->\n```python", text
+    ), "a readme marker not right above a block"
 
 
 @pytest.mark.parametrize("unit", units(), ids=lambda unit: f"line{unit[0][1]}")

@@ -234,8 +234,13 @@ def test_two_populations_share_one_base_model_and_deepcopy_is_plain():
 def test_repeated_and_changing_ids_route_correctly():
     """The last plan is reused only for the same ids (env loops repeat them); any change replans."""
     pop, base, x = make("mlp")
-    sequences = [[3, 0, 5, 5, 1, 3, 3, 0, 2, 5, 5, 5], [3, 0, 5, 5, 1, 3, 3, 0, 2, 5, 5, 5],
-                 [0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5], [5] * 12, [3, 0, 5, 5, 1, 3, 3, 0, 2, 5, 5, 5]]
+    sequences = [
+        [3, 0, 5, 5, 1, 3, 3, 0, 2, 5, 5, 5],
+        [3, 0, 5, 5, 1, 3, 3, 0, 2, 5, 5, 5],
+        [0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5],
+        [5] * 12,
+        [3, 0, 5, 5, 1, 3, 3, 0, 2, 5, 5, 5],
+    ]
     with torch.no_grad():
         for ids in sequences:
             close(pop(x, individuals=ids), reference(pop, base, x, ids))
@@ -262,12 +267,20 @@ def test_numpy_and_tensor_ids_route_like_python_ints():
         for i in (np.int64(3), np.int32(3), np.uint8(3), torch.tensor(3), torch.tensor([3])):
             assert torch.equal(pop(x, individual=i), want), type(i)
         want = pop(x, individuals=ids)
-        for given in (np.array(ids), np.array(ids, dtype=np.uint8), [np.int64(i) for i in ids], tuple(ids),
-                      torch.tensor(ids, dtype=torch.int32), [torch.tensor(i) for i in ids]):
+        for given in (
+            np.array(ids),
+            np.array(ids, dtype=np.uint8),
+            [np.int64(i) for i in ids],
+            tuple(ids),
+            torch.tensor(ids, dtype=torch.int32),
+            [torch.tensor(i) for i in ids],
+        ):
             assert torch.equal(pop(x, individuals=given), want), type(given)
         assert torch.equal(pop(x, all_individuals=np.bool_(True)), pop(x, all_individuals=True))
-        assert torch.equal(pop(x[:2], individuals=np.array([4, 1]), broadcast=np.bool_(True)),
-                           pop(x[:2], individuals=[4, 1], broadcast=True))
+        assert torch.equal(
+            pop(x[:2], individuals=np.array([4, 1]), broadcast=np.bool_(True)),
+            pop(x[:2], individuals=[4, 1], broadcast=True),
+        )
 
 
 def test_out_of_range_ids_raise_invalid_index_error():
@@ -298,15 +311,21 @@ def test_non_integer_ids_and_flags_raise_invalid_type_error():
         (dict(individuals=[True, False]), r"`individuals` must hold integer ids, got dtype bool"),
         (dict(individuals=["a", "b"]), r"`individuals` must hold integer ids, got dtype <U1"),
         (dict(individuals=torch.tensor([0.0, 1.0])), r"`individuals` must hold integer ids, got dtype torch.float32"),
-        (dict(individuals=[0, [1]]), r"`individuals` must be a 1-D list or integer tensor of ids, got list \[0, \[1\]\]"),
+        (
+            dict(individuals=[0, [1]]),
+            r"`individuals` must be a 1-D list or integer tensor of ids, got list \[0, \[1\]\]",
+        ),
         (dict(all_individuals="yes"), r"`all_individuals` must be a bool, got str 'yes'"),
         (dict(individuals=[0, 1], broadcast=1), r"`broadcast` must be a bool, got int 1"),
     ]
     for kwargs, match in cases:
         with pytest.raises(InvalidTypeError, match=match):
             pop(x[:2], **kwargs)
-    with pytest.raises(InvalidValueError, match=r"`individuals` must be a 1-D list or integer tensor of ids, got "
-                       r"shape \(1, 2\)"):
+    with pytest.raises(
+        InvalidValueError,
+        match=r"`individuals` must be a 1-D list or integer tensor of ids, got "
+        r"shape \(1, 2\)",
+    ):
         pop(x[:2], individuals=[[0, 1]])
 
 
@@ -321,9 +340,16 @@ def test_empty_batch_routes_in_every_layout(kind):
     with torch.no_grad():
         want = base(empty).shape
         assert want[0] == 0
-        layouts = [dict(individual=2), dict(individual=np.int64(0)), dict(all_individuals=True),
-                   dict(all_individuals=True, broadcast=True), dict(individuals=[]), dict(individuals=[], broadcast=True),
-                   dict(individuals=[0, 1]), dict(individuals=torch.tensor([5, 1, 1]), broadcast=True)]
+        layouts = [
+            dict(individual=2),
+            dict(individual=np.int64(0)),
+            dict(all_individuals=True),
+            dict(all_individuals=True, broadcast=True),
+            dict(individuals=[]),
+            dict(individuals=[], broadcast=True),
+            dict(individuals=[0, 1]),
+            dict(individuals=torch.tensor([5, 1, 1]), broadcast=True),
+        ]
         for route in layouts:
             out = pop(empty, **route)
             assert out.shape == want, route
@@ -356,20 +382,36 @@ def test_wrong_feature_size_names_the_rows_passed():
     """A Linear target given the wrong feature size: the error counts the user's rows, not the broadcast copies."""
     pop, _, _ = make("mlp")
     bad = torch.randn(2, 5)  # the model wants 6 features
-    with pytest.raises(RouteError, match=r"target '0' \(Linear with in_features=6\) got inputs with 5 features: its "
-                       r"input has shape \(2, 5\) for the 2 rows of the batch passed \(first input of shape \(2, 5\)\) "
-                       r"\(routed as 12 rows: the whole batch for each of 6 individuals\)$"):
+    with pytest.raises(
+        RouteError,
+        match=r"target '0' \(Linear with in_features=6\) got inputs with 5 features: its "
+        r"input has shape \(2, 5\) for the 2 rows of the batch passed \(first input of shape \(2, 5\)\) "
+        r"\(routed as 12 rows: the whole batch for each of 6 individuals\)$",
+    ):
         pop(bad, all_individuals=True, broadcast=True)
-    with pytest.raises(RouteError, match=r"its input has shape \(2, 5\) for the 2 rows .* \(routed as 6 rows: the "
-                       r"whole batch for each of 3 ids\)$"):
+    with pytest.raises(
+        RouteError,
+        match=r"its input has shape \(2, 5\) for the 2 rows .* \(routed as 6 rows: the "
+        r"whole batch for each of 3 ids\)$",
+    ):
         pop(bad, individuals=[0, 4, 4], broadcast=True)
-    with pytest.raises(RouteError, match=r"got inputs with 5 features: its input has shape \(1, 5\) for the 1 row "
-                       r"of the batch passed \(first input of shape \(1, 5\)\) \(routed as 6 rows"):
+    with pytest.raises(
+        RouteError,
+        match=r"got inputs with 5 features: its input has shape \(1, 5\) for the 1 row "
+        r"of the batch passed \(first input of shape \(1, 5\)\) \(routed as 6 rows",
+    ):
         pop(bad[:1], all_individuals=True)
-    for x, route in ((bad, dict(individual=1)), (bad, dict(individuals=[3, 0])), (bad.repeat(3, 1), dict(all_individuals=True))):
+    for x, route in (
+        (bad, dict(individual=1)),
+        (bad, dict(individuals=[3, 0])),
+        (bad.repeat(3, 1), dict(all_individuals=True)),
+    ):
         n = len(x)
-        with pytest.raises(RouteError, match=rf"got inputs with 5 features: its input has shape \({n}, 5\) for the {n} "
-                           rf"rows of the batch passed \(first input of shape \({n}, 5\)\)$"):
+        with pytest.raises(
+            RouteError,
+            match=rf"got inputs with 5 features: its input has shape \({n}, 5\) for the {n} "
+            rf"rows of the batch passed \(first input of shape \({n}, 5\)\)$",
+        ):
             pop(x, **route)
     with pytest.raises(RuntimeError, match=r"\(2x5 and 6x16\)"):  # the plain model's own error is untouched
         pop(bad)
@@ -382,6 +424,8 @@ def test_model_error_in_broadcast_forward_notes_the_rows_passed():
     with pytest.raises(RuntimeError, match=r"\(8x5 and 6x16\)") as info:
         pop(torch.randn(2, 5), all_individuals=True, broadcast=True)
     assert not isinstance(info.value, PopuloraError)
-    assert info.value.__notes__ == ["populora: this routed forward ran the model on 8 rows, the whole batch for each "
-                                    "of 4 individuals: the batch passed has 2 rows (first input of shape (2, 5)), so "
-                                    "row counts above count the repeated rows"]
+    assert info.value.__notes__ == [
+        "populora: this routed forward ran the model on 8 rows, the whole batch for each "
+        "of 4 individuals: the batch passed has 2 rows (first input of shape (2, 5)), so "
+        "row counts above count the repeated rows"
+    ]

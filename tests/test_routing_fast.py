@@ -14,19 +14,18 @@ import torch
 from torch import nn
 
 from populora import Population
-from populora.routing import router
 from populora.errors import InvalidIndexError, InvalidTypeError, RouteError
-
+from populora.routing import router
 
 # (k groups, t rows per group, d, r, e): every form of both products
 SHAPES = [
-    (16, 1, 4, 1, 16),     # tiny in all: bmm's own loop for down, addcmul for a rank-1 up
-    (256, 1, 64, 1, 64),   # down below the unblocked size per group, large in all: broadcast multiply
-    (64, 1, 16, 4, 64),    # up below the size per group, large in all, r > 1: multiply and sum
-    (8, 1, 8, 2, 12),      # small in all: bmm for both
+    (16, 1, 4, 1, 16),  # tiny in all: bmm's own loop for down, addcmul for a rank-1 up
+    (256, 1, 64, 1, 64),  # down below the unblocked size per group, large in all: broadcast multiply
+    (64, 1, 16, 4, 64),  # up below the size per group, large in all, r > 1: multiply and sum
+    (8, 1, 8, 2, 12),  # small in all: bmm for both
     (16, 1, 256, 1, 256),  # down above the size (a few rows: x @ down.T), rank-1 up: addcmul
-    (4, 3, 64, 4, 64),     # a few rows, both blocked
-    (4, 9, 32, 3, 40),     # more rows: down @ x.T
+    (4, 3, 64, 4, 64),  # a few rows, both blocked
+    (4, 9, 32, 3, 40),  # more rows: down @ x.T
 ]
 
 
@@ -44,8 +43,9 @@ def test_every_product_form_equals_the_float64_product(k, t, d, r, e):
     out = base.clone().requires_grad_(False) + 0 * x.sum()  # a non-leaf, as a Linear's output is
     got = router._add_product(out.view(k, t, e), h, up).view(k * t, e)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(router._product(h, up).reshape(k * t, e).double(), want - base.double(),
-                               rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(
+        router._product(h, up).reshape(k * t, e).double(), want - base.double(), rtol=1e-5, atol=1e-4
+    )
     weights = torch.randn(k * t, e, generator=gen)
     (got * weights).sum().backward()
     xd, dd, ud = (v.detach().double().requires_grad_() for v in (x, down, up))
@@ -101,12 +101,14 @@ def test_single_tensor_calls_equal_the_general_front_end_bitwise(grad):
             assert torch.equal(pop(x, individuals=ids_t), general(pop, x, individuals=ids_t))
             assert torch.equal(pop(x, individual=3), general(pop, x, individual=3))
             assert torch.equal(pop(x, individual=np.int64(3)), general(pop, x, individual=3))  # (general path)
-            assert torch.equal(pop(x[:6], individuals=np.sort(ids_np[:6])),
-                               general(pop, x[:6], individuals=np.sort(ids_np[:6])))
+            assert torch.equal(
+                pop(x[:6], individuals=np.sort(ids_np[:6])), general(pop, x[:6], individuals=np.sort(ids_np[:6]))
+            )
     # the rows really are routed: row j of the fast call is individual ids[j]'s output
     for j, i in enumerate(ids_np):
-        torch.testing.assert_close(pop(x, individuals=ids_np)[j], pop(x[j:j + 1], individual=int(i))[0],
-                                   rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            pop(x, individuals=ids_np)[j], pop(x[j : j + 1], individual=int(i))[0], rtol=1e-5, atol=1e-6
+        )
 
 
 def test_single_tensor_calls_after_the_adapters_change():

@@ -93,14 +93,16 @@ def test_bad_split_raises_before_the_model_runs():
 def test_per_individual_inputs_route_one_block_per_individual():
     pop = Population(mlp(), pop_size=4, low_rank=2, seed=3)
     xs = torch.randn(4, 2, 5)
-    out = routing.routed_call(pop.model, pop._router, pop.adapters(), 4, (xs,), {}, all_individuals=True,
-                              per_individual=True, split=True)
+    out = routing.routed_call(
+        pop.model, pop._router, pop.adapters(), 4, (xs,), {}, all_individuals=True, per_individual=True, split=True
+    )
     assert out.shape == (4, 2, 3)
     for i in range(4):
         torch.testing.assert_close(out[i], pop(xs[i], individual=i))
     with pytest.raises(RouteError, match=r"shape \(4, b, ...\).*got \(3, 2, 5\)"):
-        routing.routed_call(pop.model, pop._router, pop.adapters(), 4, (xs[:3],), {}, all_individuals=True,
-                            per_individual=True)
+        routing.routed_call(
+            pop.model, pop._router, pop.adapters(), 4, (xs[:3],), {}, all_individuals=True, per_individual=True
+        )
 
 
 class Gain(nn.Module):

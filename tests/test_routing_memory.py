@@ -9,18 +9,17 @@ the blocked path routes exactly like the one-block path, and that the memory it 
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 from models import TinyTransformer, mlp
 from torch import nn
 from torch._C._profiler import _EventType
 
-import numpy as np
-
 import populora.routing.router as router_module  # the router's _apply reads gather_budget from its own module
 from populora import Population
-from populora.routing.front import Adapter, Router, gather_budget, routed_call
 from populora.routing import rows
+from populora.routing.front import Adapter, Router, gather_budget, routed_call
 from populora.routing.rows import _plan
 
 
@@ -94,8 +93,10 @@ def test_blocked_gather_routes_like_one_block(kind, budget, per_row, monkeypatch
         targets = ["embed", "*.q", "*.k", "*.v", "*.o", "*.mlp.*", "head"]
     base = copy.deepcopy(model)
     pop = Population(model, pop_size=6, low_rank=3, lora_targets=targets, init_scale=0.5)
-    layouts = [[3, 0, 5, 5, 1, 3, 3, 0, 2, 5, 5, 5],  # unequal groups, id 4 absent (padded (k c) layout)
-               [4, 1, 2, 4, 1, 2, 4, 1, 2, 4, 1, 2]]  # equal groups of a subset (in place)
+    layouts = [
+        [3, 0, 5, 5, 1, 3, 3, 0, 2, 5, 5, 5],  # unequal groups, id 4 absent (padded (k c) layout)
+        [4, 1, 2, 4, 1, 2, 4, 1, 2, 4, 1, 2],
+    ]  # equal groups of a subset (in place)
     with torch.no_grad():
         one_block = [pop(x, individuals=ids) for ids in layouts]
         monkeypatch.setattr(router_module, "gather_budget", lambda device, activation_bytes: budget)
@@ -123,9 +124,14 @@ def test_blocked_gather_with_bias_and_grad(monkeypatch):
     layers = {"0": model[0], "2": model[2]}
     router = Router(layers)
     P = 5
-    adapters = [Adapter(torch.randn(P, 2, layer.in_features, requires_grad=True),
-                        torch.randn(P, 2, layer.out_features, requires_grad=True),
-                        torch.randn(P, layer.out_features, requires_grad=True)) for layer in layers.values()]
+    adapters = [
+        Adapter(
+            torch.randn(P, 2, layer.in_features, requires_grad=True),
+            torch.randn(P, 2, layer.out_features, requires_grad=True),
+            torch.randn(P, layer.out_features, requires_grad=True),
+        )
+        for layer in layers.values()
+    ]
     x = torch.randn(9, 6)
     ids = [4, 0, 0, 2, 4, 4, 0, 2, 2]  # id 1, 3 absent
 

@@ -14,16 +14,16 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("openskill")
 
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM
 
-from populora import Population  # noqa: E402
-from populora.llm import char_tokenizer  # noqa: E402
-from populora.errors import CheckpointError, InvalidTypeError, InvalidValueError  # noqa: E402
-from populora.ratings import Ratings  # noqa: E402
-from populora.selfplay.selfplay import SelfPlay  # noqa: E402
-from populora.selfplay.rewards import match_scores, selfplay_fitnesses  # noqa: E402
-from populora.selfplay.pg import advantages, policy_gradient_step_  # noqa: E402
-from populora.tasks import Problem, Task  # noqa: E402
+from populora import Population
+from populora.errors import CheckpointError, InvalidTypeError, InvalidValueError
+from populora.llm import char_tokenizer
+from populora.ratings import Ratings
+from populora.selfplay.pg import advantages, policy_gradient_step_
+from populora.selfplay.rewards import match_scores, selfplay_fitnesses
+from populora.selfplay.selfplay import SelfPlay
+from populora.tasks import Problem, Task
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = ["model.layers.*.self_attn.*_proj", "model.layers.*.mlp.*_proj"]
@@ -36,9 +36,17 @@ _STATE: dict[str, torch.Tensor] = {}
 
 
 def tiny_llama() -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, pad_token_id=PAD, eos_token_id=EOS,
-                         bos_token_id=EOS)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        bos_token_id=EOS,
+    )
     model = LlamaForCausalLM(config)
     if not _STATE:
         with torch.random.fork_rng():
@@ -80,8 +88,14 @@ def make(seed: int = 0, pop_seed: int = 1, p_t: int = 4, p_s: int = 4, **kwargs)
     model = tiny_llama()
     teachers = Population(model, p_t, 2, BLOCK, seed=pop_seed, init_scale=0.5)
     students = Population(model, p_s, 2, BLOCK, seed=pop_seed + 1, init_scale=0.5)
-    opts = dict(proposals=2, anchors=2, teacher_generate=GEN_T, student_generate=GEN_S, seed=seed,
-                evolve_kwargs={"teachers": {"epsilon": 0.2}, "students": {"epsilon": 0.2}})
+    opts = dict(
+        proposals=2,
+        anchors=2,
+        teacher_generate=GEN_T,
+        student_generate=GEN_S,
+        seed=seed,
+        evolve_kwargs={"teachers": {"epsilon": 0.2}, "students": {"epsilon": 0.2}},
+    )
     opts.update(kwargs)
     return SelfPlay(teachers, students, char_tokenizer(), ParityTask(), **opts)
 
@@ -91,6 +105,7 @@ def adapters(pop: Population) -> list[torch.Tensor]:
 
 
 # ---------------------------------------------------------------------------------------------- the rule
+
 
 class TestFitnessRule:
     def test_failures_counts_valid_problems_the_student_failed(self):
@@ -118,8 +133,9 @@ class TestFitnessRule:
         valid = torch.ones(2, 3, dtype=torch.bool)
         valid[1, 2] = False
         # solve rates: teacher 0: 0, 1/4, 1; teacher 1: 3/4, 1/2, (invalid)
-        solved = torch.tensor([[[0, 0, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1]],
-                               [[1, 1, 1, 0], [1, 0, 1, 0], [0, 0, 0, 0]]], dtype=torch.bool)
+        solved = torch.tensor(
+            [[[0, 0, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1]], [[1, 1, 1, 0], [1, 0, 1, 0], [0, 0, 0, 0]]], dtype=torch.bool
+        )
         failures, s = selfplay_fitnesses(opponents, valid, solved, 1)
         assert failures.tolist() == pytest.approx([(1 + 0.75 + 0) / 3, (0.25 + 0.5) / 3])
         learn, s2 = selfplay_fitnesses(opponents, valid, solved, 1, teacher_reward="learnability")
@@ -128,8 +144,9 @@ class TestFitnessRule:
         assert torch.equal(s, s2) and s.tolist() == pytest.approx([(0 + 1 + 4 + 3 + 2) / 20])
 
     def test_no_student_scored_gives_zeros(self):
-        t, s = selfplay_fitnesses(torch.tensor([0]), torch.zeros(1, 2, dtype=torch.bool),
-                                  torch.ones(1, 2, 1, dtype=torch.bool), 2)
+        t, s = selfplay_fitnesses(
+            torch.tensor([0]), torch.zeros(1, 2, dtype=torch.bool), torch.ones(1, 2, 1, dtype=torch.bool), 2
+        )
         assert t.tolist() == [0.0] and s.tolist() == [0.0, 0.0]
 
     def test_match_scores_one_match_per_valid_problem(self):
@@ -141,8 +158,12 @@ class TestFitnessRule:
         assert score.tolist() == [1.0, 0.0, 0.5]  # teacher won / student won / draw
 
     def test_bad_outcomes_raise(self):
-        ok = dict(opponents=torch.tensor([0]), valid=torch.ones(1, 1, dtype=torch.bool),
-                  solved=torch.ones(1, 1, 1, dtype=torch.bool), num_students=1)
+        ok = dict(
+            opponents=torch.tensor([0]),
+            valid=torch.ones(1, 1, dtype=torch.bool),
+            solved=torch.ones(1, 1, 1, dtype=torch.bool),
+            num_students=1,
+        )
         with pytest.raises(InvalidValueError, match=r"student ids in \[0, 1\), got \[3\]"):
             selfplay_fitnesses(**{**ok, "opponents": torch.tensor([3])})
         with pytest.raises(InvalidValueError, match=r"\(p_t, k\).*got \(1, 1\) and \(1, 2, 1\)"):
@@ -154,6 +175,7 @@ class TestFitnessRule:
 
 
 # ---------------------------------------------------------------------------------------------- steps
+
 
 class TestSteps:
     def test_a_step_runs_two_generate_calls_and_fills_the_outcome(self, monkeypatch):
@@ -237,8 +259,11 @@ class TestSteps:
         assert torch.equal(first.opponents, make().step().opponents)  # the retry draws what a fresh run draws
 
     def test_learnability_with_sampled_attempts(self):
-        sp = make(attempts=3, teacher_reward="learnability",
-                  student_generate=dict(max_new_tokens=5, do_sample=True, temperature=1.0))
+        sp = make(
+            attempts=3,
+            teacher_reward="learnability",
+            student_generate=dict(max_new_tokens=5, do_sample=True, temperature=1.0),
+        )
         out = sp.step()
         assert out.solved.shape == (4, 2, 3) and out.anchor_solved.shape == (4, 2, 3)
         rate = out.solved.float().mean(2)
@@ -261,12 +286,13 @@ class TestSteps:
 
 # ---------------------------------------------------------------------------------------------- hybrid
 
+
 def _reply_logp(pop: Population, individual: int, prompt: list[int], reply: list[int]) -> float:
     x = torch.tensor([prompt + reply])
     with torch.no_grad():
         logits = pop(x, use_cache=False, individual=individual).logits
     logp = torch.log_softmax(logits[0, :-1].double(), -1).gather(-1, x[0, 1:, None]).squeeze(-1)
-    return float(logp[-len(reply):].mean())
+    return float(logp[-len(reply) :].mean())
 
 
 class TestPolicyGradient:
@@ -280,15 +306,29 @@ class TestPolicyGradient:
         prompt, good, bad = [2, 40, 41, 42, 98], [50, 51, 52, 1], [60, 61, 1]
         logp_good, logp_bad = _reply_logp(pop, 0, prompt, good), _reply_logp(pop, 0, prompt[1:], bad)
         # individual 0: one rewarded and one unrewarded reply; individual 1: all alike (no move); 2: no rows
-        norms = policy_gradient_step_(pop, [0, 0, 1, 1], [prompt, prompt[1:], prompt, prompt], [good, bad, good, bad],
-                                      torch.tensor([1.0, 0.0, 1.0, 1.0]), lr=1e-2, pad=PAD, micro_batch=3)
+        norms = policy_gradient_step_(
+            pop,
+            [0, 0, 1, 1],
+            [prompt, prompt[1:], prompt, prompt],
+            [good, bad, good, bad],
+            torch.tensor([1.0, 0.0, 1.0, 1.0]),
+            lr=1e-2,
+            pad=PAD,
+            micro_batch=3,
+        )
         assert norms.shape == (3,) and norms[0] > 0 and norms[1] == 0 and norms[2] == 0
-        step = sum(float((d[0] - d0[0]).double().square().sum() + (u[0] - u0[0]).double().square().sum())
-                   for (d, u), (d0, u0) in zip(pop.factors(), before)) ** 0.5
+        step = (
+            sum(
+                float((d[0] - d0[0]).double().square().sum() + (u[0] - u0[0]).double().square().sum())
+                for (d, u), (d0, u0) in zip(pop.factors(), before)
+            )
+            ** 0.5
+        )
         assert step == pytest.approx(1e-2, rel=1e-4)
         for i in (1, 2):
-            assert all(torch.equal(d[i], d0[i]) and torch.equal(u[i], u0[i])
-                       for (d, u), (d0, u0) in zip(pop.factors(), before))
+            assert all(
+                torch.equal(d[i], d0[i]) and torch.equal(u[i], u0[i]) for (d, u), (d0, u0) in zip(pop.factors(), before)
+            )
         assert _reply_logp(pop, 0, prompt, good) > logp_good
         assert _reply_logp(pop, 0, prompt[1:], bad) < logp_bad
         assert not any(p.requires_grad for p in pop.parameters())
@@ -306,6 +346,7 @@ class TestPolicyGradient:
 
 # ---------------------------------------------------------------------------------------------- resume
 
+
 class TestCheckpoint:
     def test_resume_is_bitwise_the_uninterrupted_run(self, tmp_path):
         straight = make()
@@ -320,8 +361,9 @@ class TestCheckpoint:
         for _ in range(2):
             resumed.step()
         for pop in ("teachers", "students"):
-            assert all(torch.equal(x, y) for x, y in zip(adapters(getattr(straight, pop)),
-                                                         adapters(getattr(resumed, pop))))
+            assert all(
+                torch.equal(x, y) for x, y in zip(adapters(getattr(straight, pop)), adapters(getattr(resumed, pop)))
+            )
             one, two = getattr(straight, pop), getattr(resumed, pop)
             assert torch.equal(one.generator.get_state(), two.generator.get_state())
         assert [r.deterministic for r in straight.history] == [r.deterministic for r in resumed.history]
@@ -372,6 +414,7 @@ class TestCheckpoint:
 
 # ---------------------------------------------------------------------------------------------- arguments
 
+
 class TestArguments:
     def test_populations_must_share_one_model_and_be_two(self):
         a = Population(tiny_llama(), 2, 2, BLOCK)
@@ -390,8 +433,11 @@ class TestArguments:
     def test_ratings_must_fit_the_populations(self):
         model = tiny_llama()
         t, s = Population(model, 2, 2, BLOCK), Population(model, 3, 2, BLOCK)
-        with pytest.raises(InvalidValueError, match=r"rate 'students' with 3 players \(the population's pop_size\), "
-                                                    "got 2 players"):
+        with pytest.raises(
+            InvalidValueError,
+            match=r"rate 'students' with 3 players \(the population's pop_size\), "
+            "got 2 players",
+        ):
             SelfPlay(t, s, char_tokenizer(), ParityTask(), Ratings({"teachers": 2, "students": 2}))
         with pytest.raises(InvalidValueError, match="rate 'teachers' with 2 players .*got no such name"):
             SelfPlay(t, s, char_tokenizer(), ParityTask(), Ratings({"teacher": 2, "students": 3}))
@@ -408,8 +454,11 @@ class TestArguments:
             (dict(proposals=0), InvalidValueError, "proposals"),
             (dict(anchors=-1), InvalidValueError, "anchors"),
             (dict(matchmaking="elo"), InvalidValueError, "matchmaking"),
-            (dict(teacher_generate=dict(num_return_sequences=2)), InvalidValueError,
-             r"`teacher_generate` may not set \['num_return_sequences'\]"),
+            (
+                dict(teacher_generate=dict(num_return_sequences=2)),
+                InvalidValueError,
+                r"`teacher_generate` may not set \['num_return_sequences'\]",
+            ),
             (dict(student_generate=[1]), InvalidTypeError, "`student_generate` must be a dict"),
             (dict(evolve_kwargs={"students": {"epsilom": 0.1}}), InvalidValueError, "Did you mean `epsilon`"),
             (dict(evolve_kwargs={"judges": {}}), InvalidValueError, "'judges', which is not a population"),
@@ -421,24 +470,34 @@ class TestArguments:
         with pytest.raises(InvalidTypeError, match="`task` must be a populora.tasks.Task"):
             SelfPlay(t, s, tok, object())
         with pytest.raises(InvalidTypeError, match="`tokenizer` must have a `apply_chat_template` method"):
-            SelfPlay(t, s, object.__new__(type("Tok", (), {"decode": lambda self: 0, "__call__": lambda self: 0})),
-                     task)
+            SelfPlay(
+                t, s, object.__new__(type("Tok", (), {"decode": lambda self: 0, "__call__": lambda self: 0})), task
+            )
 
 
 # ---------------------------------------------------------------------------------------------- example
+
 
 def test_example_smoke_mode_writes_json_and_plot(tmp_path):
     pytest.importorskip("matplotlib")
     spec = importlib.util.spec_from_file_location("selfplay_arithmetic", ROOT / "examples" / "selfplay_arithmetic.py")
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    example.main(["--model", "tiny", "--steps", "2", "--out", str(tmp_path), "--quiet", "--threads", "1",
-                  "--pg-lr", "0.05"])
+    example.main(
+        ["--model", "tiny", "--steps", "2", "--out", str(tmp_path), "--quiet", "--threads", "1", "--pg-lr", "0.05"]
+    )
     result = json.loads((tmp_path / "results.json").read_text())
     assert result["model"] == "tiny random Llama" and result["steps"] == 2 and result["pg_lr"] == 0.05
     assert len(result["history"]) == 2
-    for key in ("base_heldout", "mean_student_heldout_before", "mean_student_heldout_after",
-                "chosen_student_heldout", "validity", "tokens_per_s", "wall_s"):
+    for key in (
+        "base_heldout",
+        "mean_student_heldout_before",
+        "mean_student_heldout_after",
+        "chosen_student_heldout",
+        "validity",
+        "tokens_per_s",
+        "wall_s",
+    ):
         assert key in result
     assert 0.0 <= result["chosen_student_heldout"] <= 1.0
     assert (tmp_path / "accuracy.png").stat().st_size > 0

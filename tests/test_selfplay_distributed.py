@@ -16,8 +16,8 @@ import torch.distributed as dist
 pytest.importorskip("transformers")
 pytest.importorskip("openskill")
 
-from ranks import init_gloo, save, spawn  # noqa: E402
-from test_selfplay import adapters, make  # noqa: E402
+from ranks import init_gloo, save, spawn
+from test_selfplay import adapters, make
 
 
 def _worker(rank: int, world: int, store: str, out: str) -> None:
@@ -60,7 +60,7 @@ def _worker(rank: int, world: int, store: str, out: str) -> None:
     try:
         sp.step(distributed=True)
         res["failure"] = None
-    except Exception as error:  # noqa: BLE001 - recorded for the parent
+    except Exception as error:
         res["failure"] = (type(error).__name__, str(error))
     model.generate = real
     flag = torch.ones(1)

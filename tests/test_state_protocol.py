@@ -31,9 +31,14 @@ def fitness(g):
 
 def everything(pop):
     """Every tensor and counter of a population, comparable bit for bit."""
-    return ([t.detach().clone() for t in [*pop._downs, *pop._ups, *pop.model.parameters()]],
-            pop.generator.get_state().clone(), pop.generation, pop.eval_seed, list(pop.history),
-            list(pop.weight_scales))
+    return (
+        [t.detach().clone() for t in [*pop._downs, *pop._ups, *pop.model.parameters()]],
+        pop.generator.get_state().clone(),
+        pop.generation,
+        pop.eval_seed,
+        list(pop.history),
+        list(pop.weight_scales),
+    )
 
 
 def assert_same(a, b):
@@ -69,8 +74,17 @@ class TestPopulationStateDict:
         pop = make()
         run(pop, 1)
         state = pop.state_dict()
-        assert set(state) == {"_extra_state", "_downs.0", "_downs.1", "_ups.0", "_ups.1", "model.0.weight",
-                              "model.0.bias", "model.2.weight", "model.2.bias"}
+        assert set(state) == {
+            "_extra_state",
+            "_downs.0",
+            "_downs.1",
+            "_ups.0",
+            "_ups.1",
+            "model.0.weight",
+            "model.0.bias",
+            "model.2.weight",
+            "model.2.bias",
+        }
         assert state["_downs.0"].data_ptr() == pop._downs[0].data_ptr()  # references, as for any module
         extra = state["_extra_state"]
         assert extra["generation"] == 1 and extra["eval_seed"] == 1 and extra["config"]["pop_size"] == 8
@@ -178,8 +192,13 @@ def fitness_b(b_outputs):
 def coevolve(seed=0, hall=True):
     a, b = make(seed=seed), make(seed=seed + 1)
     hof = HallOfFame(dict(a=a), seed=seed) if hall else None
-    return Coevolve(dict(a=dict(population=a, probe=probe_a, fitness=fitness_a),
-                         b=dict(population=b, probe=probe_b, fitness=fitness_b)), hall_of_fame=hof)
+    return Coevolve(
+        dict(
+            a=dict(population=a, probe=probe_a, fitness=fitness_a),
+            b=dict(population=b, probe=probe_b, fitness=fitness_b),
+        ),
+        hall_of_fame=hof,
+    )
 
 
 class TestCoevolve:
@@ -191,8 +210,9 @@ class TestCoevolve:
             source.step()
         state = source.state_dict()
         live = {t.data_ptr() for pop in source.populations.values() for t in [*pop._downs, *pop._ups]}
-        assert not live & {t.data_ptr() for s in state["populations"].values() for t in s.values()
-                           if isinstance(t, torch.Tensor)}
+        assert not live & {
+            t.data_ptr() for s in state["populations"].values() for t in s.values() if isinstance(t, torch.Tensor)
+        }
         resumed = coevolve(seed=5)
         resumed.load_state_dict(state)
         for _ in range(2):
@@ -210,8 +230,10 @@ class TestCoevolve:
         before = {n: everything(co[n]) for n in ("a", "b")}
         hall_before, history = co.hall_of_fame.champions(), copy.deepcopy(co.history)
         for edit, message in [
-            (lambda s: s["populations"]["b"]["_extra_state"].update(generation=-1),
-             r"'generation' must be an int >= 0"),
+            (
+                lambda s: s["populations"]["b"]["_extra_state"].update(generation=-1),
+                r"'generation' must be an int >= 0",
+            ),
             (lambda s: s["history"]["b"].append([1, "x", 0.0]), r"history of 'b' must be a list of"),
             (lambda s: s["hall_of_fame"]["champions"]["a"][0].pop("downs"), r"champion 0 of 'a' must hold"),
             (lambda s: s.pop("generation"), r"lacks the key\(s\) \['generation'\]"),
@@ -278,8 +300,11 @@ class TestDeprecatedAliases:
     def test_rank_is_process_rank(self, monkeypatch):
         monkeypatch.setenv("RANK", "3")
         assert populora.process_rank() == 3
-        with pytest.warns(DeprecationWarning, match=r"`populora.rank\(\)` is deprecated; use "
-                                                    r"`populora.process_rank\(\)`"):
+        with pytest.warns(
+            DeprecationWarning,
+            match=r"`populora.rank\(\)` is deprecated; use "
+            r"`populora.process_rank\(\)`",
+        ):
             assert populora.rank() == 3
 
     def test_no_internal_call_warns(self, tmp_path):
@@ -300,8 +325,10 @@ class TestHistory:
         f = torch.tensor([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
         pop.evolve_(f)
         pop.evolve_(f.flip(0) * 2)
-        assert pop.history == [GenerationStats(0, 7.0, 3.5, pytest.approx(f.std(correction=0).item())),
-                               GenerationStats(1, 14.0, 7.0, pytest.approx(2 * f.std(correction=0).item()))]
+        assert pop.history == [
+            GenerationStats(0, 7.0, 3.5, pytest.approx(f.std(correction=0).item())),
+            GenerationStats(1, 14.0, 7.0, pytest.approx(2 * f.std(correction=0).item())),
+        ]
         assert pop.history[0][:3] == (0, 7.0, 3.5)  # the first three fields, as before
 
     def test_a_failed_generation_records_nothing(self):
@@ -338,4 +365,4 @@ def test_py_typed_is_shipped():
     root = Path(populora.__file__).parent
     assert (root / "py.typed").is_file()
     pyproject = (root.parent / "pyproject.toml").read_text()
-    assert '[tool.setuptools.package-data]' in pyproject and 'populora = ["py.typed"]' in pyproject
+    assert "[tool.setuptools.package-data]" in pyproject and 'populora = ["py.typed"]' in pyproject

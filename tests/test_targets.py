@@ -13,8 +13,15 @@ from populora.targets import find_targets, tied_weights
 def test_none_finds_every_linear_in_module_order():
     model = TinyTransformer(depth=1)
     found = find_targets(model, None)
-    assert list(found) == ["blocks.0.attn.q", "blocks.0.attn.k", "blocks.0.attn.v", "blocks.0.attn.o",
-                           "blocks.0.mlp.0", "blocks.0.mlp.2", "head"]
+    assert list(found) == [
+        "blocks.0.attn.q",
+        "blocks.0.attn.k",
+        "blocks.0.attn.v",
+        "blocks.0.attn.o",
+        "blocks.0.mlp.0",
+        "blocks.0.mlp.2",
+        "head",
+    ]
     assert all(isinstance(m, nn.Linear) for m in found.values())
 
 
@@ -23,12 +30,21 @@ def test_paths_and_globs():
     assert list(find_targets(model, ["head", "embed"])) == ["embed", "head"]  # model order, Embedding allowed
     assert list(find_targets(model, "*.q")) == ["blocks.0.attn.q", "blocks.1.attn.q"]
     assert list(find_targets(model, ["blocks.1.*", "blocks.1.attn.q"])) == [
-        "blocks.1.attn.q", "blocks.1.attn.k", "blocks.1.attn.v", "blocks.1.attn.o", "blocks.1.mlp.0", "blocks.1.mlp.2"]
+        "blocks.1.attn.q",
+        "blocks.1.attn.k",
+        "blocks.1.attn.v",
+        "blocks.1.attn.o",
+        "blocks.1.mlp.0",
+        "blocks.1.mlp.2",
+    ]
 
 
 def test_missing_path_lists_closest_linear_paths():
-    with pytest.raises(TargetNotFoundError, match=r"lora target '3' is not a module of Sequential; "
-                                                  r"closest nn.Linear paths: '2', '0'"):
+    with pytest.raises(
+        TargetNotFoundError,
+        match=r"lora target '3' is not a module of Sequential; "
+        r"closest nn.Linear paths: '2', '0'",
+    ):
         find_targets(mlp(), ["0", "3"])
     with pytest.raises(TargetNotFoundError, match=r"closest nn.Linear paths: 'blocks.0.attn.q'"):
         find_targets(TinyTransformer(depth=1), ["blocks.0.attn.qq"])
@@ -92,8 +108,10 @@ def test_auto_discovery_and_patterns_skip_tied_layers_with_one_warning():
         warnings.simplefilter("always")
         assert list(find_targets(_tied_lm(), None)) == ["mid"]
     assert len(caught) == 1
-    assert str(caught[0].message).startswith("skipped 1 layer(s) with tied weights, which cannot be targets: "
-                                             "'head.weight' is the same tensor as 'embed.weight' (tied weights)")
+    assert str(caught[0].message).startswith(
+        "skipped 1 layer(s) with tied weights, which cannot be targets: "
+        "'head.weight' is the same tensor as 'embed.weight' (tied weights)"
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert list(find_targets(_tied_lm(), "*")) == ["mid"]
@@ -103,9 +121,12 @@ def test_auto_discovery_and_patterns_skip_tied_layers_with_one_warning():
 
 
 def test_explicit_tied_target_raises_naming_both_modules():
-    with pytest.raises(TargetNotFoundError, match=r"lora target 'head' cannot be a target: 'head.weight' is the "
-                                                  r"same tensor as 'embed.weight' \(tied weights\): merging an "
-                                                  r"adapter of 'head' would also change 'embed'"):
+    with pytest.raises(
+        TargetNotFoundError,
+        match=r"lora target 'head' cannot be a target: 'head.weight' is the "
+        r"same tensor as 'embed.weight' \(tied weights\): merging an "
+        r"adapter of 'head' would also change 'embed'",
+    ):
         find_targets(_tied_lm(), ["mid", "head"])
     with pytest.raises(TargetNotFoundError, match=r"'embed.weight' is the same tensor as 'head.weight'"):
         find_targets(_tied_lm(), "embed")

@@ -9,7 +9,15 @@ from fractions import Fraction
 import pytest
 
 from populora.errors import InvalidTypeError, InvalidValueError, PopuloraError
-from populora.tasks import find_ints, last_expression, parse_expression, parse_int, parse_int_list, proposal_segments, safe_eval
+from populora.tasks import (
+    find_ints,
+    last_expression,
+    parse_expression,
+    parse_int,
+    parse_int_list,
+    proposal_segments,
+    safe_eval,
+)
 from populora.tasks.parsing import MAX_PROPOSAL_CHARS
 
 
@@ -22,6 +30,7 @@ def no_code_execution(monkeypatch):
         def fail(*args, **kwargs):
             calls.append(name)
             raise AssertionError(f"{name} was called with {str(args[:1])[:80]}")
+
         return fail
 
     real_compile = builtins.compile
@@ -42,19 +51,23 @@ def no_code_execution(monkeypatch):
 
 # --- safe_eval: what is accepted -------------------------------------------------------------
 
-@pytest.mark.parametrize("text, value", [
-    ("3 + 4", Fraction(7)),
-    ("(7 - 2) * 3 + 8", Fraction(23)),
-    ("7 / 2", Fraction(7, 2)),
-    ("1 / 3 + 1 / 6", Fraction(1, 2)),
-    ("-3 * -(2 - 5)", Fraction(-9)),
-    ("+5", Fraction(5)),
-    ("2 - 3 - 4", Fraction(-5)),  # left-associative
-    ("2 * 3 + 4 * 5", Fraction(26)),  # precedence
-    ("((((((((((1))))))))))", Fraction(1)),  # parentheses leave no node: depth 0
-    (" 12 ", Fraction(12)),
-    ("0", Fraction(0)),
-])
+
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("3 + 4", Fraction(7)),
+        ("(7 - 2) * 3 + 8", Fraction(23)),
+        ("7 / 2", Fraction(7, 2)),
+        ("1 / 3 + 1 / 6", Fraction(1, 2)),
+        ("-3 * -(2 - 5)", Fraction(-9)),
+        ("+5", Fraction(5)),
+        ("2 - 3 - 4", Fraction(-5)),  # left-associative
+        ("2 * 3 + 4 * 5", Fraction(26)),  # precedence
+        ("((((((((((1))))))))))", Fraction(1)),  # parentheses leave no node: depth 0
+        (" 12 ", Fraction(12)),
+        ("0", Fraction(0)),
+    ],
+)
 def test_safe_eval_values(text, value):
     result = safe_eval(text)
     assert result == value and isinstance(result, Fraction)
@@ -153,10 +166,18 @@ def test_oversized_input_is_refused_before_parsing(monkeypatch):
     assert calls == []  # the parser never saw them
 
 
-@pytest.mark.parametrize("text", [
-    "(" * 49_999 + "1" + ")" * 49_999, "-" * 99_999 + "1", "1+" * 49_999 + "1", "~" * 99_999 + "1",
-    "not " * 20_000 + "1", "[" * 99_999, "9" * 99_999,
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "(" * 49_999 + "1" + ")" * 49_999,
+        "-" * 99_999 + "1",
+        "1+" * 49_999 + "1",
+        "~" * 99_999 + "1",
+        "not " * 20_000 + "1",
+        "[" * 99_999,
+        "9" * 99_999,
+    ],
+)
 def test_deep_inputs_within_a_large_max_length_raise_our_error(text):
     # the parser's own limits (nesting, recursion, stack) come back as InvalidValueError
     with pytest.raises(InvalidValueError, match="not valid syntax|cannot be parsed|deeper than|more than max_nodes"):
@@ -192,34 +213,38 @@ def test_errors_are_populora_and_value_errors():
 
 # --- lenient integer parsing -------------------------------------------------------------------
 
-@pytest.mark.parametrize("reply, expected", [
-    ("7", 7),
-    ("The answer is 7.", 7),
-    ("3 + 4 = 7", 7),
-    ("x = 5", 5),
-    ("x = -3", -3),
-    ("-3", -3),
-    ("(-3)", -3),
-    ("the result is \u22123", -3),  # Unicode minus
-    ("5-3", 3),  # a subtraction, not a sign
-    ("5 - 3", 3),
-    ("a-3", 3),
-    ("1,234", 1234),
-    ("It is 12,345,678 in total", 12345678),
-    ("-1,234", -1234),
-    ("1,2,3", 3),  # not a grouping: a list
-    ("12,34", 34),
-    ("1,234.0", 1234),
-    ("3.", 3),
-    ("3.0", 3),
-    ("3.00 apples", 3),
-    ("about 3.5", None),
-    ("first 7 then 2.5", None),  # the last number is not an integer
-    ("no numbers here", None),
-    ("", None),
-    ("\u0663", None),  # Arabic-Indic digit: not a number
-    ("Step 1: 4 + 5. Step 2: so the answer is 9", 9),
-])
+
+@pytest.mark.parametrize(
+    "reply, expected",
+    [
+        ("7", 7),
+        ("The answer is 7.", 7),
+        ("3 + 4 = 7", 7),
+        ("x = 5", 5),
+        ("x = -3", -3),
+        ("-3", -3),
+        ("(-3)", -3),
+        ("the result is \u22123", -3),  # Unicode minus
+        ("5-3", 3),  # a subtraction, not a sign
+        ("5 - 3", 3),
+        ("a-3", 3),
+        ("1,234", 1234),
+        ("It is 12,345,678 in total", 12345678),
+        ("-1,234", -1234),
+        ("1,2,3", 3),  # not a grouping: a list
+        ("12,34", 34),
+        ("1,234.0", 1234),
+        ("3.", 3),
+        ("3.0", 3),
+        ("3.00 apples", 3),
+        ("about 3.5", None),
+        ("first 7 then 2.5", None),  # the last number is not an integer
+        ("no numbers here", None),
+        ("", None),
+        ("\u0663", None),  # Arabic-Indic digit: not a number
+        ("Step 1: 4 + 5. Step 2: so the answer is 9", 9),
+    ],
+)
 def test_parse_int(reply, expected):
     assert parse_int(reply) == expected
 
@@ -232,24 +257,27 @@ def test_find_ints():
         find_ints(None)
 
 
-@pytest.mark.parametrize("reply, expected", [
-    ("[1, 2, 3]", [1, 2, 3]),
-    ("Sorted: [1, 2, 3]", [1, 2, 3]),
-    ("[3 1 2]", [3, 1, 2]),
-    ("[-5, 0, 7]", [-5, 0, 7]),
-    ("[]", []),
-    ("[5]", [5]),
-    ("1, 2, 3", [1, 2, 3]),
-    ("The answer is 1, 2, 3.", [1, 2, 3]),
-    ("1, 2, and 3", [1, 2, 3]),
-    ("1,234", [1, 234]),  # commas in lists are separators
-    ("Sort [3, 1, 2]. Answer: 1, 2, 3", [1, 2, 3]),  # whichever ends last
-    ("1, 2, 3 gives [3, 2, 1]", [3, 2, 1]),
-    ("[a, b] then [4, 5]", [4, 5]),
-    ("[4, 5] then [a, b]", [4, 5]),
-    ("just 7", None),
-    ("nothing", None),
-])
+@pytest.mark.parametrize(
+    "reply, expected",
+    [
+        ("[1, 2, 3]", [1, 2, 3]),
+        ("Sorted: [1, 2, 3]", [1, 2, 3]),
+        ("[3 1 2]", [3, 1, 2]),
+        ("[-5, 0, 7]", [-5, 0, 7]),
+        ("[]", []),
+        ("[5]", [5]),
+        ("1, 2, 3", [1, 2, 3]),
+        ("The answer is 1, 2, 3.", [1, 2, 3]),
+        ("1, 2, and 3", [1, 2, 3]),
+        ("1,234", [1, 234]),  # commas in lists are separators
+        ("Sort [3, 1, 2]. Answer: 1, 2, 3", [1, 2, 3]),  # whichever ends last
+        ("1, 2, 3 gives [3, 2, 1]", [3, 2, 1]),
+        ("[a, b] then [4, 5]", [4, 5]),
+        ("[4, 5] then [a, b]", [4, 5]),
+        ("just 7", None),
+        ("nothing", None),
+    ],
+)
 def test_parse_int_list(reply, expected):
     assert parse_int_list(reply) == expected
 
@@ -262,6 +290,7 @@ def test_parsers_refuse_non_strings():
 
 
 # --- segments ---------------------------------------------------------------------------------
+
 
 def test_proposal_segments_order_and_cleaning():
     text = "Sure!\n**Problem:** `3 + 4`\nThe answer is 7.\n- 5 * 6\n"

@@ -10,12 +10,28 @@ import pytest
 import torch
 
 from populora.errors import InvalidTypeError, InvalidValueError
-from populora.tasks import Arithmetic, Comparison, Countdown, LinearEquation, Mixture, Problem, ReasoningGymTask, Sorting, Successor, Task, check_replies, parse_expression
+from populora.tasks import (
+    Arithmetic,
+    Comparison,
+    Countdown,
+    LinearEquation,
+    Mixture,
+    Problem,
+    ReasoningGymTask,
+    Sorting,
+    Successor,
+    Task,
+    check_replies,
+    parse_expression,
+)
 from populora.tasks.parsing import MAX_PROPOSAL_CHARS
 
 ALL_LEVELS = (
-    [Arithmetic(d) for d in range(1, 9)] + [LinearEquation(d) for d in range(1, 7)]
-    + [Sorting(d) for d in (1, 2, 8)] + [Successor(d) for d in (1, 3, 12)] + [Comparison(d) for d in (1, 3, 12)]
+    [Arithmetic(d) for d in range(1, 9)]
+    + [LinearEquation(d) for d in range(1, 7)]
+    + [Sorting(d) for d in (1, 2, 8)]
+    + [Successor(d) for d in (1, 3, 12)]
+    + [Comparison(d) for d in (1, 3, 12)]
     + [Countdown(d) for d in range(1, 6)]
 )
 IDS = [repr(t) for t in ALL_LEVELS]
@@ -80,8 +96,12 @@ def test_parse_proposal_round_trips_generated_questions(task):
 
 
 def test_arithmetic_levels_follow_the_documented_table():
-    for difficulty, (operands, digits, ops, parens) in {1: (2, 1, "+", False), 3: (3, 2, "+-*", False),
-                                                         4: (3, 2, "+-*", True), 8: (6, 3, "+-*", True)}.items():
+    for difficulty, (operands, digits, ops, parens) in {
+        1: (2, 1, "+", False),
+        3: (3, 2, "+-*", False),
+        4: (3, 2, "+-*", True),
+        8: (6, 3, "+-*", True),
+    }.items():
         seen_ops, seen_parens = set(), False
         for problem in Arithmetic(difficulty).sample(100, gen(difficulty)):
             parsed = parse_expression(problem.data["expression"])
@@ -176,72 +196,93 @@ def test_check_replies():
 
 # --- teacher proposals -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("task, text, answer", [
-    (Arithmetic(1), "Problem: 3 + 4", 7),
-    (Arithmetic(1), "**Problem:** `3+4`", 7),
-    (Arithmetic(1), "Problem: What is 3 + 4?", 7),
-    (Arithmetic(1), "Problem: 3 + 4 = 8", 7),  # the teacher's answer is ignored, ours computed
-    (Arithmetic(1), "Here is a new problem:\n\n5 + 9\n\nGood luck!", 14),
-    (Arithmetic(4), "Problem: (12 - 4) * 3", 24),
-    (Arithmetic(2), "Problem: 12 \u2212 40", -28),
-    (LinearEquation(1), "Problem: 2*x + 3 = 11", 4),
-    (LinearEquation(1), "Problem: 3x = 12", 4),
-    (LinearEquation(2), "Problem: Solve for x: 5*x - 7 = -22.", -3),
-    (Sorting(1), "Problem: [5, 2, 8]", (2, 5, 8)),
-    (Sorting(1), "Problem: sort 9, 3", (3, 9)),
-    (Successor(3), "Problem: 457", 458),
-    (Successor(3), "Problem: What number comes after 99?", 100),
-    (Comparison(3), "Problem: 457 or 812", 812),
-    (Countdown(2), "Problem: 3 * 7 + 2", 23),
-    (Countdown(1), "Problem: 8 / 2", 4),
-])
+
+@pytest.mark.parametrize(
+    "task, text, answer",
+    [
+        (Arithmetic(1), "Problem: 3 + 4", 7),
+        (Arithmetic(1), "**Problem:** `3+4`", 7),
+        (Arithmetic(1), "Problem: What is 3 + 4?", 7),
+        (Arithmetic(1), "Problem: 3 + 4 = 8", 7),  # the teacher's answer is ignored, ours computed
+        (Arithmetic(1), "Here is a new problem:\n\n5 + 9\n\nGood luck!", 14),
+        (Arithmetic(4), "Problem: (12 - 4) * 3", 24),
+        (Arithmetic(2), "Problem: 12 \u2212 40", -28),
+        (LinearEquation(1), "Problem: 2*x + 3 = 11", 4),
+        (LinearEquation(1), "Problem: 3x = 12", 4),
+        (LinearEquation(2), "Problem: Solve for x: 5*x - 7 = -22.", -3),
+        (Sorting(1), "Problem: [5, 2, 8]", (2, 5, 8)),
+        (Sorting(1), "Problem: sort 9, 3", (3, 9)),
+        (Successor(3), "Problem: 457", 458),
+        (Successor(3), "Problem: What number comes after 99?", 100),
+        (Comparison(3), "Problem: 457 or 812", 812),
+        (Countdown(2), "Problem: 3 * 7 + 2", 23),
+        (Countdown(1), "Problem: 8 / 2", 4),
+    ],
+)
 def test_parse_proposal_accepts(task, text, answer):
     problem = task.parse_proposal(text)
     assert problem is not None and problem.task == task.name and problem.answer == answer
 
 
-@pytest.mark.parametrize("task, text", [
-    (Arithmetic(1), "Problem: 12 + 3"),  # two digits at level 1
-    (Arithmetic(1), "Problem: 3 * 4"),  # * not at level 1
-    (Arithmetic(1), "Problem: (3 + 4)"),  # no parentheses at level 1
-    (Arithmetic(1), "Problem: 7"),  # one operand
-    (Arithmetic(1), "Problem: -3 + 4"),  # unary minus
-    (Arithmetic(3), "Problem: 1 + 2 + 3 + 4"),  # too many operands
-    (Arithmetic(3), "Problem: 8 / 2"),  # division is not an arithmetic operator here
-    (Arithmetic(8), "Problem: 2 ** 10"),
-    (Arithmetic(8), "Problem: __import__('os').system('ls')"),
-    (LinearEquation(1), "Problem: 2*x + 1 = 4"),  # no integer solution
-    (LinearEquation(1), "Problem: 2*x + 3 = 41"),  # x = 19 beyond level 1
-    (LinearEquation(1), "Problem: x + 3 = 5"),  # a = 1 below the range
-    (LinearEquation(1), "Problem: 2*x - 3 = 1"),  # negative b at level 1
-    (LinearEquation(1), "Problem: 2*y + 3 = 11"),
-    (LinearEquation(1), "Problem: 2*x + 3"),
-    (Sorting(1), "Problem: [5, 2, 8, 1]"),  # too long
-    (Sorting(1), "Problem: [5, 200]"),  # out of range
-    (Sorting(1), "Problem: [5]"),
-    (Sorting(1), "Problem: [-5, 2]"),
-    (Successor(3), "Problem: 1000"),  # 4 digits at level 3
-    (Successor(3), "Problem: 4 and 5"),
-    (Successor(3), "Problem: -4"),
-    (Comparison(3), "Problem: 457 or 457"),
-    (Comparison(3), "Problem: 457"),
-    (Comparison(3), "Problem: 4570 or 12"),
-    (Countdown(2), "Problem: 7 / 2"),  # not an integer
-    (Countdown(2), "Problem: 1 + 2 + 3 + 4"),  # 4 numbers at level 2
-    (Countdown(2), "Problem: 30 + 2"),  # 30 > 18
-    (Countdown(2), "Problem: 0 + 5"),  # 0 is not allowed
-    (Countdown(2), "Problem: 3 - 7"),  # target below 1
-    (Countdown(5), "Problem: 45 * 45 * 44"),  # target above 999
-    (Countdown(2), "Problem: -3 + 7"),
-])
+@pytest.mark.parametrize(
+    "task, text",
+    [
+        (Arithmetic(1), "Problem: 12 + 3"),  # two digits at level 1
+        (Arithmetic(1), "Problem: 3 * 4"),  # * not at level 1
+        (Arithmetic(1), "Problem: (3 + 4)"),  # no parentheses at level 1
+        (Arithmetic(1), "Problem: 7"),  # one operand
+        (Arithmetic(1), "Problem: -3 + 4"),  # unary minus
+        (Arithmetic(3), "Problem: 1 + 2 + 3 + 4"),  # too many operands
+        (Arithmetic(3), "Problem: 8 / 2"),  # division is not an arithmetic operator here
+        (Arithmetic(8), "Problem: 2 ** 10"),
+        (Arithmetic(8), "Problem: __import__('os').system('ls')"),
+        (LinearEquation(1), "Problem: 2*x + 1 = 4"),  # no integer solution
+        (LinearEquation(1), "Problem: 2*x + 3 = 41"),  # x = 19 beyond level 1
+        (LinearEquation(1), "Problem: x + 3 = 5"),  # a = 1 below the range
+        (LinearEquation(1), "Problem: 2*x - 3 = 1"),  # negative b at level 1
+        (LinearEquation(1), "Problem: 2*y + 3 = 11"),
+        (LinearEquation(1), "Problem: 2*x + 3"),
+        (Sorting(1), "Problem: [5, 2, 8, 1]"),  # too long
+        (Sorting(1), "Problem: [5, 200]"),  # out of range
+        (Sorting(1), "Problem: [5]"),
+        (Sorting(1), "Problem: [-5, 2]"),
+        (Successor(3), "Problem: 1000"),  # 4 digits at level 3
+        (Successor(3), "Problem: 4 and 5"),
+        (Successor(3), "Problem: -4"),
+        (Comparison(3), "Problem: 457 or 457"),
+        (Comparison(3), "Problem: 457"),
+        (Comparison(3), "Problem: 4570 or 12"),
+        (Countdown(2), "Problem: 7 / 2"),  # not an integer
+        (Countdown(2), "Problem: 1 + 2 + 3 + 4"),  # 4 numbers at level 2
+        (Countdown(2), "Problem: 30 + 2"),  # 30 > 18
+        (Countdown(2), "Problem: 0 + 5"),  # 0 is not allowed
+        (Countdown(2), "Problem: 3 - 7"),  # target below 1
+        (Countdown(5), "Problem: 45 * 45 * 44"),  # target above 999
+        (Countdown(2), "Problem: -3 + 7"),
+    ],
+)
 def test_parse_proposal_rejects_out_of_bounds_and_unsolvable(task, text):
     assert task.parse_proposal(text) is None
 
 
 GARBAGE = [
-    "", "   ", "\n\n", "hello", "Problem:", "Problem: ???", "Problem: [", "Problem: ((((", "1" * 5000,
-    "Problem: " + "(" * 5000 + "1" + ")" * 5000, "Problem: 9**9**9", "Problem: ().__class__", "\x00\x01\x02",
-    "Problem: lambda: 0", "x" * (MAX_PROPOSAL_CHARS + 1), "Problem: 1/0", "Problem: [1, 2]" * 3000,
+    "",
+    "   ",
+    "\n\n",
+    "hello",
+    "Problem:",
+    "Problem: ???",
+    "Problem: [",
+    "Problem: ((((",
+    "1" * 5000,
+    "Problem: " + "(" * 5000 + "1" + ")" * 5000,
+    "Problem: 9**9**9",
+    "Problem: ().__class__",
+    "\x00\x01\x02",
+    "Problem: lambda: 0",
+    "x" * (MAX_PROPOSAL_CHARS + 1),
+    "Problem: 1/0",
+    "Problem: [1, 2]" * 3000,
 ]
 
 
@@ -251,8 +292,9 @@ def fuzz(seed, count=150):
     return ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60))) for _ in range(count)]
 
 
-@pytest.mark.parametrize("task", ALL_LEVELS[::3] + [Mixture([Arithmetic(2), Sorting(1), Countdown(2)])],
-                         ids=lambda t: repr(t)[:40])
+@pytest.mark.parametrize(
+    "task", ALL_LEVELS[::3] + [Mixture([Arithmetic(2), Sorting(1), Countdown(2)])], ids=lambda t: repr(t)[:40]
+)
 def test_parse_proposal_never_raises_on_garbage(task):
     for text in GARBAGE + fuzz(zlib.crc32(repr(task).encode())):
         problem = task.parse_proposal(text)
@@ -273,6 +315,7 @@ def test_proposal_prompts_name_the_format_and_their_example_parses():
 
 
 # --- Mixture -----------------------------------------------------------------------------------
+
 
 def test_mixture_samples_by_weight_and_delegates():
     mixture = Mixture([Arithmetic(1), Successor(3), Sorting(1)], weights=[2.0, 1.0, 1.0])
@@ -329,6 +372,7 @@ def test_task_base_is_abstract():
 
 
 # --- reasoning-gym adapter ------------------------------------------------------------------------
+
 
 def test_reasoning_gym_missing_package_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # makes `import reasoning_gym` fail

@@ -68,8 +68,9 @@ def _run(seeding: str, **kwargs):
     actions, lucky, robust, train = _setup(seeding)
     log: list = []
     envs = [_Oracle(actions, lucky, robust, train, log) for _ in range(4)]
-    policy, history = evolve_with_env(envs, _model(), POP, 1, action=lambda out: out, seed=SEED,
-                                      episode_seeding=seeding, **kwargs)
+    policy, history = evolve_with_env(
+        envs, _model(), POP, 1, action=lambda out: out, seed=SEED, episode_seeding=seeding, **kwargs
+    )
     with torch.no_grad():
         out = float(policy(torch.ones(1, 1))[0, 0])
     return out, actions, lucky, robust, history, log
@@ -77,8 +78,9 @@ def _run(seeding: str, **kwargs):
 
 @pytest.mark.parametrize("seeding", ["independent", "common"])
 def test_the_robust_individual_is_returned_not_the_lucky_one(seeding):
-    out, actions, lucky, robust, history, log = _run(seeding, num_generations=1, validation_episodes=3,
-                                                     validation_top=2)
+    out, actions, lucky, robust, history, log = _run(
+        seeding, num_generations=1, validation_episodes=3, validation_top=2
+    )
     assert history[0].best == 100.0  # the lucky one wins the training episode ...
     assert history[0].validated == 50.0  # ... and scores 0 on the validation episodes
     assert out == pytest.approx(actions[robust], abs=1e-5)
@@ -148,8 +150,13 @@ def test_plot_history_draws_the_validated_scores():
     matplotlib.use("Agg")
     from populora import plot_history
 
-    ax = plot_history([GenerationStats(0, 3.0, 1.0, 0.5, 2.0, 10), GenerationStats(1, 4.0, 2.0, 0.5, None, 20),
-                       GenerationStats(2, 5.0, 3.0, 0.5, 4.5, 30)])
+    ax = plot_history(
+        [
+            GenerationStats(0, 3.0, 1.0, 0.5, 2.0, 10),
+            GenerationStats(1, 4.0, 2.0, 0.5, None, 20),
+            GenerationStats(2, 5.0, 3.0, 0.5, 4.5, 30),
+        ]
+    )
     lines = {line.get_label(): line for line in ax.get_lines()}
     assert sorted(lines) == ["best", "mean", "validated"]
     assert list(lines["validated"].get_xdata()) == [0.0, 2.0] and list(lines["validated"].get_ydata()) == [2.0, 4.5]
@@ -162,8 +169,18 @@ def test_a_champion_reaching_the_target_is_confirmed_on_more_episodes_before_the
     val = stream_seeds(SEED, VALIDATION_STREAM, 9)
     log: list = []
     envs = [_Oracle(actions, lucky, robust, train | set(val[:3]), log) for _ in range(4)]  # lucky on the 3 too
-    policy, history = evolve_with_env(envs, _model(), POP, 1, action=lambda out: out, seed=SEED, num_generations=3,
-                                      target_fitness=90.0, validation_episodes=3, validation_top=2)
+    policy, history = evolve_with_env(
+        envs,
+        _model(),
+        POP,
+        1,
+        action=lambda out: out,
+        seed=SEED,
+        num_generations=3,
+        target_fitness=90.0,
+        validation_episodes=3,
+        validation_top=2,
+    )
     assert history[0].best == 100.0
     assert history[0].validated == 50.0  # the lucky one: 100 on 3 episodes, 0 on the 6 confirmation ones: 33.3
     assert len(history) == 3  # the run did not stop

@@ -54,8 +54,9 @@ def measured_relative_change(pop: Population, mutation: str, epsilon: float, x: 
 def test_epsilon_is_the_relative_change_of_the_layer_output(mutation, weight_std, start):
     """Measured with x ~ N(0, I): about epsilon, whatever the weight (zero: relative to rms(x)) and adapter."""
     x = torch.randn(N, 64, generator=torch.Generator().manual_seed(1))
-    pop = Population(one_layer(weight_std), pop_size=P, low_rank=4, seed=0,
-                     init_scale=0.0 if start == "zero_adapter" else 0.5)
+    pop = Population(
+        one_layer(weight_std), pop_size=P, low_rank=4, seed=0, init_scale=0.0 if start == "zero_adapter" else 0.5
+    )
     if start == "trained_adapter":  # adapters grown by selection, far from their initial scale
         for generation in range(5):
             pop.evolve_(outputs(pop, x[:64]).square().mean((1, 2)), epsilon=0.5)

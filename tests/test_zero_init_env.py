@@ -69,8 +69,15 @@ def test_interact_with_env_and_evolve_move_a_zero_last_layer():
 
 
 def test_evolve_with_env_defaults_move_a_zero_last_layer():
-    result = evolve_with_env([HalfEnv() for _ in range(8)], zero_last_layer_policy(), pop_size=16, low_rank=2,
-                             num_generations=10, horizon=HORIZON, seed=0)
+    result = evolve_with_env(
+        [HalfEnv() for _ in range(8)],
+        zero_last_layer_policy(),
+        pop_size=16,
+        low_rank=2,
+        num_generations=10,
+        horizon=HORIZON,
+        seed=0,
+    )
     best = [h.best for h in result.history]
     assert max(best) >= 48, best
     assert result.policy(torch.ones(1, 4)).shape == (1, 1)

@@ -34,12 +34,23 @@ import torch
 from torch import Tensor
 
 from populora import distributed as pd
-from populora.coevolve.distributed import probe_distributed, sync_from_main_rank
-from populora.coevolve.specs import SPEC_KEYS, SUFFIX, Member, check_evolve_kwargs, find_cycle, fn_name, injected, quoted, sources, topological
-from populora.errors import CheckpointError, FitnessError, InvalidTypeError, InvalidValueError
-from populora.coevolve.hall_of_fame import HallOfFame
-from populora.population.population import Population
 from populora.checks import is_int, is_real
+from populora.coevolve.distributed import probe_distributed, sync_from_main_rank
+from populora.coevolve.hall_of_fame import HallOfFame
+from populora.coevolve.specs import (
+    SPEC_KEYS,
+    SUFFIX,
+    Member,
+    check_evolve_kwargs,
+    find_cycle,
+    fn_name,
+    injected,
+    quoted,
+    sources,
+    topological,
+)
+from populora.errors import CheckpointError, FitnessError, InvalidTypeError, InvalidValueError
+from populora.population.population import Population
 from populora.snapshots import Snapshot
 from populora.stats import GenerationStats
 
@@ -146,17 +157,20 @@ class Coevolve(Snapshot):
             if not isinstance(spec, Mapping) or set(spec) != set(SPEC_KEYS):
                 got = sorted(spec) if isinstance(spec, Mapping) else type(spec).__name__
                 raise InvalidTypeError(
-                    f"`populations[{name!r}]` must be a dict with exactly the keys "
-                    f"{quoted(SPEC_KEYS)}, got {got}"
+                    f"`populations[{name!r}]` must be a dict with exactly the keys {quoted(SPEC_KEYS)}, got {got}"
                 )
             pop = spec["population"]
             if not isinstance(pop, Population):
-                raise InvalidTypeError(f"`populations[{name!r}]['population']` must be a Population, got {type(pop).__name__}")
+                raise InvalidTypeError(
+                    f"`populations[{name!r}]['population']` must be a Population, got {type(pop).__name__}"
+                )
             if id(pop) in seen:
                 raise InvalidValueError(f"populations {seen[id(pop)]!r} and {name!r} are the same Population object")
             seen[id(pop)] = name
             members[name] = Member(
-                pop, spec["probe"], spec["fitness"],
+                pop,
+                spec["probe"],
+                spec["fitness"],
                 sources(injected(spec["probe"], "probe", name, allowed_probe), names),
                 sources(injected(spec["fitness"], "fitness", name, allowed_fitness), names),
             )
@@ -268,8 +282,9 @@ class Coevolve(Snapshot):
         for champion in champions:
             self.hall_of_fame._append(champion)
         for name, f in fitnesses.items():
-            self.history[name].append(GenerationStats(evaluated[name], float(f.max()), float(f.mean()),
-                                                      float(f.std(correction=0))))
+            self.history[name].append(
+                GenerationStats(evaluated[name], float(f.max()), float(f.mean()), float(f.std(correction=0)))
+            )
         self.generation += 1
         return fitnesses
 
@@ -290,8 +305,12 @@ class Coevolve(Snapshot):
     def _probe_distributed(self) -> dict[str, Any]:
         """Every rank runs its share of the probes; every output reaches every rank (see
         :mod:`populora.coevolve_distributed`)."""
-        return probe_distributed(self.order, {n: m.probe_deps for n, m in self._members.items()}, self._run_probe,
-                                 {n: m.population.device for n, m in self._members.items()})
+        return probe_distributed(
+            self.order,
+            {n: m.probe_deps for n, m in self._members.items()},
+            self._run_probe,
+            {n: m.population.device for n, m in self._members.items()},
+        )
 
     def _sync_from_rank0(self) -> None:
         """Make every rank start from rank 0's populations, counters and history."""
@@ -355,22 +374,27 @@ class Coevolve(Snapshot):
         if missing:
             raise CheckpointError(f"the coevolution state lacks the key(s) {missing}")
         if list(state["names"]) != list(self._members):
-            raise CheckpointError(f"checkpoint has populations {list(state['names'])}, this Coevolve has "
-                                  f"{list(self._members)}")
+            raise CheckpointError(
+                f"checkpoint has populations {list(state['names'])}, this Coevolve has {list(self._members)}"
+            )
         if (state["hall_of_fame"] is None) != (self.hall_of_fame is None):
-            raise CheckpointError("the checkpoint and this Coevolve disagree on having a hall of fame "
-                                  f"(checkpoint: {state['hall_of_fame'] is not None}, "
-                                  f"here: {self.hall_of_fame is not None})")
+            raise CheckpointError(
+                "the checkpoint and this Coevolve disagree on having a hall of fame "
+                f"(checkpoint: {state['hall_of_fame'] is not None}, "
+                f"here: {self.hall_of_fame is not None})"
+            )
         history = _check_history(state["history"], list(self._members))
         if not is_int(state["generation"]) or state["generation"] < 0:
-            raise CheckpointError(f"the coevolution state's 'generation' must be an int >= 0, got "
-                                  f"{state['generation']!r}")
+            raise CheckpointError(
+                f"the coevolution state's 'generation' must be an int >= 0, got {state['generation']!r}"
+            )
         hall = None if self.hall_of_fame is None else self.hall_of_fame._check_state(state["hall_of_fame"])
         populations = state["populations"]
         if not isinstance(populations, Mapping) or list(populations) != list(self._members):
             got = list(populations) if isinstance(populations, Mapping) else type(populations).__name__
-            raise CheckpointError(f"the coevolution state's 'populations' must be keyed by {list(self._members)}, "
-                                  f"got {got}")
+            raise CheckpointError(
+                f"the coevolution state's 'populations' must be keyed by {list(self._members)}, got {got}"
+            )
         checked = {name: m.population._check_state_dict(populations[name]) for name, m in self._members.items()}
         for name, m in self._members.items():
             m.population._write_state(checked[name])
@@ -382,7 +406,6 @@ class Coevolve(Snapshot):
 
 
 # ---------------------------------------------------------------------------- helpers
-
 
 
 @contextmanager
@@ -400,16 +423,23 @@ def evaluating(populations: Iterable[Population]) -> Iterator[None]:
         for mod, flag in zip(modules, flags):
             mod.training = flag
 
+
 def _check_name(name: Any) -> None:
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
-        raise InvalidValueError(f"population name {name!r} must be a Python identifier (it becomes `coevolve.<name>` "
-                         f"and the parameters `<name>` / `<name>{SUFFIX}`)")
+        raise InvalidValueError(
+            f"population name {name!r} must be a Python identifier (it becomes `coevolve.<name>` "
+            f"and the parameters `<name>` / `<name>{SUFFIX}`)"
+        )
     if name == "coevolve":
-        raise InvalidValueError("population name 'coevolve' is reserved: probes take `coevolve` (the Coevolve "
-                         "itself); rename the population")
+        raise InvalidValueError(
+            "population name 'coevolve' is reserved: probes take `coevolve` (the Coevolve "
+            "itself); rename the population"
+        )
     if name.startswith("_") or hasattr(Coevolve, name) or name in _INSTANCE_ATTRIBUTES:
-        raise InvalidValueError(f"population name {name!r} would shadow the Coevolve attribute `{name}`; rename the "
-                         "population (names may not start with `_` either)")
+        raise InvalidValueError(
+            f"population name {name!r} would shadow the Coevolve attribute `{name}`; rename the "
+            "population (names may not start with `_` either)"
+        )
 
 
 _INSTANCE_ATTRIBUTES = frozenset({"order", "evolve_kwargs", "hall_of_fame", "history", "generation"})
@@ -417,8 +447,10 @@ _INSTANCE_ATTRIBUTES = frozenset({"order", "evolve_kwargs", "hall_of_fame", "his
 
 def _snapshot(population: Population, cpu: bool = False) -> dict[str, Any]:
     """A copy of a population's adapters and counters that does not alias the live tensors."""
-    return {k: (v.detach().to("cpu", copy=True) if cpu else v.detach().clone()) if isinstance(v, Tensor) else v
-            for k, v in population.state_dict(include_model=False).items()}
+    return {
+        k: (v.detach().to("cpu", copy=True) if cpu else v.detach().clone()) if isinstance(v, Tensor) else v
+        for k, v in population.state_dict(include_model=False).items()
+    }
 
 
 def _check_history(history: Any, names: list[str]) -> dict[str, list[GenerationStats]]:
@@ -429,11 +461,15 @@ def _check_history(history: Any, names: list[str]) -> dict[str, list[GenerationS
     out = {}
     for name, entries in history.items():
         ok = isinstance(entries, (list, tuple)) and all(
-            isinstance(s, (list, tuple)) and len(s) in (3, 4) and is_int(s[0])
+            isinstance(s, (list, tuple))
+            and len(s) in (3, 4)
+            and is_int(s[0])
             and all(v is None or is_real(v) for v in s[1:])
-            for s in entries)
+            for s in entries
+        )
         if not ok:
-            raise CheckpointError(f"the coevolution state's history of {name!r} must be a list of "
-                                  "[generation, best, mean, std] entries")
+            raise CheckpointError(
+                f"the coevolution state's history of {name!r} must be a list of [generation, best, mean, std] entries"
+            )
         out[name] = [GenerationStats(int(s[0]), *(None if v is None else float(v) for v in s[1:])) for s in entries]
     return out

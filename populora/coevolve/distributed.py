@@ -58,7 +58,7 @@ def probe_distributed(
                 continue
             try:
                 outputs[mine] = run_probe(mine, outputs)
-            except Exception as error:  # noqa: BLE001 - shared with the other ranks by _share
+            except Exception as error:
                 failed[mine] = error
         outputs[name] = _share(name, owner[name], outputs.get(name), failed.get(name), devices[name])
     return outputs
@@ -83,8 +83,9 @@ def _share(name: str, src: int, value: Any, error: BaseException | None, device:
     return pd.broadcast_tensor_raw(value if me_src else None, src=src, device=None if me_src else device)
 
 
-def sync_from_main_rank(populations: Mapping[str, Population], generation: int,
-                        history: Mapping[str, Sequence[GenerationStats]]) -> tuple[int, dict[str, list]]:
+def sync_from_main_rank(
+    populations: Mapping[str, Population], generation: int, history: Mapping[str, Sequence[GenerationStats]]
+) -> tuple[int, dict[str, list]]:
     """Make every rank hold rank 0's populations; returns rank 0's ``(generation, history)``.
 
     Each population broadcasts its adapters, generator, counters and weight
@@ -93,6 +94,7 @@ def sync_from_main_rank(populations: Mapping[str, Population], generation: int,
     """
     for name, pop in populations.items():
         pop.sync_from_main_rank_(name=name)
-    small = pd.broadcast_object({"generation": generation, "history": {n: [tuple(s) for s in h]
-                                                                       for n, h in history.items()}})
+    small = pd.broadcast_object(
+        {"generation": generation, "history": {n: [tuple(s) for s in h] for n, h in history.items()}}
+    )
     return small["generation"], {n: [GenerationStats(*s) for s in h] for n, h in small["history"].items()}

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-
 import torch
 from torch import Tensor
 
@@ -87,8 +86,10 @@ class HallOfFame(Snapshot):
 
     def __init__(self, populations: Mapping[str, Population], capacity: int | None = None, *, seed: int = 0):
         if not isinstance(populations, Mapping):
-            raise InvalidTypeError(f"`populations` must be a non-empty dict {{name: Population}}, got "
-                                   f"{type(populations).__name__} {populations!r}")
+            raise InvalidTypeError(
+                f"`populations` must be a non-empty dict {{name: Population}}, got "
+                f"{type(populations).__name__} {populations!r}"
+            )
         if not populations:
             raise InvalidValueError("`populations` must be a non-empty dict {name: Population}, got {}")
         for name, pop in populations.items():
@@ -121,8 +122,9 @@ class HallOfFame(Snapshot):
             for name, pop in self.populations.items():
                 if pop is population:
                     return name
-            raise InvalidValueError("this Population is not tracked by the hall of fame; tracked: "
-                                    f"{list(self.populations)}")
+            raise InvalidValueError(
+                f"this Population is not tracked by the hall of fame; tracked: {list(self.populations)}"
+            )
         if population not in self.populations:
             raise KeyError(f"no population named {population!r} in the hall of fame; tracked: {list(self.populations)}")
         return population
@@ -156,8 +158,9 @@ class HallOfFame(Snapshot):
 
     def _capture(self, name: str, fitnesses: Tensor, generation: int) -> Champion:
         i = int(torch.argmax(fitnesses))
-        factors = tuple(Factors(f.down[i].detach().clone(), f.up[i].detach().clone())
-                        for f in self.populations[name].factors())
+        factors = tuple(
+            Factors(f.down[i].detach().clone(), f.up[i].detach().clone()) for f in self.populations[name].factors()
+        )
         return Champion(name, int(generation), i, float(fitnesses[i]), factors)
 
     def _capture_all(self, fitnesses: Mapping[str, Tensor]) -> list[Champion]:
@@ -189,8 +192,10 @@ class HallOfFame(Snapshot):
         if not archive:
             raise InvalidValueError(f"the hall of fame has no champions of {name!r} yet")
         if not replace and k > len(archive):
-            raise InvalidValueError(f"cannot sample {k} distinct champions of {name!r}: the archive holds "
-                                    f"{len(archive)} (pass replace=True or a smaller k)")
+            raise InvalidValueError(
+                f"cannot sample {k} distinct champions of {name!r}: the archive holds "
+                f"{len(archive)} (pass replace=True or a smaller k)"
+            )
         if replace:
             ids = torch.randint(len(archive), (k,), generator=self.generator)
         else:
@@ -228,8 +233,10 @@ class HallOfFame(Snapshot):
             raise InvalidValueError(f"`champions` must all come from one population, got {sorted(names)}")
         name = self._name(names.pop())
         pop = self.populations[name]
-        stacks = [Factors(torch.stack([c.factors[t].down for c in group]), torch.stack([c.factors[t].up for c in group]))
-                  for t in range(len(pop.target_names))]  # (k, d, r), (k, e, r) per target
+        stacks = [
+            Factors(torch.stack([c.factors[t].down for c in group]), torch.stack([c.factors[t].up for c in group]))
+            for t in range(len(pop.target_names))
+        ]  # (k, d, r), (k, e, r) per target
         route = {"individual": 0} if single else {"all_individuals": True, "broadcast": broadcast}
         return pop.forward_factors(stacks, *args, **route, **kwargs)
 
@@ -247,10 +254,16 @@ class HallOfFame(Snapshot):
             "seed": self.seed,
             "generator": self.generator.get_state().clone(),
             "champions": {
-                name: [{"generation": c.generation, "individual": c.individual, "fitness": c.fitness,
+                name: [
+                    {
+                        "generation": c.generation,
+                        "individual": c.individual,
+                        "fitness": c.fitness,
                         "downs": [f.down.detach().to("cpu", copy=True) for f in c.factors],
-                        "ups": [f.up.detach().to("cpu", copy=True) for f in c.factors]}
-                       for c in archive]
+                        "ups": [f.up.detach().to("cpu", copy=True) for f in c.factors],
+                    }
+                    for c in archive
+                ]
                 for name, archive in self._archive.items()
             },
         }
@@ -284,8 +297,10 @@ class HallOfFame(Snapshot):
         if not isinstance(champions, Mapping) or set(champions) != set(self.populations):
             got = sorted(champions) if isinstance(champions, Mapping) else type(champions).__name__
             raise CheckpointError(f"checkpoint archives {got}, this hall tracks {sorted(self.populations)}")
-        archive = {name: [self._champion(name, j, e) for j, e in enumerate(_entries(name, entries))]
-                   for name, entries in champions.items()}
+        archive = {
+            name: [self._champion(name, j, e) for j, e in enumerate(_entries(name, entries))]
+            for name, entries in champions.items()
+        }
         generator = torch.Generator()
         saved = state["generator"]
         try:
@@ -306,18 +321,22 @@ class HallOfFame(Snapshot):
             have = sorted(e) if isinstance(e, Mapping) else type(e).__name__
             raise CheckpointError(f"the hall-of-fame state's {where} must hold {list(keys)}, got {have}")
         if not (is_int(e["generation"]) and is_int(e["individual"]) and is_real(e["fitness"])):
-            raise CheckpointError(f"the hall-of-fame state's {where} has a non-numeric generation, "
-                                  "individual or fitness")
+            raise CheckpointError(
+                f"the hall-of-fame state's {where} has a non-numeric generation, individual or fitness"
+            )
         lists = isinstance(e["downs"], (list, tuple)) and isinstance(e["ups"], (list, tuple))
         if not lists or not all(isinstance(t, Tensor) and t.is_floating_point() for t in [*e["downs"], *e["ups"]]):
-            raise CheckpointError(f"the hall-of-fame state's {where} must hold lists of floating-point "
-                                  "tensors under 'downs' and 'ups'")
+            raise CheckpointError(
+                f"the hall-of-fame state's {where} must hold lists of floating-point tensors under 'downs' and 'ups'"
+            )
         got = [(tuple(d.shape), tuple(u.shape)) for d, u in zip(e["downs"], e["ups"])]
         if len(e["downs"]) != len(e["ups"]) or got != shapes:
-            raise CheckpointError(f"checkpoint champion of {name!r} has factor shapes {got}, the population "
-                                  f"has {shapes}")
-        factors = tuple(Factors(d.to(pop.device, copy=True), u.to(pop.device, copy=True))
-                        for d, u in zip(e["downs"], e["ups"]))
+            raise CheckpointError(
+                f"checkpoint champion of {name!r} has factor shapes {got}, the population has {shapes}"
+            )
+        factors = tuple(
+            Factors(d.to(pop.device, copy=True), u.to(pop.device, copy=True)) for d, u in zip(e["downs"], e["ups"])
+        )
         return Champion(name, int(e["generation"]), int(e["individual"]), float(e["fitness"]), factors)
 
     def _write(self, checked: tuple[torch.Generator, int | None, int, dict[str, list[Champion]]]) -> None:
@@ -326,6 +345,7 @@ class HallOfFame(Snapshot):
 
 def _entries(name: str, entries: Any) -> list[Any]:
     if not isinstance(entries, (list, tuple)):
-        raise CheckpointError(f"the hall-of-fame state's champions of {name!r} must be a list, got "
-                              f"{type(entries).__name__}")
+        raise CheckpointError(
+            f"the hall-of-fame state's champions of {name!r} must be a list, got {type(entries).__name__}"
+        )
     return list(entries)

@@ -22,6 +22,7 @@ __all__: list[str] = []
 SUFFIX = "_outputs"
 SPEC_KEYS = ("population", "probe", "fitness")
 
+
 def fn_name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
 
@@ -95,7 +96,7 @@ def find_cycle(names: Sequence[str], deps: Mapping[str, Sequence[str]]) -> list[
         stack.append(name)
         for dep in deps[name]:
             if state[dep] == 1:
-                loop = stack[stack.index(dep):][::-1]  # dependency order reversed = data flow
+                loop = stack[stack.index(dep) :][::-1]  # dependency order reversed = data flow
                 start = min(loop, key=names.index)
                 i = loop.index(start)
                 loop = loop[i:] + loop[:i]
@@ -126,25 +127,32 @@ def check_evolve_kwargs(
     if evolve_kwargs is None:
         return {}
     if not isinstance(evolve_kwargs, Mapping):
-        raise InvalidTypeError(f"`evolve_kwargs` must be a dict keyed by population name, got {type(evolve_kwargs).__name__}")
+        raise InvalidTypeError(
+            f"`evolve_kwargs` must be a dict keyed by population name, got {type(evolve_kwargs).__name__}"
+        )
     out = {}
     for name, options in evolve_kwargs.items():
         if name not in members:
-            raise InvalidValueError(f"`evolve_kwargs` has options for {name!r}, which is not a population; "
-                             f"populations: {list(members)}")
+            raise InvalidValueError(
+                f"`evolve_kwargs` has options for {name!r}, which is not a population; populations: {list(members)}"
+            )
         if not isinstance(options, Mapping):
-            raise InvalidTypeError(f"`evolve_kwargs[{name!r}]` must be a dict of evolve_ options, "
-                            f"got {type(options).__name__}")
+            raise InvalidTypeError(
+                f"`evolve_kwargs[{name!r}]` must be a dict of evolve_ options, got {type(options).__name__}"
+            )
         params = inspect.signature(members[name].population.evolve_).parameters
-        accepted = [p for p, v in params.items()
-                    if p != "fitnesses" and v.kind in (v.KEYWORD_ONLY, v.POSITIONAL_OR_KEYWORD)]
+        accepted = [
+            p for p, v in params.items() if p != "fitnesses" and v.kind in (v.KEYWORD_ONLY, v.POSITIONAL_OR_KEYWORD)
+        ]
         open_ended = any(v.kind is v.VAR_KEYWORD for v in params.values())
         for key in options:
             if key not in accepted and not open_ended:
                 close = difflib.get_close_matches(str(key), accepted, n=1)
                 hint = f" Did you mean `{close[0]}`?" if close else ""
-                raise InvalidValueError(f"`evolve_kwargs[{name!r}]` has option `{key}`, which "
-                                 f"{type(members[name].population).__name__}.evolve_ does not take; options: "
-                                 f"{quoted(accepted)}.{hint}")
+                raise InvalidValueError(
+                    f"`evolve_kwargs[{name!r}]` has option `{key}`, which "
+                    f"{type(members[name].population).__name__}.evolve_ does not take; options: "
+                    f"{quoted(accepted)}.{hint}"
+                )
         out[name] = dict(options)
     return out

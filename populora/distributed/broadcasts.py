@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from populora.errors import InvalidTypeError, InvalidValueError
 from populora.distributed.process_group import comm_device, is_distributed, process_rank, world_size
+from populora.errors import InvalidTypeError, InvalidValueError
 
 # Broadcasts of many weights go out in buckets of at most this many bytes, so
 # syncing a large model never needs a second copy of all of it at once.
@@ -29,9 +29,18 @@ _CHECKSUM_CHUNK = 1 << 22
 
 # dtype codes for broadcast_tensor_raw's header; append only (codes are positions).
 _DTYPES: tuple[torch.dtype, ...] = (
-    torch.float32, torch.float64, torch.float16, torch.bfloat16,
-    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-    torch.bool, torch.complex64, torch.complex128,
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+    torch.complex64,
+    torch.complex128,
 )
 _MAX_NDIM = 64
 _NO_TENSOR = -1  # header code: src had no tensor to send
@@ -238,9 +247,7 @@ def broadcast_object(obj: object, src: int = 0) -> object:
     return box[0]
 
 
-def broadcast_tensor_raw(
-    tensor: Tensor | None, src: int = 0, device: torch.device | str | None = None
-) -> Tensor:
+def broadcast_tensor_raw(tensor: Tensor | None, src: int = 0, device: torch.device | str | None = None) -> Tensor:
     """Send a tensor of any shape and dtype from rank ``src``, without pickling.
 
     A fixed-size int64 header (dtype code, ndim, shape) goes first, then the
@@ -303,6 +310,3 @@ def broadcast_tensor_raw(
         return tensor if device is None else tensor.to(device)
     out = payload.view(dtype).view(shape)
     return out if device is None else out.to(device)
-
-
-

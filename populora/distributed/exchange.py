@@ -35,11 +35,31 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from populora.distributed.broadcasts import broadcast_object, broadcast_tensor_raw, broadcast_tensors_, checksum, sync_if_different_
 from populora.checks import check_int
+from populora.distributed.broadcasts import (
+    broadcast_object,
+    broadcast_tensor_raw,
+    broadcast_tensors_,
+    checksum,
+    sync_if_different_,
+)
+from populora.distributed.process_group import (
+    DEFAULT_TIMEOUT_S,
+    comm_device,
+    default_timeout,
+    init_from_env,
+    is_distributed,
+    is_main_rank,
+    local_device,
+    local_rank,
+    partition,
+    process_rank,
+    rank,
+    resolve_device,
+    world_size,
+)
 from populora.errors import InvalidTypeError, InvalidValueError
 from populora.stats import GenerationStats
-from populora.distributed.process_group import DEFAULT_TIMEOUT_S, comm_device, default_timeout, init_from_env, is_distributed, is_main_rank, local_device, local_rank, partition, process_rank, rank, resolve_device, world_size
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -116,9 +136,7 @@ def _exchange(
     failed = buf[flags:].nonzero().flatten().tolist()
     if failed:
         first = failed[0]
-        message = broadcast_object(
-            None if failure is None else f"{type(failure).__name__}: {failure}", src=first
-        )
+        message = broadcast_object(None if failure is None else f"{type(failure).__name__}: {failure}", src=first)
         if failure is not None:
             raise failure
         raise RuntimeError(f"rank(s) {failed} failed while evaluating (rank {first}: {message})")
@@ -148,7 +166,9 @@ def _as_ids(local_ids: Sequence[int] | Tensor, num: int) -> Tensor:
     if ids.dim() != 1:
         raise InvalidValueError(f"`local_ids` must be one-dimensional, got shape {tuple(ids.shape)}")
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num):
-        raise InvalidValueError(f"`local_ids` must lie in [0, {num}), got ids from {int(ids.min())} to {int(ids.max())}")
+        raise InvalidValueError(
+            f"`local_ids` must lie in [0, {num}), got ids from {int(ids.min())} to {int(ids.max())}"
+        )
     return ids
 
 
@@ -208,8 +228,7 @@ def all_gather_values(
             ids = _as_ids(local_ids, num)
             if values.dim() != 1 or values.numel() != ids.numel():
                 raise InvalidValueError(
-                    f"`local_values` must have shape ({ids.numel()},) to match `local_ids`, "
-                    f"got {tuple(values.shape)}"
+                    f"`local_values` must have shape ({ids.numel()},) to match `local_ids`, got {tuple(values.shape)}"
                 )
         except Exception as invalid:  # shared with the other ranks before raising
             failure = invalid
@@ -268,16 +287,25 @@ def sync_population_(population: Any, sync_base_model: bool = False, *, name: st
         return
     of = f" of population {name!r}" if name else ""
     with torch.no_grad():
-        broadcast_tensors_([p for stack in population._stacks() for p in stack],
-                           what=f"adapters{of} (pop_size, low_rank and lora_targets must match on every rank)")
+        broadcast_tensors_(
+            [p for stack in population._stacks() for p in stack],
+            what=f"adapters{of} (pop_size, low_rank and lora_targets must match on every rank)",
+        )
         base = [*population.model.parameters(), *population.model.buffers()]
         if sync_base_model:
             broadcast_tensors_(base, what=f"base model parameters{of}")
         else:
             sync_if_different_(base, f"base model parameters{of}")
     # weight scales come from the base weights at construction: rank 0's, like the weights
-    state = broadcast_object((population.generation, population.eval_seed, population.generator.get_state(),
-                              population.weight_scales, [tuple(h) for h in population.history]))
+    state = broadcast_object(
+        (
+            population.generation,
+            population.eval_seed,
+            population.generator.get_state(),
+            population.weight_scales,
+            [tuple(h) for h in population.history],
+        )
+    )
     population.generation, population.eval_seed = state[0], state[1]
     population.generator.set_state(state[2])
     population.weight_scales = list(state[3])

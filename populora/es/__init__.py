@@ -31,8 +31,14 @@ from populora.es import members as _members
 from populora.es.compat import TorchEggrollES
 from populora.es.core import EggrollES, ESStats
 from populora.es.members import ESStateError, Individuals
+from populora.es.noise import (
+    compute_es_gradient,
+    generate_lora_noise,
+    generate_noise_for_shapes,
+    generate_standard_noise,
+    stable_seed,
+)
 from populora.es.shaping import FITNESS_SHAPINGS
-from populora.es.noise import compute_es_gradient, generate_lora_noise, generate_noise_for_shapes, generate_standard_noise, stable_seed
 
 __all__ = [
     "FITNESS_SHAPINGS",

@@ -76,14 +76,24 @@ class TorchEggrollES:
         normalize_fitness: bool = True,
         antithetic: bool = True,
     ):
-        wrapped = None if param_filter is None else (
-            lambda name, param: call_filter(param_filter, name, param, param_first=True)
+        wrapped = (
+            None
+            if param_filter is None
+            else (lambda name, param: call_filter(param_filter, name, param, param_first=True))
         )
         normalize_fitness = check_bool("normalize_fitness", normalize_fitness)
         self.es = EggrollES(
-            model, pop_size, sigma, lr, rank, seed=0, antithetic=antithetic,
-            fitness_shaping="zscore" if normalize_fitness else "center", param_filter=wrapped,
-            perturb_unroutable=True, device=device,
+            model,
+            pop_size,
+            sigma,
+            lr,
+            rank,
+            seed=0,
+            antithetic=antithetic,
+            fitness_shaping="zscore" if normalize_fitness else "center",
+            param_filter=wrapped,
+            perturb_unroutable=True,
+            device=device,
         )
         self.model = self.es.model
         self.pop_size, self.rank = self.es.pop_size, self.es.rank
@@ -211,5 +221,7 @@ class TorchEggrollES:
             raise CheckpointError(f"checkpoint {str(path)!r}: {error}") from None
 
     def __repr__(self) -> str:
-        return (f"TorchEggrollES(pop_size={self.pop_size}, sigma={self.sigma}, lr={self.lr}, rank={self.rank}, "
-                f"epoch={self.epoch})")
+        return (
+            f"TorchEggrollES(pop_size={self.pop_size}, sigma={self.sigma}, lr={self.lr}, rank={self.rank}, "
+            f"epoch={self.epoch})"
+        )

@@ -31,16 +31,24 @@ from torch import Tensor, nn
 from populora import distributed as pd
 from populora.checks import check_bool, check_float, check_int, check_seed
 from populora.errors import InvalidTypeError, InvalidValueError
-from populora.fitness import evaluate as evaluate_fitness
-from populora.routing.front import Adapter, RoutingTarget, split_rows
-from populora.stats import GenerationStats
 from populora.es.factors import MemberFactors, compute_dtype
-from populora.es.members import ESRouter, Fallback, Individuals, _leading, deprecated_keyword, individual_losses, map_tensors
+from populora.es.materialised import MaterialisedIndividuals
+from populora.es.members import (
+    ESRouter,
+    Fallback,
+    Individuals,
+    _leading,
+    deprecated_keyword,
+    individual_losses,
+    map_tensors,
+)
 from populora.es.noise import PairNoise
 from populora.es.params import ESParam, make_optimizer, select_params
 from populora.es.shaping import FITNESS_SHAPINGS, check_es_fitnesses, group_table, shape_fitness
-from populora.es.materialised import MaterialisedIndividuals
 from populora.es.state import ESState
+from populora.fitness import evaluate as evaluate_fitness
+from populora.routing.front import Adapter, RoutingTarget, split_rows
+from populora.stats import GenerationStats
 
 __all__ = ["ESStats", "EggrollES"]
 
@@ -170,21 +178,28 @@ class EggrollES(MaterialisedIndividuals, ESState):
             raise InvalidValueError("`lr` must be a number when no `optimizer` is given, got None")
         rank = check_int("rank", rank, low=1)
         seed = check_seed("seed", seed)
-        if not (callable(fitness_shaping) or (isinstance(fitness_shaping, str) and fitness_shaping in FITNESS_SHAPINGS)):
-            raise InvalidValueError(f"`fitness_shaping` must be one of {sorted(FITNESS_SHAPINGS)} or a function, "
-                                    f"got {fitness_shaping!r}")
+        if not (
+            callable(fitness_shaping) or (isinstance(fitness_shaping, str) and fitness_shaping in FITNESS_SHAPINGS)
+        ):
+            raise InvalidValueError(
+                f"`fitness_shaping` must be one of {sorted(FITNESS_SHAPINGS)} or a function, got {fitness_shaping!r}"
+            )
         if group_size is not None:
             group_size = check_int("group_size", group_size, low=2)
             if pop_size % group_size or (antithetic and group_size % 2):
-                raise InvalidValueError(f"`group_size` must divide pop_size={pop_size}"
-                                        + (" and be even (a group holds whole antithetic pairs)" if antithetic else "")
-                                        + f", got {group_size}")
+                raise InvalidValueError(
+                    f"`group_size` must divide pop_size={pop_size}"
+                    + (" and be even (a group holds whole antithetic pairs)" if antithetic else "")
+                    + f", got {group_size}"
+                )
         noise_reuse = check_int("noise_reuse", noise_reuse, low=1)
         perturb_vectors = check_bool("perturb_vectors", perturb_vectors)
         perturb_unroutable = check_bool("perturb_unroutable", perturb_unroutable)
         if optimizer is not None and not (isinstance(optimizer, torch.optim.Optimizer) or callable(optimizer)):
-            raise InvalidTypeError(f"`optimizer` must be a torch.optim.Optimizer or a function params -> Optimizer, "
-                                   f"got {type(optimizer).__name__}")
+            raise InvalidTypeError(
+                f"`optimizer` must be a torch.optim.Optimizer or a function params -> Optimizer, "
+                f"got {type(optimizer).__name__}"
+            )
         params = select_params(model, rank, param_filter, perturb_vectors)
         unroutable = [p for p in params if not p.routed]
         if unroutable and not perturb_unroutable:
@@ -193,20 +208,27 @@ class EggrollES(MaterialisedIndividuals, ESState):
             if not params:
                 raise InvalidValueError(
                     f"every selected parameter is one the routed ES forward cannot perturb: {listed}; pass "
-                    "`perturb_unroutable=True` to perturb them through the functional_call fallback")
+                    "`perturb_unroutable=True` to perturb them through the functional_call fallback"
+                )
             warnings.warn(
                 f"EggrollES freezes {len(unroutable)} selected parameter(s) that the routed forward cannot perturb "
                 f"(it reaches nn.Linear weights and biases and nn.Embedding weights): {listed}. Pass "
                 "`perturb_unroutable=True` to evolve them too (each member's forward then runs through "
                 "torch.func.functional_call), or leave them out with `param_filter` to silence this warning",
-                UserWarning, stacklevel=2)
+                UserWarning,
+                stacklevel=2,
+            )
         self._params: list[ESParam] = params
         self._fallback: list[ESParam] = [p for p in params if not p.routed]
         self._fallback_modes: dict[bool, str] = {}  # Fallback.modes: vmap or loop, kept across generations
 
         self.pop_size, self.sigma, self.rank, self.seed = pop_size, sigma, rank, seed
         self.antithetic, self.fitness_shaping, self.group_size = antithetic, fitness_shaping, group_size
-        self.noise_reuse, self.perturb_vectors, self.perturb_unroutable = noise_reuse, perturb_vectors, perturb_unroutable
+        self.noise_reuse, self.perturb_vectors, self.perturb_unroutable = (
+            noise_reuse,
+            perturb_vectors,
+            perturb_unroutable,
+        )
         self.pairs = pop_size // 2 if antithetic else pop_size
         self.optimizer = make_optimizer(params, optimizer, lr)  # may raise: before the model moves
         self.device = pd.resolve_device(device, model)
@@ -254,9 +276,12 @@ class EggrollES(MaterialisedIndividuals, ESState):
     @property
     def epoch(self) -> int:
         """Deprecated: the noise epoch :attr:`noise_epoch` (``epoch`` elsewhere is the step count, :attr:`generation`)."""
-        warnings.warn("EggrollES.epoch is deprecated: it is the noise epoch `generation // noise_reuse`, now "
-                      "`noise_epoch`; the step count (TorchEggrollES.epoch) is `generation`", DeprecationWarning,
-                      stacklevel=2)
+        warnings.warn(
+            "EggrollES.epoch is deprecated: it is the noise epoch `generation // noise_reuse`, now "
+            "`noise_epoch`; the step count (TorchEggrollES.epoch) is `generation`",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return self.noise_epoch
 
     @property
@@ -372,10 +397,13 @@ class EggrollES(MaterialisedIndividuals, ESState):
                     part = range(start, min(start + chunk, ids.stop))
                     x, t = inputs, targets
                     if per_individual and len(part) < n:
-                        x, t = (map_tensors(v, lambda v: v[part.start:part.stop]) for v in (x, t))
+                        x, t = (map_tensors(v, lambda v: v[part.start : part.stop]) for v in (x, t))
                     out = members(x, individuals=None if len(part) == n else part, per_individual=per_individual)
-                    parts.append(individual_losses(loss_fn, out, t, len(part), per_individual_targets=per_individual,
-                                               cache=self._loss_modes))
+                    parts.append(
+                        individual_losses(
+                            loss_fn, out, t, len(part), per_individual_targets=per_individual, cache=self._loss_modes
+                        )
+                    )
                 local = torch.cat(parts)
         except Exception as error:
             if not spread:
@@ -415,8 +443,9 @@ class EggrollES(MaterialisedIndividuals, ESState):
         """
         per_individual = deprecated_keyword("per_member", per_member, "per_individual", per_individual)
         if (fitness is None) == (loss_fn is None):
-            raise InvalidValueError("pass either `inputs` and `loss_fn` (fitness = -loss) or `fitness=fn`, "
-                                    "not both/neither")
+            raise InvalidValueError(
+                "pass either `inputs` and `loss_fn` (fitness = -loss) or `fitness=fn`, not both/neither"
+            )
         if fitness is not None:
             return self.tell(self.evaluate(fitness))
         return self.tell(-self.losses(inputs, loss_fn, targets, per_individual=per_individual, max_rows=max_rows))
@@ -449,8 +478,10 @@ class EggrollES(MaterialisedIndividuals, ESState):
         w = z[: self.pairs] - z[self.pairs :] if self.antithetic else z  # (pairs,)
         scale = self._sigma_now() / math.sqrt(self.pop_size)
         noises = self._noises()
-        return {p.name: (scale * noises[p.name].dense(w, compute_dtype(p.param.dtype))).to(p.param.dtype)
-                for p in self._params}
+        return {
+            p.name: (scale * noises[p.name].dense(w, compute_dtype(p.param.dtype))).to(p.param.dtype)
+            for p in self._params
+        }
 
     def tell(self, fitnesses: Any) -> ESStats:
         """Update the parameters from the current generation's fitnesses (higher is better).
@@ -478,13 +509,21 @@ class EggrollES(MaterialisedIndividuals, ESState):
                 p.param.grad = -grads[p.name]
         self.optimizer.step()
         best = int(torch.argmax(f))
-        stats = ESStats(self.generation, float(f[best]), float(f.mean()), float(f.min()),
-                        max(self.best_fitness, float(f[best])),
-                        math.sqrt(sum(float(g.float().square().sum()) for g in grads.values())))
+        stats = ESStats(
+            self.generation,
+            float(f[best]),
+            float(f.mean()),
+            float(f.min()),
+            max(self.best_fitness, float(f[best])),
+            math.sqrt(sum(float(g.float().square().sum()) for g in grads.values())),
+        )
         if float(f[best]) > self.best_fitness:
             self.best_fitness, self.best_individual = float(f[best]), (self.generation, best)
-        self.history.append(GenerationStats(generation=self.generation, best=stats.best, mean=stats.mean,
-                                            std=float(f.std(correction=0))))
+        self.history.append(
+            GenerationStats(
+                generation=self.generation, best=stats.best, mean=stats.mean, std=float(f.std(correction=0))
+            )
+        )
         self.generation += 1
         self._asked = None
         if self.debug_sync:
@@ -496,5 +535,7 @@ class EggrollES(MaterialisedIndividuals, ESState):
         self._router.remove()
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(pop_size={self.pop_size}, sigma={self.sigma}, rank={self.rank}, "
-                f"params={len(self._params)}, generation={self.generation})")
+        return (
+            f"{type(self).__name__}(pop_size={self.pop_size}, sigma={self.sigma}, rank={self.rank}, "
+            f"params={len(self._params)}, generation={self.generation})"
+        )

@@ -35,8 +35,14 @@ class MemberFactors:
         device: where noise and stacks live.
     """
 
-    def __init__(self, params: list[ESParam], targets: dict[str, nn.Module], pop_size: int, antithetic: bool,
-                 device: torch.device):
+    def __init__(
+        self,
+        params: list[ESParam],
+        targets: dict[str, nn.Module],
+        pop_size: int,
+        antithetic: bool,
+        device: torch.device,
+    ):
         self.params, self.targets = params, targets
         self.pop_size, self.antithetic, self.device = pop_size, antithetic, device
         self.pairs = pop_size // 2 if antithetic else pop_size
@@ -66,8 +72,9 @@ class MemberFactors:
             buf = self._buffers[key] = torch.empty(size, dtype=dtype, device=self.device)
         return buf
 
-    def _stack(self, key: tuple, per_pair: Tensor, scale: float | None, dtype: torch.dtype,
-               out: Tensor | None = None) -> Tensor:
+    def _stack(
+        self, key: tuple, per_pair: Tensor, scale: float | None, dtype: torch.dtype, out: Tensor | None = None
+    ) -> Tensor:
         """``(pairs, ...) -> (N, ...)``: member ``i`` gets ``s_i * scale * per_pair[k(i)]`` (``scale=None``: no sign).
 
         Written into ``out`` when given (a view of a larger buffer), else into the buffer ``key``.
@@ -103,8 +110,11 @@ class MemberFactors:
                 folded = self._buffer((path, "folded"), (self.pop_size, rank + 1, module.out_features), dtype)
             if weight is None:
                 down = self._buffer((path, "down"), (self.pop_size, 0, module.in_features), dtype)
-                up = (self._buffer((path, "up"), (self.pop_size, 0, module.out_features), dtype) if folded is None
-                      else folded[:, :0])
+                up = (
+                    self._buffer((path, "up"), (self.pop_size, 0, module.out_features), dtype)
+                    if folded is None
+                    else folded[:, :0]
+                )
             else:
                 noise = noises[weight.name]
                 coef = sigma / math.sqrt(noise.rank)  # sigma * s_i / sqrt(r), the sign added per half
@@ -113,12 +123,18 @@ class MemberFactors:
                     up = self._stack((path, "up"), noise.bt, None, dtype)
                 else:  # W (e, d): down (N, r, d) from B, up (N, r, e) from A
                     down = self._stack((path, "down"), noise.bt, coef, dtype)
-                    up = self._stack((path, "up"), noise.at, None, dtype,
-                                     out=None if folded is None else folded[:, : noise.rank])
+                    up = self._stack(
+                        (path, "up"), noise.at, None, dtype, out=None if folded is None else folded[:, : noise.rank]
+                    )
             bias_noise = None
             if bias is not None:  # (N, e)
-                bias_noise = self._stack((path, "bias"), noises[bias.name].full, sigma, bias.param.dtype,
-                                         out=None if folded is None else folded[:, -1])
+                bias_noise = self._stack(
+                    (path, "bias"),
+                    noises[bias.name].full,
+                    sigma,
+                    bias.param.dtype,
+                    out=None if folded is None else folded[:, -1],
+                )
             adapters.append(Adapter(down, up, bias_noise))
         return adapters
 

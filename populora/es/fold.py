@@ -13,8 +13,8 @@ output is bitwise the same.
 
 from __future__ import annotations
 
-from torch import Tensor, nn
 import torch
+from torch import Tensor, nn
 
 from populora.adapters import Adapter
 from populora.routing.router import Route, gather_budget
@@ -28,9 +28,13 @@ def folded_stack(up: Tensor, bias: Tensor | None) -> Tensor | None:
         return None
     n, r, e = up.shape
     step = (r + 1) * e
-    if (bias.shape != (n, e) or up.stride() != (step, e, 1) or bias.stride() != (step, 1)
-            or bias.untyped_storage().data_ptr() != up.untyped_storage().data_ptr()
-            or bias.storage_offset() != up.storage_offset() + r * e):
+    if (
+        bias.shape != (n, e)
+        or up.stride() != (step, e, 1)
+        or bias.stride() != (step, 1)
+        or bias.untyped_storage().data_ptr() != up.untyped_storage().data_ptr()
+        or bias.storage_offset() != up.storage_offset() + r * e
+    ):
         return None
     return up.as_strided((n, r + 1, e), (step, e, 1))
 
@@ -48,9 +52,16 @@ def folded_apply(module: nn.Module, x: Tensor, out: Tensor, route: Route, adapte
     """
     down, up, bias = adapter
     index, k = route.index, route.groups
-    if (type(module) is not nn.Linear or route.dest is not None or route.n == 0
-            or x.dim() < 2 or x.shape[0] != route.n or not out.is_contiguous()
-            or not (x.dtype == out.dtype == down.dtype == up.dtype) or x.shape[-1] != down.shape[-1]):
+    if (
+        type(module) is not nn.Linear
+        or route.dest is not None
+        or route.n == 0
+        or x.dim() < 2
+        or x.shape[0] != route.n
+        or not out.is_contiguous()
+        or not (x.dtype == out.dtype == down.dtype == up.dtype)
+        or x.shape[-1] != down.shape[-1]
+    ):
         return None
     folded = folded_stack(up, bias)
     if folded is None:

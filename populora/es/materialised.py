@@ -38,8 +38,9 @@ class MaterialisedIndividuals:
         return self.individual_params(member)
 
     @torch.no_grad()
-    def perturbations(self, individuals: Sequence[int] | None = None, *,
-                      members: Sequence[int] | None = None) -> dict[str, Tensor]:
+    def perturbations(
+        self, individuals: Sequence[int] | None = None, *, members: Sequence[int] | None = None
+    ) -> dict[str, Tensor]:
         """``{name: (m, *shape)}``: ``sigma * E_i`` of the given individuals (default all ``N``), materialised.
 
         For inspection and tests; the routed forward never forms these.
@@ -68,8 +69,9 @@ class MaterialisedIndividuals:
         return out
 
     @torch.no_grad()
-    def population_params(self, individuals: Sequence[int] | None = None, *,
-                          members: Sequence[int] | None = None) -> dict[str, Tensor]:
+    def population_params(
+        self, individuals: Sequence[int] | None = None, *, members: Sequence[int] | None = None
+    ) -> dict[str, Tensor]:
         """``{name: (m, *shape)}`` perturbed parameters ``W + sigma * E_i`` (default all ``N`` individuals).
 
         Materialises ``m`` copies of every evolved parameter: for inspection,
@@ -78,7 +80,9 @@ class MaterialisedIndividuals:
         cast to the parameter's dtype.
         """
         params = {p.name: p.param for p in self._params}
-        return {name: (params[name].detach().to(delta.dtype) + delta).to(params[name].dtype)
-                for name, delta in self.perturbations(
-                    deprecated_keyword("members", members, "individuals", individuals, None)).items()}
-
+        return {
+            name: (params[name].detach().to(delta.dtype) + delta).to(params[name].dtype)
+            for name, delta in self.perturbations(
+                deprecated_keyword("members", members, "individuals", individuals, None)
+            ).items()
+        }

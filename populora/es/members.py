@@ -19,9 +19,20 @@ import torch
 from torch import Tensor, nn
 
 from populora.errors import ESStateError, FitnessError, InvalidValueError, RouteError
-from populora.routing.front import Adapter, Route, RoutedModel, Router, RouteRequest, RoutingTarget, _check_range, map_tensors, run_route, split_rows
 from populora.es.fold import folded_apply
 from populora.es.shared import shared_rows_linear
+from populora.routing.front import (
+    Adapter,
+    Route,
+    RoutedModel,
+    Router,
+    RouteRequest,
+    RoutingTarget,
+    _check_range,
+    map_tensors,
+    run_route,
+    split_rows,
+)
 
 __all__ = ["ESRouter", "ESStateError", "Fallback", "Individuals", "individual_losses", "map_tensors"]
 
@@ -45,8 +56,13 @@ class ESRouter(Router):
 
     def _forward(self, i: int, inner: Callable, module: nn.Module, input: Tensor) -> Tensor:
         state = self._state
-        if (state is not None and self.share_rows and not state[2] and isinstance(state[0], Route)
-                and getattr(state[3], "times", 1) > 1):  # the forward's first target, rows repeated
+        if (
+            state is not None
+            and self.share_rows
+            and not state[2]
+            and isinstance(state[0], Route)
+            and getattr(state[3], "times", 1) > 1
+        ):  # the forward's first target, rows repeated
             origin = state[3]
             out = shared_rows_linear(module, inner, input, state[0], state[1][i], origin.times, origin.rows)
             if out is not None:
@@ -133,8 +149,9 @@ class Individuals(RoutedModel):
         generation: the generation these individuals belong to.
     """
 
-    def __init__(self, target: RoutingTarget, generation: int, current: Callable[[], int],
-                 fallback: Fallback | None = None):
+    def __init__(
+        self, target: RoutingTarget, generation: int, current: Callable[[], int], fallback: Fallback | None = None
+    ):
         self._target = target
         self.generation = generation
         self.pop_size = target.num
@@ -147,8 +164,10 @@ class Individuals(RoutedModel):
     def _check_current(self) -> None:
         now = self._current()
         if now != self.generation:
-            raise ESStateError(f"these individuals belong to generation {self.generation}, but the ES is at "
-                               f"generation {now}; call ask() again")
+            raise ESStateError(
+                f"these individuals belong to generation {self.generation}, but the ES is at "
+                f"generation {now}; call ask() again"
+            )
 
     def __len__(self) -> int:
         return self.pop_size
@@ -194,9 +213,16 @@ class Individuals(RoutedModel):
             raise RouteError("`individuals` is empty")
         one = individual is not None
         with torch.no_grad():
-            return self._route(args, kwargs, individual=individual, individuals=individuals,
-                               all_individuals=not one and individuals is None,
-                               broadcast=not (one or per_individual), split=split, per_individual=per_individual)
+            return self._route(
+                args,
+                kwargs,
+                individual=individual,
+                individuals=individuals,
+                all_individuals=not one and individuals is None,
+                broadcast=not (one or per_individual),
+                split=split,
+                per_individual=per_individual,
+            )
 
     def _run_route(self, target: RoutingTarget, request: RouteRequest, args: tuple, kwargs: dict) -> Any:
         if self._fallback is None:
@@ -206,8 +232,11 @@ class Individuals(RoutedModel):
 
 def __getattr__(name: str) -> Any:
     if name == "Members":
-        warnings.warn("populora.es.Members is deprecated: it is now populora.es.Individuals (the native API "
-                      "says individuals)", DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "populora.es.Members is deprecated: it is now populora.es.Individuals (the native API says individuals)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return Individuals
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -243,8 +272,7 @@ def _stack(outs: list[Any]) -> Any:
     return outs
 
 
-def _fallback_call(target: RoutingTarget, fallback: Fallback, request: RouteRequest, args: tuple,
-                   kwargs: dict) -> Any:
+def _fallback_call(target: RoutingTarget, fallback: Fallback, request: RouteRequest, args: tuple, kwargs: dict) -> Any:
     """Individuals' forwards with the unroutable parameters swapped in by ``functional_call``
     (see :class:`Individuals`); ``request`` is already checked."""
     model, router, adapters, num, device = target
@@ -257,8 +285,9 @@ def _fallback_call(target: RoutingTarget, fallback: Fallback, request: RouteRequ
     if request.individual is not None:
         ids = torch.tensor([request.individual])
         values = {name: v[0] for name, v in fallback.values(ids).items()}
-        return forward(values, [Adapter(*(None if t is None else t[0] for t in a)) for a in _select(adapters, ids)],
-                       inputs)
+        return forward(
+            values, [Adapter(*(None if t is None else t[0] for t in a)) for a in _select(adapters, ids)], inputs
+        )
     ids = torch.arange(num) if request.all_individuals else torch.from_numpy(_check_range(request.ids, num))
     m, per = ids.numel(), request.per_individual
     if per:
@@ -277,13 +306,22 @@ def _fallback_call(target: RoutingTarget, fallback: Fallback, request: RouteRequ
         outs = []
         for j in range(m):
             one_inputs = map_tensors(inputs, lambda t: t[j]) if per else inputs
-            outs.append(forward({name: v[j] for name, v in values.items()},
-                                [Adapter(*(None if t is None else t[j] for t in a)) for a in chosen], one_inputs))
+            outs.append(
+                forward(
+                    {name: v[j] for name, v in values.items()},
+                    [Adapter(*(None if t is None else t[j] for t in a)) for a in chosen],
+                    one_inputs,
+                )
+            )
         if mode != "loop":
             fallback.modes[per] = "loop"
-            warnings.warn(f"the model could not be vectorised over members with torch.func.vmap "
-                          f"({type(vmap_error).__name__}: {str(vmap_error)[:200]}); its unroutable parameters are "
-                          "evaluated one member at a time", UserWarning, stacklevel=5)
+            warnings.warn(
+                f"the model could not be vectorised over members with torch.func.vmap "
+                f"({type(vmap_error).__name__}: {str(vmap_error)[:200]}); its unroutable parameters are "
+                "evaluated one member at a time",
+                UserWarning,
+                stacklevel=5,
+            )
         out = _stack(outs)
     if request.split:
         return out
@@ -310,8 +348,10 @@ def _as_losses(values: Any, m: int, what: str) -> Tensor:
     """``(m,)`` losses in their own precision: float64 stays float64, anything else becomes float32."""
     t = values if isinstance(values, Tensor) else torch.as_tensor(values)
     if t.numel() != m:
-        raise FitnessError(f"`loss_fn` must return one number per member ({m} in all), got {what} of shape "
-                           f"{tuple(t.shape)}; reduce the loss to a scalar inside loss_fn")
+        raise FitnessError(
+            f"`loss_fn` must return one number per member ({m} in all), got {what} of shape "
+            f"{tuple(t.shape)}; reduce the loss to a scalar inside loss_fn"
+        )
     if t.is_complex() or not (t.is_floating_point() or t.dtype in (torch.int32, torch.int64)):
         raise FitnessError(f"`loss_fn` must return real numbers, got dtype {t.dtype}")
     return t.reshape(m).to(torch.float64 if t.dtype == torch.float64 else torch.float32)
@@ -373,7 +413,9 @@ def individual_losses(
             try:
                 value = torch.tensor(float(value), dtype=torch.float64)
             except (TypeError, ValueError):
-                raise FitnessError(f"`loss_fn` must return a number, got {type(value).__name__} for member {i}") from None
+                raise FitnessError(
+                    f"`loss_fn` must return a number, got {type(value).__name__} for member {i}"
+                ) from None
         values.append(_as_losses(value, 1, f"member {i}'s loss").detach().cpu())
     dtype = torch.float64 if any(v.dtype == torch.float64 for v in values) else torch.float32
     return torch.cat([v.to(dtype) for v in values])

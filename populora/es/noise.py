@@ -129,7 +129,9 @@ def draw_noise(
         return PairNoise(full=torch.randn(pairs, *shape, generator=generator, device=device, out=out))
     rows, cols = shape
     r = min(rank, rows, cols)
-    block = torch.randn(pairs, r, rows + cols, generator=generator, device=device, out=out)  # a (R + C, r) block per pair
+    block = torch.randn(
+        pairs, r, rows + cols, generator=generator, device=device, out=out
+    )  # a (R + C, r) block per pair
     return PairNoise(at=block[:, :, :rows], bt=block[:, :, rows:])
 
 
@@ -175,8 +177,10 @@ def generate_lora_noise(param: Tensor, rank: int, sigma: float, seed: int, devic
         InvalidTypeError: (a ``TypeError``) a ``rank``, ``sigma`` or ``seed`` that is not a number.
     """
     if param.dim() != 2:
-        raise InvalidValueError(f"`param` must be 2-D for low-rank noise, got shape {tuple(param.shape)}; "
-                                "use generate_standard_noise for other shapes")
+        raise InvalidValueError(
+            f"`param` must be 2-D for low-rank noise, got shape {tuple(param.shape)}; "
+            "use generate_standard_noise for other shapes"
+        )
     rank = check_int("rank", rank, low=1)
     sigma = check_float("sigma", sigma)
     device = _check_device(device, param)
@@ -289,8 +293,9 @@ def compute_es_gradient(
         try:
             rewards = torch.as_tensor(rewards, dtype=torch.float64)
         except (TypeError, ValueError, RuntimeError):
-            raise FitnessError(f"`rewards` must be a tensor or a sequence of numbers, got "
-                               f"{type(rewards).__name__}") from None
+            raise FitnessError(
+                f"`rewards` must be a tensor or a sequence of numbers, got {type(rewards).__name__}"
+            ) from None
     try:
         r = check_real_tensor(rewards, "rewards")
     except (TypeError, ValueError) as error:
@@ -299,8 +304,10 @@ def compute_es_gradient(
         raise FitnessError(f"`rewards` must be 1-D (one per member), got shape {tuple(r.shape)}")
     for name, n in noise.items():
         if n.dim() == 0 or n.shape[0] != r.shape[0]:
-            raise FitnessError(f"`rewards` has {r.shape[0]} values but noise[{name!r}] has shape "
-                               f"{tuple(n.shape)}; expected ({r.shape[0]}, ...)")
+            raise FitnessError(
+                f"`rewards` has {r.shape[0]} values but noise[{name!r}] has shape "
+                f"{tuple(n.shape)}; expected ({r.shape[0]}, ...)"
+            )
     z = zscore(r) if normalize_fitness else r - r.mean()  # in the rewards' precision (float64 stays float64)
     scale = 1.0 / math.sqrt(r.shape[0])  # sqrt(N) * mean = sum / sqrt(N)
     return {name: torch.tensordot(z.to(n.device, n.dtype) * scale, n, dims=1) for name, n in noise.items()}

@@ -78,8 +78,9 @@ def _arity(fn: Callable) -> int:
     if len(required) == 1 or (not required and len(positional) == 1):
         return 1
     if len(required) > 2:
-        raise InvalidTypeError(f"`param_filter` must take (name, param) or (name), got signature "
-                               f"{inspect.signature(fn)}")
+        raise InvalidTypeError(
+            f"`param_filter` must take (name, param) or (name), got signature {inspect.signature(fn)}"
+        )
     return 2
 
 
@@ -111,8 +112,10 @@ def _bypassed(model: nn.Module) -> dict[str, str]:
     for path, module in model.named_modules():
         if isinstance(module, nn.MultiheadAttention):
             where = f"{path}.out_proj" if path else "out_proj"
-            found[where] = (f"nn.MultiheadAttention '{path or '<root>'}' uses its out_proj weight directly and "
-                            "never calls out_proj's forward")
+            found[where] = (
+                f"nn.MultiheadAttention '{path or '<root>'}' uses its out_proj weight directly and "
+                "never calls out_proj's forward"
+            )
     return found
 
 
@@ -184,16 +187,23 @@ def make_optimizer(params: list[ESParam], optimizer: Any, lr: float | None) -> t
     if optimizer is None:
         return torch.optim.SGD(tensors, lr=lr)
     if lr is not None:
-        warnings.warn(f"`lr={lr}` is ignored because `optimizer` was given; set the learning rate on the "
-                      "optimizer (and pass lr=None)", UserWarning, stacklevel=3)
+        warnings.warn(
+            f"`lr={lr}` is ignored because `optimizer` was given; set the learning rate on the "
+            "optimizer (and pass lr=None)",
+            UserWarning,
+            stacklevel=3,
+        )
     if not isinstance(optimizer, torch.optim.Optimizer):
         optimizer = optimizer(tensors)
         if not isinstance(optimizer, torch.optim.Optimizer):
-            raise InvalidTypeError(f"`optimizer` factory must return a torch.optim.Optimizer, got "
-                                   f"{type(optimizer).__name__}")
+            raise InvalidTypeError(
+                f"`optimizer` factory must return a torch.optim.Optimizer, got {type(optimizer).__name__}"
+            )
     held = {id(q) for group in optimizer.param_groups for q in group["params"]}
     missing = [p.name for p in params if id(p.param) not in held]
     if missing:
-        raise InvalidValueError(f"`optimizer` does not hold the selected parameters {missing}; build it over "
-                                "model.parameters() or pass a factory `lambda params: torch.optim.Adam(params, lr=...)`")
+        raise InvalidValueError(
+            f"`optimizer` does not hold the selected parameters {missing}; build it over "
+            "model.parameters() or pass a factory `lambda params: torch.optim.Adam(params, lr=...)`"
+        )
     return optimizer

@@ -61,13 +61,17 @@ def check_es_fitnesses(fitnesses: Any, pop_size: int, shaping: str | Callable) -
     shape = _shape_of(fitnesses)
     if shape is not None and shape != (pop_size,):
         count = math.prod(shape)
-        raise FitnessError(f"Expected {pop_size} fitness scores, got {count} (shape {shape}); "
-                           f"pass one fitness per member, shape ({pop_size},)")
+        raise FitnessError(
+            f"Expected {pop_size} fitness scores, got {count} (shape {shape}); "
+            f"pass one fitness per member, shape ({pop_size},)"
+        )
     f = validate_fitnesses(fitnesses, pop_size, allow_inf=True, device="cpu")
     bad = ~torch.isfinite(f)
     if shaping in ("raw", "center") and bool(bad.any()):
-        raise FitnessError(f"fitnesses must be finite with fitness_shaping={shaping!r}, got "
-                           f"{f[bad].tolist()} at ids {bad.nonzero().flatten().tolist()}")
+        raise FitnessError(
+            f"fitnesses must be finite with fitness_shaping={shaping!r}, got "
+            f"{f[bad].tolist()} at ids {bad.nonzero().flatten().tolist()}"
+        )
     return f
 
 

@@ -28,14 +28,15 @@ import torch
 from torch import Tensor, nn
 
 from populora.adapters import Adapter
-from populora.routing.router import Route, gather_budget
 from populora.es.fold import folded_stack
+from populora.routing.router import Route, gather_budget
 
 __all__ = ["shared_rows_linear"]
 
 
-def shared_rows_linear(module: nn.Module, inner: Callable, x: Tensor, route: Route, adapter: Adapter, times: int,
-                       rows: int) -> Tensor | None:
+def shared_rows_linear(
+    module: nn.Module, inner: Callable, x: Tensor, route: Route, adapter: Adapter, times: int, rows: int
+) -> Tensor | None:
     """The layer's routed output from one base product over ``rows`` rows, or ``None`` (nothing computed).
 
     Args:
@@ -52,11 +53,20 @@ def shared_rows_linear(module: nn.Module, inner: Callable, x: Tensor, route: Rou
     """
     down, up, bias = adapter
     index, k = route.index, route.groups
-    if (type(module) is not nn.Linear or getattr(inner, "__func__", None) is not nn.Linear.forward
-            or times < 2 or route.dest is not None or k != times
-            or route.chunk != rows or rows < 1 or x.dim() < 2 or x.shape[0] != route.n or route.n != k * rows
-            or x.shape[-1] != down.shape[-1]
-            or any(t is not None and t.dtype != x.dtype for t in (down, up, bias, module.weight))):
+    if (
+        type(module) is not nn.Linear
+        or getattr(inner, "__func__", None) is not nn.Linear.forward
+        or times < 2
+        or route.dest is not None
+        or k != times
+        or route.chunk != rows
+        or rows < 1
+        or x.dim() < 2
+        or x.shape[0] != route.n
+        or route.n != k * rows
+        or x.shape[-1] != down.shape[-1]
+        or any(t is not None and t.dtype != x.dtype for t in (down, up, bias, module.weight))
+    ):
         return None
     if not (rows == 1 and x.stride(0) == 0):  # (one row expanded: copies by construction)
         groups = x.reshape(k, -1)  # (k, rows*..*d)

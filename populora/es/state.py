@@ -42,7 +42,9 @@ class ESState:
         """What every rank must agree on: compared across ranks at the first step."""
         return {
             **self._config(),
-            "sigma": self.sigma, "seed": self.seed, "generation": self.generation,
+            "sigma": self.sigma,
+            "seed": self.seed,
+            "generation": self.generation,
             "dtypes": [str(p.param.dtype) for p in self._params],
             "optimizer": type(self.optimizer).__name__,
             "lr": [group.get("lr") for group in self.optimizer.param_groups],
@@ -64,15 +66,19 @@ class ESState:
         dist.all_gather_object(table, mine)
         differ = [key for key in mine if len({repr(row.get(key)) for row in table}) > 1]
         if differ:
+
             def show(value: Any) -> str:
                 text = repr(value)
                 return text if len(text) <= 120 else text[:117] + "..."
 
-            details = "; ".join(f"{key}: " + ", ".join(f"rank {r}: {show(row.get(key))}" for r, row in enumerate(table))
-                                for key in differ)
+            details = "; ".join(
+                f"{key}: " + ", ".join(f"rank {r}: {show(row.get(key))}" for r, row in enumerate(table))
+                for key in differ
+            )
             raise ConfigMismatchError(
                 f"{type(self).__name__} configuration differs across ranks in {differ} ({details}); build the ES "
-                "with the same arguments (and model) on every rank")
+                "with the same arguments (and model) on every rank"
+            )
         with torch.no_grad():
             pd.sync_if_different_([*self.model.parameters(), *self.model.buffers()], "ES model parameters")
         self._synced = True
@@ -96,19 +102,25 @@ class ESState:
         dist.all_gather(table, mine)
         rows = [tuple(t.cpu().tolist()) for t in table]
         if len(set(rows)) > 1:
-            raise ConfigMismatchError(f"ES parameters differ across ranks after generation {self.generation - 1}: "
-                               f"checksums per rank {rows}")
+            raise ConfigMismatchError(
+                f"ES parameters differ across ranks after generation {self.generation - 1}: checksums per rank {rows}"
+            )
         return True
 
     # ------------------------------------------------------------------ checkpoint
 
     def _config(self) -> dict[str, Any]:
         return {
-            "pop_size": self.pop_size, "rank": self.rank, "antithetic": self.antithetic,
-            "noise_reuse": self.noise_reuse, "group_size": self.group_size,
-            "perturb_vectors": self.perturb_vectors, "perturb_unroutable": self.perturb_unroutable,
+            "pop_size": self.pop_size,
+            "rank": self.rank,
+            "antithetic": self.antithetic,
+            "noise_reuse": self.noise_reuse,
+            "group_size": self.group_size,
+            "perturb_vectors": self.perturb_vectors,
+            "perturb_unroutable": self.perturb_unroutable,
             "fitness_shaping": self.fitness_shaping if isinstance(self.fitness_shaping, str) else None,
-            "params": self.param_names, "shapes": [list(p.param.shape) for p in self._params],
+            "params": self.param_names,
+            "shapes": [list(p.param.shape) for p in self._params],
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -144,8 +156,10 @@ class ESState:
             CheckpointError: naming the first missing or bad key.
         """
         if not isinstance(state, dict) or state.get("format") != FORMAT:
-            raise CheckpointError(f"not an EggrollES state dict (expected format {FORMAT!r}, got "
-                                  f"{state.get('format') if isinstance(state, dict) else type(state).__name__!r})")
+            raise CheckpointError(
+                f"not an EggrollES state dict (expected format {FORMAT!r}, got "
+                f"{state.get('format') if isinstance(state, dict) else type(state).__name__!r})"
+            )
         required = ("config", "seed", "sigma", "generation", "best_fitness", "best_member", "params", "optimizer")
         missing = [key for key in required if key not in state]
         if missing:
@@ -180,10 +194,13 @@ class ESState:
         member = state["best_member"]
         if member is not None:
             if not isinstance(member, (list, tuple)) or len(member) != 2:
-                raise CheckpointError(f"EggrollES state has a bad 'best_member': expected None or "
-                                      f"[generation, member], got {member!r}")
-            member = (field("best_member", lambda: check_int("best_member[0]", member[0], low=0)),
-                      field("best_member", lambda: check_index("best_member[1]", member[1], self.pop_size)))
+                raise CheckpointError(
+                    f"EggrollES state has a bad 'best_member': expected None or [generation, member], got {member!r}"
+                )
+            member = (
+                field("best_member", lambda: check_int("best_member[0]", member[0], low=0)),
+                field("best_member", lambda: check_index("best_member[1]", member[1], self.pop_size)),
+            )
         checked["best_member"] = member
         checked["history"] = _checked_history(state.get("history", []))  # states written before history: empty
         params = state["params"]
@@ -194,11 +211,14 @@ class ESState:
             if not isinstance(value, Tensor):
                 raise CheckpointError(f"EggrollES state 'params' is missing parameter {p.name!r}")
             if tuple(value.shape) != tuple(p.param.shape):
-                raise CheckpointError(f"checkpoint parameter {p.name!r} has shape {tuple(value.shape)}, "
-                                      f"expected {tuple(p.param.shape)}")
+                raise CheckpointError(
+                    f"checkpoint parameter {p.name!r} has shape {tuple(value.shape)}, expected {tuple(p.param.shape)}"
+                )
             if not (value.is_floating_point() or value.is_complex()) or not bool(torch.isfinite(value).all()):
-                raise CheckpointError(f"checkpoint parameter {p.name!r} must hold finite floats, got dtype "
-                                      f"{value.dtype} (with non-finite values: {not bool(torch.isfinite(value).all())})")
+                raise CheckpointError(
+                    f"checkpoint parameter {p.name!r} must hold finite floats, got dtype "
+                    f"{value.dtype} (with non-finite values: {not bool(torch.isfinite(value).all())})"
+                )
         extra = sorted(set(params) - set(self.param_names))
         if extra:
             raise CheckpointError(f"EggrollES state 'params' holds parameters this ES does not evolve: {extra}")
@@ -206,14 +226,19 @@ class ESState:
         opt = state["optimizer"]
         groups = opt.get("param_groups") if isinstance(opt, dict) else None
         if not isinstance(groups, list) or not isinstance(opt.get("state"), dict):
-            raise CheckpointError("EggrollES state has a bad 'optimizer': expected a torch.optim state_dict "
-                                  "(a dict with 'state' and 'param_groups')")
+            raise CheckpointError(
+                "EggrollES state has a bad 'optimizer': expected a torch.optim state_dict "
+                "(a dict with 'state' and 'param_groups')"
+            )
         ours = self.optimizer.param_groups
-        if len(groups) != len(ours) or any(not isinstance(g, dict) or len(g.get("params", ())) != len(o["params"])
-                                           for g, o in zip(groups, ours)):
-            raise CheckpointError(f"EggrollES state 'optimizer' has parameter groups of sizes "
-                                  f"{[len(g.get('params', ())) if isinstance(g, dict) else None for g in groups]}, "
-                                  f"this ES's optimizer {[len(o['params']) for o in ours]}")
+        if len(groups) != len(ours) or any(
+            not isinstance(g, dict) or len(g.get("params", ())) != len(o["params"]) for g, o in zip(groups, ours)
+        ):
+            raise CheckpointError(
+                f"EggrollES state 'optimizer' has parameter groups of sizes "
+                f"{[len(g.get('params', ())) if isinstance(g, dict) else None for g in groups]}, "
+                f"this ES's optimizer {[len(o['params']) for o in ours]}"
+            )
         checked["optimizer"] = opt
         return checked
 
@@ -269,7 +294,6 @@ class ESState:
             raise CheckpointError(f"checkpoint {str(path)!r}: {error}") from None
 
 
-
 def _checked_history(rows: Any) -> list[GenerationStats]:
     """``[[generation, best, mean, std], ...]`` of a state, as :class:`GenerationStats`; nothing is written.
 
@@ -277,18 +301,20 @@ def _checked_history(rows: Any) -> list[GenerationStats]:
         CheckpointError: naming the first bad row.
     """
     if not isinstance(rows, (list, tuple)):
-        raise CheckpointError(f"EggrollES state has a bad 'history': expected a list of [generation, best, mean, "
-                              f"std] rows, got {type(rows).__name__}")
+        raise CheckpointError(
+            f"EggrollES state has a bad 'history': expected a list of [generation, best, mean, "
+            f"std] rows, got {type(rows).__name__}"
+        )
     history = []
     for i, row in enumerate(rows):
-        ok = isinstance(row, (list, tuple)) and len(row) == 4 and all(
-            is_real(v) for v in row)
+        ok = isinstance(row, (list, tuple)) and len(row) == 4 and all(is_real(v) for v in row)
         if ok:
             generation, best, mean, std = row
             ok = float(generation).is_integer() and generation >= 0 and not math.isnan(std) and std >= 0
         if not ok:
-            raise CheckpointError(f"EggrollES state has a bad 'history': row {i} is {row!r}, expected "
-                                  "[generation >= 0, best, mean, std >= 0] numbers")
-        history.append(GenerationStats(generation=int(generation), best=float(best), mean=float(mean),
-                                       std=float(std)))
+            raise CheckpointError(
+                f"EggrollES state has a bad 'history': row {i} is {row!r}, expected "
+                "[generation >= 0, best, mean, std >= 0] numbers"
+            )
+        history.append(GenerationStats(generation=int(generation), best=float(best), mean=float(mean), std=float(std)))
     return history

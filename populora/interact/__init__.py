@@ -16,13 +16,13 @@ champion), ``es_env`` (EggrollES individuals playing episodes),
 ``generations`` (the GA and ES loops), ``evolve`` (:func:`evolve_with_env`).
 """
 
-from populora.stats import GenerationStats
 from populora.interact.actions import ActionFormat
 from populora.interact.envs import EnvStepError
 from populora.interact.evolve import EvolveResult, evolve_with_env
 from populora.interact.generations import GenerationInfo
 from populora.interact.interactor import EnvInteractor, episode_seed, episode_seeds, interact_with_env
 from populora.interact.normalize import ObsNormalizer
+from populora.stats import GenerationStats
 
 __all__ = [
     "ActionFormat",

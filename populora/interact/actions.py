@@ -77,8 +77,14 @@ class ActionFormat:
         the argmax is an int64 ``(k,)`` tensor in ``[0, n)`` by construction,
         so it goes to the env without the checks; anything else takes them.
         """
-        if (self.discrete and not self.start and type(outputs) is Tensor and outputs.shape == (k, self.n)
-                and outputs.device.type == "cpu" and k):
+        if (
+            self.discrete
+            and not self.start
+            and type(outputs) is Tensor
+            and outputs.shape == (k, self.n)
+            and outputs.device.type == "cpu"
+            and k
+        ):
             return outputs.argmax(-1)
         return self.convert(self.default_action(outputs), k, None)
 
@@ -91,8 +97,14 @@ class ActionFormat:
         """
         if not self.known:
             return actions
-        if (self.discrete and to_range is None and type(actions) is Tensor and actions.dtype == torch.int64
-                and actions.device.type == "cpu" and actions.shape == (k,)):
+        if (
+            self.discrete
+            and to_range is None
+            and type(actions) is Tensor
+            and actions.dtype == torch.int64
+            and actions.device.type == "cpu"
+            and actions.shape == (k,)
+        ):
             # the common case (argmax of logits on the CPU): one range check in numpy, on the same memory
             if actions.requires_grad:
                 actions = actions.detach()

@@ -191,16 +191,36 @@ class Validator:
     def state_dict(self) -> dict[str, Any]:
         """The champion and the cache (for checkpoints)."""
         c = self.champion
-        return {"champion": None if c is None else dict(score=c.score, generation=c.generation, index=c.index,
-                                                         state=c.state, interactor=c.interactor,
-                                                         confirmed=c.confirmed, lower=c.lower),
-                "cache": dict(self.cache)}
+        return {
+            "champion": None
+            if c is None
+            else dict(
+                score=c.score,
+                generation=c.generation,
+                index=c.index,
+                state=c.state,
+                interactor=c.interactor,
+                confirmed=c.confirmed,
+                lower=c.lower,
+            ),
+            "cache": dict(self.cache),
+        }
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         if not state:
             return
         c = state.get("champion")
-        self.champion = None if c is None else Champion(float(c["score"]), int(c["generation"]), int(c["index"]),
-                                                        c["state"], c["interactor"], bool(c.get("confirmed")),
-                                                        float(c.get("lower", float("-inf"))))
+        self.champion = (
+            None
+            if c is None
+            else Champion(
+                float(c["score"]),
+                int(c["generation"]),
+                int(c["index"]),
+                c["state"],
+                c["interactor"],
+                bool(c.get("confirmed")),
+                float(c.get("lower", float("-inf"))),
+            )
+        )
         self.cache = {str(k): float(v) for k, v in state.get("cache", {}).items()}

@@ -43,7 +43,15 @@ from torch.utils._pytree import tree_map
 
 from populora.checks import check_int
 from populora.errors import InvalidTypeError, InvalidValueError, PopuloraError
-from populora.interact.sources import SingleEnvs, SlotFailure, SlotSource, SubEnvSource, describe_env, every_slot_in_order, plain_sync_vector_env
+from populora.interact.sources import (
+    SingleEnvs,
+    SlotFailure,
+    SlotSource,
+    SubEnvSource,
+    describe_env,
+    every_slot_in_order,
+    plain_sync_vector_env,
+)
 from populora.interact.vector import VectorSource
 
 __all__ = ["DEFAULT_NUM_ENVS", "EnvSlots", "EnvStepError", "SlotFailure", "build_slots", "is_factory"]
@@ -153,8 +161,7 @@ class EnvSlots:
 
     # ------------------------------------------------------------------ reset / step
 
-    def reset(self, slots: np.ndarray, seeds: Sequence[int | None],
-              whole_seeds: Sequence[int] | None = None) -> None:
+    def reset(self, slots: np.ndarray, seeds: Sequence[int | None], whole_seeds: Sequence[int] | None = None) -> None:
         """Reset ``slots`` with ``seeds`` and store their first observations.
 
         With :attr:`round_based` sources, ``whole_seeds`` (one per entry of
@@ -171,8 +178,10 @@ class EnvSlots:
         seeds = list(seeds)
         if self.round_based:
             if whole_seeds is None or len(whole_seeds) != len(self.whole_sources):
-                raise InvalidValueError(f"{len(self.whole_sources)} vector env(s) reset as a whole need as many "
-                                        f"`whole_seeds`, got {whole_seeds!r}")
+                raise InvalidValueError(
+                    f"{len(self.whole_sources)} vector env(s) reset as a whole need as many "
+                    f"`whole_seeds`, got {whole_seeds!r}"
+                )
             for k, seed in zip(self.whole_sources, whole_seeds):
                 src = self.sources[k]
                 self._write(np.arange(src.start, src.stop, dtype=np.int64), src.reset_all(seed))
@@ -279,8 +288,9 @@ def build_slots(envs: Any, *, num_envs: int | None = None, flatten_obs: bool = T
         if len(envs) == 0:
             raise InvalidValueError("`envs` is an empty list; pass at least one environment, a vector env or a factory")
         if num_envs is not None:
-            raise InvalidValueError(f"`num_envs={num_envs}` only applies to a factory; `envs` is a list of "
-                                    f"{len(envs)} envs")
+            raise InvalidValueError(
+                f"`num_envs={num_envs}` only applies to a factory; `envs` is a list of {len(envs)} envs"
+            )
         for i, env in enumerate(envs):
             if env is None or is_factory(env):
                 raise InvalidTypeError(
@@ -365,13 +375,17 @@ def _distinct(envs: list[Any], what: str) -> tuple[list[Any], list[Any]]:
     kept = [f"{describe_env(e)} x{count[i]} ({failed[i]})" for i, e in firsts.items() if i in failed]
     parts = []
     if copied:
-        parts.append(f"each repeat of {', '.join(copied)} was replaced by a deep copy (copy.deepcopy) so that every "
-                     "entry is its own slot")
+        parts.append(
+            f"each repeat of {', '.join(copied)} was replaced by a deep copy (copy.deepcopy) so that every "
+            "entry is its own slot"
+        )
     if kept:
-        parts.append(f"{', '.join(kept)} could not be copied: an env runs one episode at a time, so each such "
-                     "object is ONE slot")
+        parts.append(
+            f"{', '.join(kept)} could not be copied: an env runs one episode at a time, so each such object is ONE slot"
+        )
     warnings.warn(
-        f"{what} holds the same environment object several times; " + "; ".join(parts)
+        f"{what} holds the same environment object several times; "
+        + "; ".join(parts)
         + f" ({len(out)} slot(s) from {len(envs)} entries). Pass distinct env objects, or a factory, to choose "
         "the slots yourself.",
         UserWarning,

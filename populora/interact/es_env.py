@@ -53,8 +53,15 @@ def _named_optimizer(name: str, lr: float, options: dict[str, Any]) -> Any:
     return lambda params: torch.optim.Adam(params, lr=lr)
 
 
-def make_es(model: nn.Module, pop_size: int, low_rank: int, seed: int, lora_targets: str | Sequence[str] | None,
-            device: Any, es_kwargs: dict[str, Any] | None) -> EggrollES:
+def make_es(
+    model: nn.Module,
+    pop_size: int,
+    low_rank: int,
+    seed: int,
+    lora_targets: str | Sequence[str] | None,
+    device: Any,
+    es_kwargs: dict[str, Any] | None,
+) -> EggrollES:
     """The ES of ``evolve_with_env(..., algorithm='es')``.
 
     ``es_kwargs`` go to :class:`~populora.EggrollES`; defaults here
@@ -76,8 +83,9 @@ def make_es(model: nn.Module, pop_size: int, low_rank: int, seed: int, lora_targ
         name = check_one_of("es_kwargs['optimizer']", "adam" if chosen is None else chosen, ES_OPTIMIZERS)
         options["optimizer"] = _named_optimizer(name, lr, options)
     elif "max_speed" in options or "momentum" in options:
-        raise InvalidValueError("es_kwargs 'max_speed' / 'momentum' go with optimizer='clipup'; set them on the "
-                                "optimizer you pass instead")
+        raise InvalidValueError(
+            "es_kwargs 'max_speed' / 'momentum' go with optimizer='clipup'; set them on the optimizer you pass instead"
+        )
     if lora_targets is not None:
         names = [lora_targets] if isinstance(lora_targets, str) else list(lora_targets)
         if "param_filter" in options:
@@ -85,8 +93,10 @@ def make_es(model: nn.Module, pop_size: int, low_rank: int, seed: int, lora_targ
         known = {name for name, _ in model.named_modules()}
         missing = [n for n in names if n not in known]
         if missing:
-            raise InvalidValueError(f"`lora_targets` names {missing[0]!r}, not a module of the model; its modules are "
-                                    f"{sorted(n for n in known if n)}")
+            raise InvalidValueError(
+                f"`lora_targets` names {missing[0]!r}, not a module of the model; its modules are "
+                f"{sorted(n for n in known if n)}"
+            )
         options["param_filter"] = lambda name: any(name.startswith(t + ".") for t in names)
     options.setdefault("seed", seed)
     if device is not None:
@@ -97,9 +107,17 @@ def make_es(model: nn.Module, pop_size: int, low_rank: int, seed: int, lora_targ
         raise InvalidTypeError(f"`es_kwargs` does not fit EggrollES: {error}") from error
 
 
-def es_fitnesses(interactor: EnvInteractor, es: EggrollES, *, seed: int, action: Any = None,
-                 horizon: int | None = None, num_episodes: int = 1, to_range: Any = None,
-                 episode_seeding: str = "independent") -> Tensor:
+def es_fitnesses(
+    interactor: EnvInteractor,
+    es: EggrollES,
+    *,
+    seed: int,
+    action: Any = None,
+    horizon: int | None = None,
+    num_episodes: int = 1,
+    to_range: Any = None,
+    episode_seeding: str = "independent",
+) -> Tensor:
     """``(N,)`` fitness of the ES's current generation: each individual's mean return (higher is better).
 
     Under torch.distributed each rank plays its share of the individuals

@@ -20,14 +20,12 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from populora.checkpoint import load_checkpoint
 from populora.checks import check_float, check_int, check_one_of
 from populora.distributed import checksum, world_size
 from populora.errors import CheckpointError, InvalidTypeError, InvalidValueError
-from populora.population.population import Population
-from populora.stats import GenerationStats
 from populora.interact.actions import ActionFn
 from populora.interact.champion import Validator
 from populora.interact.envs import DEFAULT_NUM_ENVS, is_factory
@@ -35,9 +33,21 @@ from populora.interact.es_env import make_es
 from populora.interact.generations import GenerationInfo, Run, run_es, run_ga, snapshot_population
 from populora.interact.interactor import EnvInteractor, interact_with_env
 from populora.interact.schedule import EPISODE_SEEDINGS
+from populora.population.population import Population
+from populora.stats import GenerationStats
 
-__all__ = ["validation_defaults", "ALGORITHMS", "CHECKPOINT_NAME", "DEFAULT_EPISODE_SEEDING", "DEFAULT_VALIDATION_EPISODES",
-           "DEFAULT_VALIDATION_TOP", "ENV_EVOLVE_DEFAULTS", "EvolveResult", "GenerationInfo", "evolve_with_env"]
+__all__ = [
+    "validation_defaults",
+    "ALGORITHMS",
+    "CHECKPOINT_NAME",
+    "DEFAULT_EPISODE_SEEDING",
+    "DEFAULT_VALIDATION_EPISODES",
+    "DEFAULT_VALIDATION_TOP",
+    "ENV_EVOLVE_DEFAULTS",
+    "EvolveResult",
+    "GenerationInfo",
+    "evolve_with_env",
+]
 
 ALGORITHMS = ("ga", "es")
 """``algorithm``: the genetic algorithm over a LoRA population, or EggRoll ES (:class:`~populora.EggrollES`)."""
@@ -69,6 +79,7 @@ def validation_defaults(pop_size: int, num_episodes: int) -> tuple[int, int]:
     work = pop_size * num_episodes
     episodes = min(DEFAULT_VALIDATION_EPISODES, max(3, work // 6))
     return episodes, max(1, min(DEFAULT_VALIDATION_TOP, work // (3 * episodes)))
+
 
 ENV_EVOLVE_DEFAULTS: dict[str, Any] = {"epsilon": 0.3}
 """``Population.evolve_`` options that ``evolve_with_env`` changes by default (``evolve_kwargs`` overrides them):
@@ -279,38 +290,65 @@ def evolve_with_env(
     restored.
     """
     if not return_history:
-        warnings.warn("`evolve_with_env(return_history=False)` is deprecated: it returns the policy alone for now, "
-                      "and from the next release the result is always EvolveResult(policy, history); use "
-                      "`evolve_with_env(...).policy`", DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "`evolve_with_env(return_history=False)` is deprecated: it returns the policy alone for now, "
+            "and from the next release the result is always EvolveResult(policy, history); use "
+            "`evolve_with_env(...).policy`",
+            DeprecationWarning,
+            stacklevel=2,
+        )
     algorithm = check_one_of("algorithm", algorithm, ALGORITHMS)
-    run = _check_options(num_generations, target_fitness, progress, checkpoint_dir, resume, evolve_kwargs,
-                         population_kwargs, dict(action=action, horizon=horizon, num_episodes=num_episodes,
-                                                 fitness=fitness, to_range=to_range),
-                         dict(seed=seed, episode_seeding=episode_seeding, validation_episodes=validation_episodes,
-                              pop_size=check_int("pop_size", pop_size, low=1),
-                              num_episodes=num_episodes if isinstance(num_episodes, int) else 1,
-                              validation_top=validation_top, callback=callback, max_env_steps=max_env_steps))
+    run = _check_options(
+        num_generations,
+        target_fitness,
+        progress,
+        checkpoint_dir,
+        resume,
+        evolve_kwargs,
+        population_kwargs,
+        dict(action=action, horizon=horizon, num_episodes=num_episodes, fitness=fitness, to_range=to_range),
+        dict(
+            seed=seed,
+            episode_seeding=episode_seeding,
+            validation_episodes=validation_episodes,
+            pop_size=check_int("pop_size", pop_size, low=1),
+            num_episodes=num_episodes if isinstance(num_episodes, int) else 1,
+            validation_top=validation_top,
+            callback=callback,
+            max_env_steps=max_env_steps,
+        ),
+    )
     if algorithm == "es":
-        bad = [name for name, value in (("fitness", fitness), ("evolve_kwargs", evolve_kwargs),
-                                        ("population_kwargs", population_kwargs)) if value is not None]
+        bad = [
+            name
+            for name, value in (
+                ("fitness", fitness),
+                ("evolve_kwargs", evolve_kwargs),
+                ("population_kwargs", population_kwargs),
+            )
+            if value is not None
+        ]
         if bad:
-            raise InvalidValueError(f"`algorithm='es'` plays episodes with EggrollES and does not take `{bad[0]}` "
-                                    "(ES options go in `es_kwargs`; a custom fitness goes to EggrollES.step(fitness=fn))")
+            raise InvalidValueError(
+                f"`algorithm='es'` plays episodes with EggrollES and does not take `{bad[0]}` "
+                "(ES options go in `es_kwargs`; a custom fitness goes to EggrollES.step(fitness=fn))"
+            )
     elif es_kwargs is not None:
         raise InvalidValueError("`es_kwargs` needs `algorithm='es'`")
     if num_envs is None and is_factory(envs):
         share = -(-check_int("pop_size", pop_size, low=1) // max(1, world_size()))
         num_envs = min(share, DEFAULT_NUM_ENVS)
 
-    interactor = interact_with_env(envs, device, num_envs=num_envs, flatten_obs=flatten_obs,
-                                   normalize_obs=normalize_obs)
+    interactor = interact_with_env(
+        envs, device, num_envs=num_envs, flatten_obs=flatten_obs, normalize_obs=normalize_obs
+    )
     try:
         if algorithm == "es":
-            merged, history = _evolve_es(model, pop_size, low_rank, lora_targets, device, es_kwargs,
-                                         interactor, run)
+            merged, history = _evolve_es(model, pop_size, low_rank, lora_targets, device, es_kwargs, interactor, run)
         else:
-            population = interactor.population(model, pop_size, low_rank, lora_targets, seed=seed,
-                                               **(population_kwargs or {}))
+            population = interactor.population(
+                model, pop_size, low_rank, lora_targets, seed=seed, **(population_kwargs or {})
+            )
             try:
                 merged, history = _evolve(population, interactor, run)
             except BaseException:
@@ -322,8 +360,17 @@ def evolve_with_env(
     return EvolveResult(policy, history) if return_history else policy
 
 
-def _check_options(num_generations: Any, target_fitness: Any, progress: Any, checkpoint_dir: Any, resume: Any,
-                   evolve_kwargs: Any, population_kwargs: Any, episodes: dict[str, Any], more: dict[str, Any]) -> Run:
+def _check_options(
+    num_generations: Any,
+    target_fitness: Any,
+    progress: Any,
+    checkpoint_dir: Any,
+    resume: Any,
+    evolve_kwargs: Any,
+    population_kwargs: Any,
+    episodes: dict[str, Any],
+    more: dict[str, Any],
+) -> Run:
     """The options that need no population checked (before any env is made), as a :class:`Run`."""
     num_generations = check_int("num_generations", num_generations, low=1)
     if evolve_kwargs is not None and not isinstance(evolve_kwargs, dict):
@@ -347,8 +394,21 @@ def _check_options(num_generations: Any, target_fitness: Any, progress: Any, che
     budget = more["max_env_steps"]
     budget = None if budget is None else check_int("max_env_steps", budget, low=1)
     seed = check_int("seed", more["seed"])
-    return Run(num_generations, target_fitness, bool(progress), episodes, seeding, evolve, path, bool(resume),
-               seed, v_episodes, v_top, more["callback"], budget)
+    return Run(
+        num_generations,
+        target_fitness,
+        bool(progress),
+        episodes,
+        seeding,
+        evolve,
+        path,
+        bool(resume),
+        seed,
+        v_episodes,
+        v_top,
+        more["callback"],
+        budget,
+    )
 
 
 def _evolve(population: Population, interactor: EnvInteractor, run: Run) -> tuple[nn.Module, list[GenerationStats]]:
@@ -358,8 +418,9 @@ def _evolve(population: Population, interactor: EnvInteractor, run: Run) -> tupl
     history: list[GenerationStats] = []
     validator = Validator(run.seed, run.validation_episodes, run.validation_top)
     if run.resume and run.checkpoint is not None and run.checkpoint.is_file():
-        history, extra = _resume(run.checkpoint, population.load_state_dict, population.state_dict,
-                                 interactor, base_sum, "ga")
+        history, extra = _resume(
+            run.checkpoint, population.load_state_dict, population.state_dict, interactor, base_sum, "ga"
+        )
         validator.load_state_dict(extra.get("validator"))
     _check_evolve_values(population, run.evolve)  # before the first episode
 
@@ -370,9 +431,16 @@ def _evolve(population: Population, interactor: EnvInteractor, run: Run) -> tupl
     return run_ga(population, interactor, run, history, validator, steps_before, save), history
 
 
-def _evolve_es(model: nn.Module, pop_size: int, low_rank: int, lora_targets: Any, device: Any,
-               es_kwargs: dict[str, Any] | None, interactor: EnvInteractor,
-               run: Run) -> tuple[nn.Module, list[GenerationStats]]:
+def _evolve_es(
+    model: nn.Module,
+    pop_size: int,
+    low_rank: int,
+    lora_targets: Any,
+    device: Any,
+    es_kwargs: dict[str, Any] | None,
+    interactor: EnvInteractor,
+    run: Run,
+) -> tuple[nn.Module, list[GenerationStats]]:
     """The ES run of :func:`evolve_with_env`: the champion centre and the history."""
     if es_kwargs is not None and not isinstance(es_kwargs, dict):
         raise InvalidTypeError(f"`es_kwargs` must be a dict of EggrollES arguments, got {es_kwargs!r}")
@@ -398,8 +466,14 @@ def _steps_of(history: list[GenerationStats]) -> int:
     return int(history[-1].env_steps or 0) if history else 0
 
 
-def _checkpoint(algorithm: str, state: dict[str, Any], interactor: EnvInteractor, history: list[GenerationStats],
-                base_sum: list[int], validator: Validator) -> dict[str, Any]:
+def _checkpoint(
+    algorithm: str,
+    state: dict[str, Any],
+    interactor: EnvInteractor,
+    history: list[GenerationStats],
+    base_sum: list[int],
+    validator: Validator,
+) -> dict[str, Any]:
     return {
         "format": _FORMAT,
         "algorithm": algorithm,
@@ -424,8 +498,10 @@ def _check_evolve_keys(options: dict[str, Any]) -> None:
         if key not in allowed:
             close = difflib.get_close_matches(str(key), allowed, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise InvalidTypeError(f"`evolve_kwargs` has the key {key!r}{hint}, which Population.evolve_ does not "
-                                   f"take; its arguments are {allowed}")
+            raise InvalidTypeError(
+                f"`evolve_kwargs` has the key {key!r}{hint}, which Population.evolve_ does not "
+                f"take; its arguments are {allowed}"
+            )
 
 
 def _check_evolve_values(population: Population, options: dict[str, Any]) -> None:
@@ -447,8 +523,14 @@ def _check_evolve_values(population: Population, options: dict[str, Any]) -> Non
         population.load_state_dict(saved)
 
 
-def _resume(path: Path, load: Callable[[dict[str, Any]], Any], current: Callable[[], Any], interactor: EnvInteractor,
-            base_sum: list[int], algorithm: str) -> tuple[list[GenerationStats], dict[str, Any]]:
+def _resume(
+    path: Path,
+    load: Callable[[dict[str, Any]], Any],
+    current: Callable[[], Any],
+    interactor: EnvInteractor,
+    base_sum: list[int],
+    algorithm: str,
+) -> tuple[list[GenerationStats], dict[str, Any]]:
     """Restore a checkpoint: the history and the checkpoint's other entries (``validator``).
 
     ``load`` restores the population's (or ES's) state; ``current`` is unused
@@ -464,8 +546,9 @@ def _resume(path: Path, load: Callable[[dict[str, Any]], Any], current: Callable
     if missing:
         raise CheckpointError(f"{where} lacks {missing}")
     if state.get("algorithm", "ga") != algorithm:
-        raise CheckpointError(f"{where} was written by algorithm={state.get('algorithm', 'ga')!r}, this run uses "
-                              f"algorithm={algorithm!r}")
+        raise CheckpointError(
+            f"{where} was written by algorithm={state.get('algorithm', 'ga')!r}, this run uses algorithm={algorithm!r}"
+        )
     if state["base_checksum"] != base_sum:
         raise CheckpointError(
             f"the model passed differs from the one {where} was written with (checksum of its parameters); "
@@ -498,5 +581,6 @@ def _history_entry(entry: Sequence[Any]) -> GenerationStats:
         raise ValueError(f"an entry has {len(entry)} values, expected 3 to 6")
     more = [*entry[3:], None, None, None][:3]
     std, validated, steps = (None if v is None else float(v) for v in more)
-    return GenerationStats(int(entry[0]), float(entry[1]), float(entry[2]), std, validated,
-                           None if steps is None else int(steps))
+    return GenerationStats(
+        int(entry[0]), float(entry[1]), float(entry[2]), std, validated, None if steps is None else int(steps)
+    )

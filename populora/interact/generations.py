@@ -23,12 +23,12 @@ from torch import Tensor, nn
 
 from populora.checkpoint import atomic_save
 from populora.distributed import is_main_rank
-from populora.population.population import Population
-from populora.stats import GenerationStats
 from populora.interact.champion import Validator, fingerprint, top_candidates
 from populora.interact.es_env import es_fitnesses
 from populora.interact.interactor import EnvInteractor
 from populora.interact.normalize import _sum_over_ranks
+from populora.population.population import Population
+from populora.stats import GenerationStats
 
 __all__ = ["GenerationInfo", "Run", "run_es", "run_ga"]
 
@@ -96,8 +96,15 @@ class Loop:
             bar.set_postfix(best=f"{self.history[-1].best:.4g}", mean=f"{self.history[-1].mean:.4g}")
         return bar
 
-    def record(self, generation: int, fitnesses: Tensor, validated: float | None, champion: float | None,
-               optimizer: Any, lower: float | None = None) -> bool:
+    def record(
+        self,
+        generation: int,
+        fitnesses: Tensor,
+        validated: float | None,
+        champion: float | None,
+        optimizer: Any,
+        lower: float | None = None,
+    ) -> bool:
         """Append the generation's stats, report them; whether the run stops here.
 
         ``target_fitness`` judges ``lower``, the confirmed champion's score minus
@@ -105,8 +112,9 @@ class Loop:
         """
         f = fitnesses.detach()  # float32, as Population.history's
         steps = self.steps_before + total_env_steps(self.interactor)
-        stats = GenerationStats(generation, float(f.max()), float(f.mean()), float(f.std(correction=0)),
-                                validated, steps)
+        stats = GenerationStats(
+            generation, float(f.max()), float(f.mean()), float(f.std(correction=0)), validated, steps
+        )
         self.history.append(stats)
         if self.bar is not None:
             self.bar.update(1)
@@ -120,8 +128,10 @@ class Loop:
         stop = run.target_fitness is not None and score is not None and score >= run.target_fitness
         stop = stop or (run.max_env_steps is not None and steps >= run.max_env_steps)
         if run.callback is not None:
-            stop = bool(run.callback(GenerationInfo(stats, self.history, fitnesses, champion, optimizer,
-                                                    self.interactor))) or stop
+            stop = (
+                bool(run.callback(GenerationInfo(stats, self.history, fitnesses, champion, optimizer, self.interactor)))
+                or stop
+            )
         return stop or len(self.history) >= run.num_generations
 
     def close(self) -> None:
@@ -134,12 +144,15 @@ class Loop:
 
 def snapshot_population(population: Population) -> dict[str, Any]:
     """The population's adapters and counters (no base model), as CPU copies."""
-    return {k: v.detach().to("cpu", copy=True) if isinstance(v, Tensor) else copy.deepcopy(v)
-            for k, v in population.state_dict(include_model=False).items()}
+    return {
+        k: v.detach().to("cpu", copy=True) if isinstance(v, Tensor) else copy.deepcopy(v)
+        for k, v in population.state_dict(include_model=False).items()
+    }
 
 
-def validate_ga(population: Population, interactor: EnvInteractor, run: Run, validator: Validator,
-                fitnesses: Tensor) -> float | None:
+def validate_ga(
+    population: Population, interactor: EnvInteractor, run: Run, validator: Validator, fitnesses: Tensor
+) -> float | None:
     """Validate this generation's top candidates; their best validated score (``None``: validation off)."""
     if not validator.enabled:
         return None
@@ -170,8 +183,9 @@ def validate_ga(population: Population, interactor: EnvInteractor, run: Run, val
             return returns.mean(dim=1)
 
         scores = validator.scores(keys, play)
-    best = validator.offer(population.generation, ids, scores,
-                           lambda: (snapshot_population(population), interactor.state_dict()))
+    best = validator.offer(
+        population.generation, ids, scores, lambda: (snapshot_population(population), interactor.state_dict())
+    )
     if fitness is None and validator.champion is not None:
         champion = validator.champion
         key = keys[ids.index(champion.index)] if champion.generation == population.generation else ""
@@ -183,13 +197,21 @@ def validate_ga(population: Population, interactor: EnvInteractor, run: Run, val
         if confirmed is not None:  # the generation's best is now judged on more episodes
             others = [sc for i, sc in zip(ids, scores) if i != champion.index]
             best = max([confirmed, *others])
-            validator.reconsider(population.generation, ids, scores,
-                                 lambda: (snapshot_population(population), interactor.state_dict()))
+            validator.reconsider(
+                population.generation, ids, scores, lambda: (snapshot_population(population), interactor.state_dict())
+            )
     return best
 
 
-def run_ga(population: Population, interactor: EnvInteractor, run: Run, history: list[GenerationStats],
-           validator: Validator, steps_before: int, save: Callable[[], dict[str, Any]] | None) -> nn.Module:
+def run_ga(
+    population: Population,
+    interactor: EnvInteractor,
+    run: Run,
+    history: list[GenerationStats],
+    validator: Validator,
+    steps_before: int,
+    save: Callable[[], dict[str, Any]] | None,
+) -> nn.Module:
     """The genetic algorithm's generations; the merged champion."""
     loop = Loop(run, interactor, history, steps_before)
     fitnesses = None
@@ -258,8 +280,15 @@ def validate_es(es: Any, interactor: EnvInteractor, run: Run, validator: Validat
     return confirmed
 
 
-def run_es(es: Any, interactor: EnvInteractor, run: Run, history: list[GenerationStats], validator: Validator,
-           steps_before: int, save: Callable[[], dict[str, Any]] | None) -> nn.Module:
+def run_es(
+    es: Any,
+    interactor: EnvInteractor,
+    run: Run,
+    history: list[GenerationStats],
+    validator: Validator,
+    steps_before: int,
+    save: Callable[[], dict[str, Any]] | None,
+) -> nn.Module:
     """The ES's generations (validate the centre, play the individuals, tell); the champion's model."""
     loop = Loop(run, interactor, history, steps_before)
     episodes = {k: v for k, v in run.episodes.items() if k != "fitness"}
@@ -287,4 +316,3 @@ def run_es(es: Any, interactor: EnvInteractor, run: Run, history: list[Generatio
         es.model.load_state_dict(champion.state)
         interactor.load_state_dict(champion.interactor)
     return es.model
-

@@ -54,15 +54,30 @@ from torch import Tensor, nn
 from populora.checks import check_one_of, check_seed
 from populora.errors import CheckpointError, InvalidIndexError, InvalidTypeError, InvalidValueError
 from populora.fitness import fitness_kind
-from populora.population.population import Population
 from populora.interact.actions import ActionFn, ActionFormat, check_to_range
 from populora.interact.envs import EnvSlots, EnvStepError, SlotFailure, build_slots
 from populora.interact.normalize import ObsNormalizer, ObsStatistics
 from populora.interact.rollout import ONE_THREAD_WORK, play
-from populora.interact.schedule import EPISODE_SEEDINGS, REPORTING_STREAM, episode_seed, episode_seeds, stream_seeds, training_seeds, vector_reset_seed
+from populora.interact.schedule import (
+    EPISODE_SEEDINGS,
+    REPORTING_STREAM,
+    episode_seed,
+    episode_seeds,
+    stream_seeds,
+    training_seeds,
+    vector_reset_seed,
+)
+from populora.population.population import Population
 
-__all__ = ["ENV_INIT_SCALE", "ONE_THREAD_WORK", "EnvInteractor", "episode_seed", "episode_seeds", "interact_with_env",
-           "vector_reset_seed"]
+__all__ = [
+    "ENV_INIT_SCALE",
+    "ONE_THREAD_WORK",
+    "EnvInteractor",
+    "episode_seed",
+    "episode_seeds",
+    "interact_with_env",
+    "vector_reset_seed",
+]
 
 ENV_INIT_SCALE = 1.0
 """Default ``init_scale`` of populations built for environments (see :meth:`EnvInteractor.population`)."""
@@ -116,16 +131,19 @@ class EnvInteractor:
                 with torch.inference_mode():
                     slots.reset(np.zeros(1, dtype=np.int64), [0], [0] * len(slots.whole_sources) or None)
             except SlotFailure as failure:
-                raise EnvStepError(f"env reset failed at slot 0: {type(failure.cause).__name__}: "
-                                   f"{failure.cause}") from failure.cause
+                raise EnvStepError(
+                    f"env reset failed at slot 0: {type(failure.cause).__name__}: {failure.cause}"
+                ) from failure.cause
             obs = slots.obs
             if not isinstance(obs, Tensor) or obs.dim() != 2:
                 raise InvalidTypeError("`normalize_obs=True` needs flat observations (leave `flatten_obs=True`)")
             self._stats = ObsStatistics(obs.shape[1], clip=self.obs_clip)
 
     def __repr__(self) -> str:
-        return (f"EnvInteractor(num_slots={self.num_slots}, action_space={self.action_format.name}, "
-                f"normalize_obs={self.normalize_obs})")
+        return (
+            f"EnvInteractor(num_slots={self.num_slots}, action_space={self.action_format.name}, "
+            f"normalize_obs={self.normalize_obs})"
+        )
 
     # ------------------------------------------------------------------ building
 
@@ -180,25 +198,34 @@ class EnvInteractor:
                 or statistics of another observation size.
         """
         if not isinstance(state, Mapping) or "obs_stats" not in state:
-            raise CheckpointError(f"an EnvInteractor state must be a dict with 'obs_stats' (from state_dict()), "
-                                  f"got {state!r:.80}")
+            raise CheckpointError(
+                f"an EnvInteractor state must be a dict with 'obs_stats' (from state_dict()), got {state!r:.80}"
+            )
         saved = state["obs_stats"]
         if (saved is None) != (self._stats is None):
-            raise CheckpointError(f"the state holds {'no ' if saved is None else ''}observation statistics; this "
-                                  f"interactor has normalize_obs={self.normalize_obs}")
+            raise CheckpointError(
+                f"the state holds {'no ' if saved is None else ''}observation statistics; this "
+                f"interactor has normalize_obs={self.normalize_obs}"
+            )
         if saved is not None:
             self._stats.load_state_dict(saved)  # checked first, then written
 
     def normalizer_state(self) -> dict[str, Any] | None:
         """Deprecated: ``state_dict()['obs_stats']``."""
-        warnings.warn("`EnvInteractor.normalizer_state()` is deprecated; use `state_dict()['obs_stats']`",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "`EnvInteractor.normalizer_state()` is deprecated; use `state_dict()['obs_stats']`",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return self.state_dict()["obs_stats"]
 
     def load_normalizer_state(self, state: dict[str, Any] | None) -> None:
         """Deprecated: ``load_state_dict({'obs_stats': state})``."""
-        warnings.warn("`EnvInteractor.load_normalizer_state(s)` is deprecated; use "
-                      "`load_state_dict({'obs_stats': s})`", DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "`EnvInteractor.load_normalizer_state(s)` is deprecated; use `load_state_dict({'obs_stats': s})`",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         self.load_state_dict({"obs_stats": state})
 
     def wrap_policy(self, model: nn.Module) -> nn.Module:
@@ -371,20 +398,45 @@ class EnvInteractor:
         _check_positive_int("horizon", horizon, allow_none=True)
         _check_positive_int("num_episodes", num_episodes)
         bounds = check_to_range(to_range, self.action_format)
-        return {"action": action or self.action_format.default_action, "horizon": horizon,
-                "to_range": bounds, "normalize": self.normalize_obs}
+        return {
+            "action": action or self.action_format.default_action,
+            "horizon": horizon,
+            "to_range": bounds,
+            "normalize": self.normalize_obs,
+        }
 
-    def _play(self, model: Any, individuals: Sequence[int], *, seeds: Sequence[int] | np.ndarray, base_seed: int,
-              action: ActionFn, horizon: int | None, to_range: tuple[Tensor, Tensor] | None,
-              normalize: bool, module: nn.Module | None = None) -> Tensor:
+    def _play(
+        self,
+        model: Any,
+        individuals: Sequence[int],
+        *,
+        seeds: Sequence[int] | np.ndarray,
+        base_seed: int,
+        action: ActionFn,
+        horizon: int | None,
+        to_range: tuple[Tensor, Tensor] | None,
+        normalize: bool,
+        module: nn.Module | None = None,
+    ) -> Tensor:
         """Play every ``(individual, episode)`` item (see :class:`~populora.interact.rollout.Rollout`).
 
         Returns:
             ``(k, E)`` float64 returns (NaN: a NaN reward).
         """
-        return play(self._slots, self.action_format, model, individuals, self.counters, seeds=seeds,
-                    base_seed=base_seed, action=action, horizon=horizon, to_range=to_range,
-                    stats=self._stats if normalize else None, module=module)
+        return play(
+            self._slots,
+            self.action_format,
+            model,
+            individuals,
+            self.counters,
+            seeds=seeds,
+            base_seed=base_seed,
+            action=action,
+            horizon=horizon,
+            to_range=to_range,
+            stats=self._stats if normalize else None,
+            module=module,
+        )
 
     def update_obs_stats(self, population: Population) -> None:
         """Fold the observations of past generations into the normaliser if ``population.generation`` moved.

@@ -190,13 +190,19 @@ def check_obs_state(state: Any, dim: int | None) -> int:
     if not isinstance(norm, Mapping) or not all(isinstance(norm[k], Tensor) for k in ("mean", "var", "count")):
         raise CheckpointError("observation statistics state's 'normalizer' must map mean / var / count to tensors")
     size = norm["mean"].numel() if dim is None else dim
-    shapes = {"normalizer.mean": (norm["mean"], (size,)), "normalizer.var": (norm["var"], (size,)),
-              "normalizer.count": (norm["count"], ()), "pending": (state["pending"], (2 * size + 1,))}
+    shapes = {
+        "normalizer.mean": (norm["mean"], (size,)),
+        "normalizer.var": (norm["var"], (size,)),
+        "normalizer.count": (norm["count"], ()),
+        "pending": (state["pending"], (2 * size + 1,)),
+    }
     for name, (t, shape) in shapes.items():
         if not isinstance(t, Tensor) or tuple(t.shape) != shape:
             got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
-            raise CheckpointError(f"observation statistics state's {name!r} has shape {got}, expected {shape} "
-                                  f"(observations of size {size})")
+            raise CheckpointError(
+                f"observation statistics state's {name!r} has shape {got}, expected {shape} "
+                f"(observations of size {size})"
+            )
     clip, gen = state["clip"], state["generation"]
     if not is_real(clip) or not clip > 0:
         raise CheckpointError(f"observation statistics state's 'clip' must be a number > 0, got {clip!r}")

@@ -20,11 +20,11 @@ import torch
 from torch import Tensor, nn
 
 from populora.errors import FitnessError
-from populora.population.population import Population
 from populora.interact.actions import ActionFn, ActionFormat
 from populora.interact.envs import EnvSlots, EnvStepError, SlotFailure
 from populora.interact.normalize import ObsStatistics
 from populora.interact.schedule import WorkQueue, vector_reset_seed
+from populora.population.population import Population
 
 __all__ = ["ONE_THREAD_WORK", "Rollout", "is_es_individuals", "policy_mode"]
 
@@ -92,9 +92,21 @@ class Rollout:
         env_steps, timesteps: steps inside episodes and routed forwards so far.
     """
 
-    def __init__(self, slots: EnvSlots, action_format: ActionFormat, model: Any, individuals: Sequence[int], *,
-                 seeds: Sequence[int], base_seed: int, action: ActionFn, horizon: int | None,
-                 to_range: tuple[Tensor, Tensor] | None, stats: ObsStatistics | None, module: nn.Module | None = None):
+    def __init__(
+        self,
+        slots: EnvSlots,
+        action_format: ActionFormat,
+        model: Any,
+        individuals: Sequence[int],
+        *,
+        seeds: Sequence[int],
+        base_seed: int,
+        action: ActionFn,
+        horizon: int | None,
+        to_range: tuple[Tensor, Tensor] | None,
+        stats: ObsStatistics | None,
+        module: nn.Module | None = None,
+    ):
         self.slots, self.action_format, self.model = slots, action_format, model
         self.individuals, self.seeds, self.base_seed = individuals, seeds, base_seed
         self.action, self.horizon, self.to_range, self.stats = action, horizon, to_range, stats
@@ -157,7 +169,7 @@ class Rollout:
                 break
             new_rows.append(item[0])
             new_eps.append(item[1])
-        row[free[len(new_rows):]] = -1
+        row[free[len(new_rows) :]] = -1
         if not new_rows:
             return
         chosen = free[: len(new_rows)]
@@ -223,8 +235,11 @@ class Rollout:
                     stats.observe(obs)
                     obs = stats.normalizer(obs.to(device))
                 if self.es:  # an ES generation: one row per playing slot, each routed to its individual
-                    out = model(obs, **route) if "individual" in route else \
-                        model(obs.unsqueeze(1), **route, per_individual=True).squeeze(1)
+                    out = (
+                        model(obs, **route)
+                        if "individual" in route
+                        else model(obs.unsqueeze(1), **route, per_individual=True).squeeze(1)
+                    )
                 elif routed:
                     out = model(obs, **route)
                 else:
@@ -255,8 +270,9 @@ class Rollout:
                 stats.fold()  # every rollout's observations summed at its end, however it ended
         return self.returns
 
-    def _end(self, active: np.ndarray, finished: np.ndarray, ret_a: np.ndarray,
-             steps_a: np.ndarray) -> tuple[np.ndarray, dict[str, Any], np.ndarray, np.ndarray]:
+    def _end(
+        self, active: np.ndarray, finished: np.ndarray, ret_a: np.ndarray, steps_a: np.ndarray
+    ) -> tuple[np.ndarray, dict[str, Any], np.ndarray, np.ndarray]:
         """Record the episodes that ``finished``, start the next items; the new playing slots and their state."""
         self.ret[active], self.steps[active] = ret_a, steps_a
         ended = active[finished]
@@ -267,8 +283,7 @@ class Rollout:
         active, route = self.playing()
         return active, route, self.ret[active], self.steps[active]
 
-    def _bad_rewards(self, rewards: np.ndarray, ok: np.ndarray, active: np.ndarray,
-                     steps_a: np.ndarray) -> np.ndarray:
+    def _bad_rewards(self, rewards: np.ndarray, ok: np.ndarray, active: np.ndarray, steps_a: np.ndarray) -> np.ndarray:
         """Handle NaN / inf rewards of one step: raise naming env, slot and individual, or end those episodes.
 
         A NaN or -inf reward raises under ``nan_policy='raise'`` (``'worst'``
@@ -287,18 +302,30 @@ class Rollout:
             self.steps[active] = steps_a
             value = "+inf" if positive[j] else ("-inf" if rewards[j] == -math.inf else "NaN")
             if positive[j]:
-                advice = ("an infinite fitness cannot be ranked under any nan_policy; bound the env's rewards, e.g. "
-                          "gymnasium.wrappers.ClipReward(env, min_reward, max_reward), or end the episode in the env")
+                advice = (
+                    "an infinite fitness cannot be ranked under any nan_policy; bound the env's rewards, e.g. "
+                    "gymnasium.wrappers.ClipReward(env, min_reward, max_reward), or end the episode in the env"
+                )
             else:
-                advice = ("pass nan_policy='worst' to the Population (population_kwargs=dict(nan_policy='worst') in "
-                          "evolve_with_env) to score such individuals lowest instead")
-            raise FitnessError(f"env {self.slots.describe(slot)} returned a {value} reward at "
-                               f"{self.who(slot, int(self.steps[slot]))}; {advice}")
+                advice = (
+                    "pass nan_policy='worst' to the Population (population_kwargs=dict(nan_policy='worst') in "
+                    "evolve_with_env) to score such individuals lowest instead"
+                )
+            raise FitnessError(
+                f"env {self.slots.describe(slot)} returned a {value} reward at "
+                f"{self.who(slot, int(self.steps[slot]))}; {advice}"
+            )
         return ~ok
 
 
-def play(slots: EnvSlots, action_format: ActionFormat, model: Any, individuals: Sequence[int],
-         counters: dict[str, Any], **options: Any) -> Tensor:
+def play(
+    slots: EnvSlots,
+    action_format: ActionFormat,
+    model: Any,
+    individuals: Sequence[int],
+    counters: dict[str, Any],
+    **options: Any,
+) -> Tensor:
     """Run a :class:`Rollout` (``options`` are its keyword arguments) and add to ``counters``; ``(k, E)`` float64."""
     rollout = Rollout(slots, action_format, model, individuals, **options)
     if rollout.returns.size == 0:

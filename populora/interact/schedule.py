@@ -11,8 +11,17 @@ from collections import deque
 
 import numpy as np
 
-__all__ = ["EPISODE_SEEDINGS", "VALIDATION_STREAM", "REPORTING_STREAM", "WorkQueue", "episode_seed", "episode_seeds",
-           "stream_seeds", "training_seeds", "vector_reset_seed"]
+__all__ = [
+    "EPISODE_SEEDINGS",
+    "VALIDATION_STREAM",
+    "REPORTING_STREAM",
+    "WorkQueue",
+    "episode_seed",
+    "episode_seeds",
+    "stream_seeds",
+    "training_seeds",
+    "vector_reset_seed",
+]
 
 EPISODE_SEEDINGS = ("independent", "common")
 """``episode_seeding`` choices: every individual its own episodes, or all of a generation the same ones."""
@@ -80,8 +89,10 @@ def training_seeds(eval_seed: int, individuals: list[int], num_episodes: int, se
     """
     if seeding == "common":
         return episode_seeds(eval_seed, num_episodes)
-    return np.asarray([[episode_seed(eval_seed, (i + 1) * num_episodes + e) for e in range(num_episodes)]
-                       for i in individuals], dtype=np.int64).reshape(len(individuals), num_episodes)
+    return np.asarray(
+        [[episode_seed(eval_seed, (i + 1) * num_episodes + e) for e in range(num_episodes)] for i in individuals],
+        dtype=np.int64,
+    ).reshape(len(individuals), num_episodes)
 
 
 def stream_seeds(seed: int, stream: int, num_episodes: int) -> list[int]:

@@ -35,8 +35,16 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from populora.errors import InvalidTypeError, InvalidValueError
 
-__all__ = ["SingleEnvs", "SlotFailure", "SlotSource", "SubEnvSource", "as_batch", "describe_env",
-           "every_slot_in_order", "plain_sync_vector_env"]
+__all__ = [
+    "SingleEnvs",
+    "SlotFailure",
+    "SlotSource",
+    "SubEnvSource",
+    "as_batch",
+    "describe_env",
+    "every_slot_in_order",
+    "plain_sync_vector_env",
+]
 
 
 class SlotFailure(Exception):
@@ -80,8 +88,9 @@ def as_batch(obs: Any, rows: int, flatten: bool) -> Any:
     ``flatten``: one ``(rows, D)`` float32 tensor of every leaf; otherwise the
     structure is kept, every leaf float32 (booleans kept).
     """
-    if flatten and isinstance(obs, np.ndarray) and obs.ndim and obs.shape[0] == rows \
-            and obs.dtype.kind in "fiub":  # a sub-env batch (fresh, writable): no copy for float32
+    if (
+        flatten and isinstance(obs, np.ndarray) and obs.ndim and obs.shape[0] == rows and obs.dtype.kind in "fiub"
+    ):  # a sub-env batch (fresh, writable): no copy for float32
         t = torch.from_numpy(obs)
         t = t if t.dim() == 2 else t.reshape(rows, -1)
         return t if t.dtype == torch.float32 else t.to(torch.float32)
@@ -118,13 +127,15 @@ def _stack(rows: list[Any], flatten: bool) -> Any:
         flat.append(leaves[0] if len(leaves) == 1 else np.concatenate(leaves))
     sizes = {a.size for a in flat}
     if len(sizes) > 1:
-        raise InvalidValueError(f"slots returned observations of different sizes {sorted(sizes)}; every slot must "
-                                "run the same environment")
+        raise InvalidValueError(
+            f"slots returned observations of different sizes {sorted(sizes)}; every slot must run the same environment"
+        )
     return torch.from_numpy(np.stack(flat).astype(np.float32, copy=False))
 
 
-def _reset_each(reset: Callable[[int, int | None], Any], local: np.ndarray, seeds: Sequence[int | None],
-                start: int) -> list[Any]:
+def _reset_each(
+    reset: Callable[[int, int | None], Any], local: np.ndarray, seeds: Sequence[int | None], start: int
+) -> list[Any]:
     """``[reset(slot, seed), ...]`` over the local slots, a failure naming its (global) slot."""
     rows = []
     for slot, seed in zip(local.tolist(), seeds):
@@ -240,8 +251,12 @@ def plain_sync_vector_env(env: Any) -> bool:
     from gymnasium.vector import SyncVectorEnv
 
     cls = type(env)
-    return (isinstance(env, SyncVectorEnv) and cls.step is SyncVectorEnv.step and cls.reset is SyncVectorEnv.reset
-            and isinstance(getattr(env, "envs", None), list))
+    return (
+        isinstance(env, SyncVectorEnv)
+        and cls.step is SyncVectorEnv.step
+        and cls.reset is SyncVectorEnv.reset
+        and isinstance(getattr(env, "envs", None), list)
+    )
 
 
 class SubEnvSource(SlotSource):
@@ -278,8 +293,10 @@ class SubEnvSource(SlotSource):
             def batch(rows: Sequence[Any]) -> np.ndarray:
                 out = np.array(rows, dtype=dtype)
                 if out.shape[1:] != shape:
-                    raise InvalidValueError(f"sub-envs returned observations of shape {out.shape[1:]}; the "
-                                            f"observation space {obs_space} has shape {shape}")
+                    raise InvalidValueError(
+                        f"sub-envs returned observations of shape {out.shape[1:]}; the "
+                        f"observation space {obs_space} has shape {shape}"
+                    )
                 return out
 
             self._batch = batch
@@ -287,7 +304,9 @@ class SubEnvSource(SlotSource):
             self._direct = flatten and len(shape) == 1 and np.dtype(dtype) == np.float32
         else:
             self._direct = False
-            self._batch = lambda rows: concatenate(obs_space, rows, create_empty_array(obs_space, len(rows), fn=np.empty))
+            self._batch = lambda rows: concatenate(
+                obs_space, rows, create_empty_array(obs_space, len(rows), fn=np.empty)
+            )
         if type(batch_actions) in (Box, MultiDiscrete, MultiBinary):
             self._rows = iter
         else:
@@ -320,8 +339,9 @@ class SubEnvSource(SlotSource):
             raise SlotFailure([self.start + index[len(outs)]], "step", error) from error
         k = len(index)
         if len(outs) != k:
-            raise SlotFailure((local + self.start).tolist(), "step",
-                              InvalidValueError(f"{len(outs)} actions for {k} slots"))
+            raise SlotFailure(
+                (local + self.start).tolist(), "step", InvalidValueError(f"{len(outs)} actions for {k} slots")
+            )
         obs, reward, terminated, truncated, _ = zip(*outs)
         # the vector env's float64 rewards, through float32 like TensorWrapper's
         reward = np.array(reward, dtype=np.float32).reshape(k).astype(np.float64)

@@ -154,9 +154,10 @@ class VectorSource(SlotSource):
             keep = torch.from_numpy(np.flatnonzero(~mask))
             before, after = tree_flatten(self._last_obs)[0], tree_flatten(obs)[0]
             same = len(before) == len(after) and all(
-                not isinstance(a, Tensor) or (a.shape == b.shape and torch.equal(a.index_select(0, keep),
-                                                                                 b.index_select(0, keep)))
-                for a, b in zip(before, after))
+                not isinstance(a, Tensor)
+                or (a.shape == b.shape and torch.equal(a.index_select(0, keep), b.index_select(0, keep)))
+                for a, b in zip(before, after)
+            )
             if not same:
                 raise InvalidTypeError(
                     f"the vector env {describe_env(self.raw)} changed slots outside options['reset_mask'] when "
@@ -237,8 +238,10 @@ class VectorSource(SlotSource):
         reward = torch.as_tensor(reward).reshape(-1).numpy().astype(np.float64)
         done = (torch.as_tensor(terminated) | torch.as_tensor(truncated)).reshape(-1).numpy()
         if reward.size != self.num or done.size != self.num:
-            raise InvalidValueError(f"env {describe_env(self.raw)} returned {reward.size} rewards and {done.size} "
-                                    f"done flags for {self.num} slots")
+            raise InvalidValueError(
+                f"env {describe_env(self.raw)} returned {reward.size} rewards and {done.size} "
+                f"done flags for {self.num} slots"
+            )
         if not self.autoresets:
             self.stale |= done
         return obs, reward, done

@@ -20,13 +20,29 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["LLAMA_ALL", "LLAMA_ATTENTION", "LLAMA_MLP", "char_tokenizer", "load_peft_",
-           "load_smollm2", "smollm2_path", "tiny_chat_model", "to_peft"]
+__all__ = [
+    "LLAMA_ALL",
+    "LLAMA_ATTENTION",
+    "LLAMA_MLP",
+    "char_tokenizer",
+    "load_peft_",
+    "load_smollm2",
+    "smollm2_path",
+    "tiny_chat_model",
+    "to_peft",
+]
 
-_LAZY = {"to_peft": "peft", "load_peft_": "peft",
-         "LLAMA_ALL": "targets", "LLAMA_ATTENTION": "targets", "LLAMA_MLP": "targets",
-         "load_smollm2": "models", "smollm2_path": "models",
-         "char_tokenizer": "models", "tiny_chat_model": "models"}
+_LAZY = {
+    "to_peft": "peft",
+    "load_peft_": "peft",
+    "LLAMA_ALL": "targets",
+    "LLAMA_ATTENTION": "targets",
+    "LLAMA_MLP": "targets",
+    "load_smollm2": "models",
+    "smollm2_path": "models",
+    "char_tokenizer": "models",
+    "tiny_chat_model": "models",
+}
 
 
 def __getattr__(name: str) -> Any:

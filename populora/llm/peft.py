@@ -60,15 +60,31 @@ _LINEAR_KEYS = ("lora_A.weight", "lora_B.weight")
 _EMBEDDING_KEYS = ("lora_embedding_A", "lora_embedding_B")
 # PEFT 0.21's LoRA variants (fields marked `is_lora_variant`) and the options that change what the
 # tensors mean or where they apply; DoRA, bias, lora_bias, fan_in_fan_out, layer_replication are checked apart
-_VARIANTS = ("velora_config", "alora_invocation_tokens", "monteclora_config", "use_bdlora", "arrow_config",
-             "kasa_config", "use_qalora", "target_parameters", "trainable_token_indices")
+_VARIANTS = (
+    "velora_config",
+    "alora_invocation_tokens",
+    "monteclora_config",
+    "use_bdlora",
+    "arrow_config",
+    "kasa_config",
+    "use_qalora",
+    "target_parameters",
+    "trainable_token_indices",
+)
 _TASK_TYPES = ("SEQ_CLS", "SEQ_2_SEQ_LM", "CAUSAL_LM", "TOKEN_CLS", "QUESTION_ANS", "FEATURE_EXTRACTION")
 
 
 # ---------------------------------------------------------------------------------------------- export
 
-def to_peft(pop: Any, individual: int, path: str | Path, *, base_model_name_or_path: str | None = None,
-            task_type: str | None = "auto") -> Path:
+
+def to_peft(
+    pop: Any,
+    individual: int,
+    path: str | Path,
+    *,
+    base_model_name_or_path: str | None = None,
+    task_type: str | None = "auto",
+) -> Path:
     """Write individual ``individual`` of ``pop`` as a PEFT LoRA adapter folder at ``path``.
 
     The folder holds ``adapter_config.json`` and ``adapter_model.safetensors``
@@ -119,11 +135,13 @@ def to_peft(pop: Any, individual: int, path: str | Path, *, base_model_name_or_p
     if base_model_name_or_path is None:
         base_model_name_or_path = getattr(pop.model, "name_or_path", None) or None
     elif not isinstance(base_model_name_or_path, str):
-        raise InvalidTypeError("`base_model_name_or_path` must be a str or None, got "
-                               f"{type(base_model_name_or_path).__name__}")
+        raise InvalidTypeError(
+            f"`base_model_name_or_path` must be a str or None, got {type(base_model_name_or_path).__name__}"
+        )
     if path.exists() and not (path.is_dir() and ((path / CONFIG_NAME).is_file() or not any(path.iterdir()))):
-        raise InvalidValueError(f"{str(path)!r} exists and is not a PEFT adapter folder (no {CONFIG_NAME}); "
-                                "refusing to replace it")
+        raise InvalidValueError(
+            f"{str(path)!r} exists and is not a PEFT adapter folder (no {CONFIG_NAME}); refusing to replace it"
+        )
 
     tensors: dict[str, Tensor] = {}
     ranks: dict[str, int] = {}
@@ -239,6 +257,7 @@ def _is_causal_lm(model: nn.Module) -> bool:
 
 # ---------------------------------------------------------------------------------------------- import
 
+
 def load_peft_(pop: Any, individual: int, path: str | Path, *, strict: bool = True) -> None:
     """Load the PEFT LoRA adapter folder ``path`` into individual ``individual`` of ``pop``.
 
@@ -295,8 +314,10 @@ def load_peft_(pop: Any, individual: int, path: str | Path, *, strict: bool = Tr
     where = f"PEFT adapter {str(path)!r}"
 
     factors = pop.factors()
-    targets = {name: (_is_embedding(pop, name), down.shape[1:], up.shape[1:])
-               for name, (down, up) in zip(pop.target_names, factors)}
+    targets = {
+        name: (_is_embedding(pop, name), down.shape[1:], up.shape[1:])
+        for name, (down, up) in zip(pop.target_names, factors)
+    }
     found, unexpected = _match_keys(tensors, targets, pop.model, strict, where)
     missing = [name for name in targets if name not in found]
     if strict and (missing or unexpected):
@@ -305,8 +326,10 @@ def load_peft_(pop: Any, individual: int, path: str | Path, *, strict: bool = Tr
             parts.append(f"targets missing from the file: {missing}")
         if unexpected:
             parts.append(f"tensors that belong to no target: {unexpected}{_hint(unexpected, missing)}")
-        raise InvalidValueError(f"{where} does not fit the population's targets ({'; '.join(parts)}); pass "
-                                "strict=False to load the targets that match and give the others a zero adapter")
+        raise InvalidValueError(
+            f"{where} does not fit the population's targets ({'; '.join(parts)}); pass "
+            "strict=False to load the targets that match and give the others a zero adapter"
+        )
 
     new = []
     for name, (down, up) in zip(pop.target_names, factors):
@@ -322,8 +345,10 @@ def load_peft_(pop: Any, individual: int, path: str | Path, *, strict: bool = Tr
             fresh_down[:, :rank] = lora_a.T.to(device=down.device, dtype=down.dtype)
             fresh_up[:, :rank] = (lora_b.to(wide) * scaling).to(device=up.device, dtype=up.dtype)
             if not (torch.isfinite(fresh_down).all() and torch.isfinite(fresh_up).all()):
-                raise InvalidValueError(f"{where}: the adapter of {name!r} holds non-finite values "
-                                        f"(in {a!r} or {b!r}, or after scaling by {scaling} into {up.dtype})")
+                raise InvalidValueError(
+                    f"{where}: the adapter of {name!r} holds non-finite values "
+                    f"(in {a!r} or {b!r}, or after scaling by {scaling} into {up.dtype})"
+                )
         new.append((fresh_down, fresh_up))
 
     pop.set_factors_(i, new)
@@ -346,12 +371,19 @@ def _read_config(path: Path) -> dict[str, Any]:
     if peft_type != "LORA":
         raise InvalidValueError(f"{where} is a {peft_type!r} adapter; only peft_type 'LORA' can be loaded")
     refused = {
-        "use_dora": (config.get("use_dora", False), False, "DoRA rescales each weight column by a learned "
-                     "magnitude, which is not a low-rank delta"),
+        "use_dora": (
+            config.get("use_dora", False),
+            False,
+            "DoRA rescales each weight column by a learned magnitude, which is not a low-rank delta",
+        ),
         "bias": (config.get("bias", "none"), "none", "trained biases are not part of a LoRA individual"),
         "lora_bias": (config.get("lora_bias", False), False, "lora_B has a bias, which a LoRA individual lacks"),
-        "fan_in_fan_out": (config.get("fan_in_fan_out", False), False, "it is for Conv1D layers (GPT-2 style), "
-                           "whose weight is stored transposed; populora's targets are nn.Linear / nn.Embedding"),
+        "fan_in_fan_out": (
+            config.get("fan_in_fan_out", False),
+            False,
+            "it is for Conv1D layers (GPT-2 style), "
+            "whose weight is stored transposed; populora's targets are nn.Linear / nn.Embedding",
+        ),
         "layer_replication": (config.get("layer_replication"), None, "it duplicates layers of the base model"),
     }
     for key, (value, wanted, why) in refused.items():
@@ -359,12 +391,15 @@ def _read_config(path: Path) -> dict[str, Any]:
             raise InvalidValueError(f"{where} has {key}={value!r}, expected {wanted!r}: {why}")
     for key in _VARIANTS:
         if config.get(key) not in (None, False, {}, [], ""):
-            raise InvalidValueError(f"{where} sets {key}={config[key]!r}: a LoRA variant or option whose forward is "
-                                    "not plain LoRA's base(x) + B A x * scaling; only plain LoRA can be loaded")
+            raise InvalidValueError(
+                f"{where} sets {key}={config[key]!r}: a LoRA variant or option whose forward is "
+                "not plain LoRA's base(x) + B A x * scaling; only plain LoRA can be loaded"
+            )
     init = config.get("init_lora_weights", True)
     if isinstance(init, str) and init.startswith("mica"):
-        raise InvalidValueError(f"{where} sets init_lora_weights={init!r} (PEFT's MiCA variant); only plain LoRA "
-                                "can be loaded")
+        raise InvalidValueError(
+            f"{where} sets init_lora_weights={init!r} (PEFT's MiCA variant); only plain LoRA can be loaded"
+        )
     for key in ("r", "lora_alpha"):
         if not _is_number(config.get(key)):
             raise CheckpointError(f"{where}: {CONFIG_NAME} has {key}={config.get(key)!r}, expected a number")
@@ -372,8 +407,9 @@ def _read_config(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{where}: use_rslora={config['use_rslora']!r}, expected true or false")
     for key in ("rank_pattern", "alpha_pattern"):
         pattern = config.get(key) or {}
-        if not isinstance(pattern, Mapping) or not all(isinstance(k, str) and _is_number(v)
-                                                       for k, v in pattern.items()):
+        if not isinstance(pattern, Mapping) or not all(
+            isinstance(k, str) and _is_number(v) for k, v in pattern.items()
+        ):
             raise CheckpointError(f"{where}: {key} must map module patterns to numbers, got {pattern!r}")
     return config
 
@@ -382,25 +418,31 @@ def _read_tensors(path: Path) -> dict[str, Tensor]:
     where = f"PEFT adapter {str(path)!r}"
     file = path / WEIGHTS_NAME
     if not file.is_file():
-        hint = " (only adapter_model.bin, the pickled format: re-save with safe_serialization=True)" if (
-            path / "adapter_model.bin").exists() else ""
+        hint = (
+            " (only adapter_model.bin, the pickled format: re-save with safe_serialization=True)"
+            if (path / "adapter_model.bin").exists()
+            else ""
+        )
         raise FileNotFoundError(f"{where} has no {WEIGHTS_NAME}{hint}")
     from safetensors.torch import load_file
 
     try:
         tensors = load_file(str(file), device="cpu")
     except Exception as err:  # SafetensorError, or an OSError / ValueError on a damaged header
-        raise CheckpointError(f"{where}: {WEIGHTS_NAME} is damaged or not a safetensors file "
-                              f"({type(err).__name__}: {err})") from None
+        raise CheckpointError(
+            f"{where}: {WEIGHTS_NAME} is damaged or not a safetensors file ({type(err).__name__}: {err})"
+        ) from None
     bad = [k for k, t in tensors.items() if not t.is_floating_point()]
     if bad:
-        raise CheckpointError(f"{where}: tensors {bad} are not floating-point "
-                              f"({', '.join(str(tensors[k].dtype) for k in bad)})")
+        raise CheckpointError(
+            f"{where}: tensors {bad} are not floating-point ({', '.join(str(tensors[k].dtype) for k in bad)})"
+        )
     return tensors
 
 
-def _match_keys(tensors: Mapping[str, Tensor], targets: Mapping[str, tuple], model: nn.Module, strict: bool,
-                where: str) -> tuple[dict[str, tuple[str, str]], list[str]]:
+def _match_keys(
+    tensors: Mapping[str, Tensor], targets: Mapping[str, tuple], model: nn.Module, strict: bool, where: str
+) -> tuple[dict[str, tuple[str, str]], list[str]]:
     """``{target: (A key, B key)}`` for the targets the file holds, and the keys that fit no target.
 
     A target's ``base_layer.weight`` (PEFT saves the embedding layers it adapts) fits if it equals the
@@ -424,10 +466,12 @@ def _match_keys(tensors: Mapping[str, Tensor], targets: Mapping[str, tuple], mod
             if saved.shape == weight.shape and torch.equal(saved, weight.to("cpu", saved.dtype)):
                 used.add(copy)
             elif strict:
-                raise InvalidValueError(f"{where} holds {copy!r}, a copy of the base layer {name!r} that differs from "
-                                        f"the base model's (shape {tuple(saved.shape)} vs {tuple(weight.shape)}"
-                                        "; a resized vocabulary?): a population keeps its base weights; pass "
-                                        "strict=False to ignore the copy")
+                raise InvalidValueError(
+                    f"{where} holds {copy!r}, a copy of the base layer {name!r} that differs from "
+                    f"the base model's (shape {tuple(saved.shape)} vs {tuple(weight.shape)}"
+                    "; a resized vocabulary?): a population keeps its base weights; pass "
+                    "strict=False to ignore the copy"
+                )
     return found, sorted(k for k in tensors if k not in used)
 
 
@@ -436,35 +480,45 @@ def _hint(unexpected: list[str], missing: list[str]) -> str:
     if not any(k.startswith(_PREFIX) for k in unexpected):
         return f" (PEFT's keys start with {_PREFIX!r}; these do not)"
     for key in unexpected:
-        module = key[len(_PREFIX):].rsplit(".lora_", 1)[0]
+        module = key[len(_PREFIX) :].rsplit(".lora_", 1)[0]
         for name in missing:
             if module.endswith(f".{name}"):
-                return (f" (the file's module paths carry the extra prefix {module[:-len(name)]!r}: an adapter "
-                        "made on a model that wraps this one?)")
+                return (
+                    f" (the file's module paths carry the extra prefix {module[: -len(name)]!r}: an adapter "
+                    "made on a model that wraps this one?)"
+                )
     return ""
 
 
-def _check_pair(where: str, name: str, a: str, b: str, lora_a: Tensor, lora_b: Tensor, d: int, e: int, r_t: int,
-                embedding: bool) -> int:
+def _check_pair(
+    where: str, name: str, a: str, b: str, lora_a: Tensor, lora_b: Tensor, d: int, e: int, r_t: int, embedding: bool
+) -> int:
     """Check ``A (r, d)``, ``B (e, r)`` against a target; return ``r``."""
     if lora_a.dim() != 2 or lora_b.dim() != 2:
-        raise CheckpointError(f"{where}: {a!r} and {b!r} must be matrices, got shapes {tuple(lora_a.shape)} and "
-                              f"{tuple(lora_b.shape)}")
+        raise CheckpointError(
+            f"{where}: {a!r} and {b!r} must be matrices, got shapes {tuple(lora_a.shape)} and {tuple(lora_b.shape)}"
+        )
     rank = lora_a.shape[0]
     if rank == 0:
         raise CheckpointError(f"{where}: {a!r} has rank 0 (shape {tuple(lora_a.shape)}); a LoRA rank is >= 1")
     if lora_b.shape[1] != rank:
-        raise CheckpointError(f"{where}: {a!r} has rank {rank} (shape {tuple(lora_a.shape)}) but {b!r} has rank "
-                              f"{lora_b.shape[1]} (shape {tuple(lora_b.shape)})")
+        raise CheckpointError(
+            f"{where}: {a!r} has rank {rank} (shape {tuple(lora_a.shape)}) but {b!r} has rank "
+            f"{lora_b.shape[1]} (shape {tuple(lora_b.shape)})"
+        )
     if lora_a.shape[1] != d or lora_b.shape[0] != e:
         kind, dims = ("nn.Embedding", "(r, V) and (e, r)") if embedding else ("nn.Linear", "(r, d) and (e, r)")
-        raise InvalidValueError(f"{where}: target {name!r} is an {kind} with d={d}, e={e}, so {a!r} and {b!r} must be "
-                                f"{dims} = ({rank}, {d}) and ({e}, {rank}), got {tuple(lora_a.shape)} and "
-                                f"{tuple(lora_b.shape)}")
+        raise InvalidValueError(
+            f"{where}: target {name!r} is an {kind} with d={d}, e={e}, so {a!r} and {b!r} must be "
+            f"{dims} = ({rank}, {d}) and ({e}, {rank}), got {tuple(lora_a.shape)} and "
+            f"{tuple(lora_b.shape)}"
+        )
     if rank > r_t:
-        raise InvalidValueError(f"{where}: the adapter of {name!r} has rank {rank}, above the population's rank "
-                                f"{r_t} on that target (min(low_rank, d, e)); build the population with "
-                                f"low_rank >= {rank}")
+        raise InvalidValueError(
+            f"{where}: the adapter of {name!r} has rank {rank}, above the population's rank "
+            f"{r_t} on that target (min(low_rank, d, e)); build the population with "
+            f"low_rank >= {rank}"
+        )
     return rank
 
 
@@ -487,6 +541,7 @@ def _pattern(pattern: Mapping[str, Any], name: str, default: Any) -> Any:
 
 # ---------------------------------------------------------------------------------------------- shared
 
+
 def _check_alive(pop: Any) -> None:
     check = getattr(pop, "_check_alive", None)
     if not callable(check) or not hasattr(pop, "factors"):
@@ -506,4 +561,3 @@ def _is_embedding(pop: Any, name: str) -> bool:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-

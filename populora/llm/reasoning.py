@@ -93,8 +93,19 @@ from torch import Tensor
 from populora.checks import check_bool, check_float, check_int
 from populora.errors import FitnessError, InvalidTypeError, InvalidValueError
 
-__all__ = ["ES_AT_SCALE", "ESRecipe", "block_weights", "encode_prompts", "es_at_scale_lr", "generate_replies",
-           "group_normalize", "problem_prompts", "verifier_accuracy", "verifier_rewards", "verifier_step"]
+__all__ = [
+    "ES_AT_SCALE",
+    "ESRecipe",
+    "block_weights",
+    "encode_prompts",
+    "es_at_scale_lr",
+    "generate_replies",
+    "group_normalize",
+    "problem_prompts",
+    "verifier_accuracy",
+    "verifier_rewards",
+    "verifier_step",
+]
 
 
 class ESRecipe(NamedTuple):
@@ -185,8 +196,10 @@ def problem_prompts(problems: Sequence[Any], task: Any = None) -> list[str]:
         elif hasattr(problem, "question"):
             text = problem.question
         else:
-            raise InvalidTypeError(f"problem {i} ({type(problem).__name__}) has no `question`; pass `task=` "
-                                   "(an object with .prompt(problem)) to build its prompt")
+            raise InvalidTypeError(
+                f"problem {i} ({type(problem).__name__}) has no `question`; pass `task=` "
+                "(an object with .prompt(problem)) to build its prompt"
+            )
         if not isinstance(text, str):
             raise InvalidTypeError(f"the prompt of problem {i} must be a str, got {type(text).__name__}")
         prompts.append(text)
@@ -212,15 +225,19 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[str], *, chat_template: boo
     if chat_template is None:
         chat_template = has_template
     elif check_bool("chat_template", chat_template) and not has_template:
-        raise InvalidValueError("chat_template=True but the tokenizer has no chat template; pass "
-                                "chat_template=False (or None) to use the prompts as they are")
+        raise InvalidValueError(
+            "chat_template=True but the tokenizer has no chat template; pass "
+            "chat_template=False (or None) to use the prompts as they are"
+        )
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token_id is None:
             raise InvalidValueError("the tokenizer has neither a pad nor an eos token: set tokenizer.pad_token")
         tokenizer.pad_token = tokenizer.eos_token
     if chat_template:
-        texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                               add_generation_prompt=True) for p in prompts]
+        texts = [
+            tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            for p in prompts
+        ]
     else:
         texts = list(prompts)
     batch = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
@@ -228,15 +245,25 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[str], *, chat_template: boo
 
 
 def _greedy_kwargs(tokenizer: Any, max_new_tokens: int, generate_kwargs: dict) -> dict:
-    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False,
-                  pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+    kwargs = dict(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+    )
     kwargs.update(generate_kwargs)
     return kwargs
 
 
-def generate_replies(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new_tokens: int,
-                     batch_size: int | None = None, chat_template: bool | None = None,
-                     **generate_kwargs: Any) -> list[str]:
+def generate_replies(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    *,
+    max_new_tokens: int,
+    batch_size: int | None = None,
+    chat_template: bool | None = None,
+    **generate_kwargs: Any,
+) -> list[str]:
     """Greedy replies of a plain model (the ES centre, the base, a PEFT model) to ``prompts``.
 
     Runs ``model.generate`` in batches of ``batch_size`` prompts (default: all
@@ -248,7 +275,7 @@ def generate_replies(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_
     device = next(model.parameters()).device
     replies: list[str] = []
     for start in range(0, len(prompts), batch_size):
-        batch = encode_prompts(tokenizer, prompts[start:start + batch_size], chat_template=chat_template)
+        batch = encode_prompts(tokenizer, prompts[start : start + batch_size], chat_template=chat_template)
         with torch.no_grad():
             out = model.generate(**{k: v.to(device) for k, v in batch.items()}, **kwargs)
         width = batch["input_ids"].shape[1]
@@ -263,17 +290,26 @@ def _score(problems: Sequence[Any], replies: Sequence[str], reward_fn: Callable[
         try:
             value = float(value)
         except (TypeError, ValueError):
-            raise FitnessError(f"the verifier must return a bool or a number, got {type(value).__name__} "
-                               f"for reply {reply[:80]!r}") from None
+            raise FitnessError(
+                f"the verifier must return a bool or a number, got {type(value).__name__} for reply {reply[:80]!r}"
+            ) from None
         if math.isnan(value):
             raise FitnessError(f"the verifier returned NaN for reply {reply[:80]!r}")
         scores.append(value)
     return scores
 
 
-def verifier_accuracy(model: Any, tokenizer: Any, problems: Sequence[Any], *, max_new_tokens: int, task: Any = None,
-                      batch_size: int | None = None, chat_template: bool | None = None,
-                      reward_fn: Callable[[Any, str], Any] | None = None) -> float:
+def verifier_accuracy(
+    model: Any,
+    tokenizer: Any,
+    problems: Sequence[Any],
+    *,
+    max_new_tokens: int,
+    task: Any = None,
+    batch_size: int | None = None,
+    chat_template: bool | None = None,
+    reward_fn: Callable[[Any, str], Any] | None = None,
+) -> float:
     """Mean verifier reward (the accuracy, for ``Problem.check``) of a plain model's greedy replies.
 
     Args as :func:`verifier_rewards` and :func:`generate_replies`; ``model`` is
@@ -281,23 +317,38 @@ def verifier_accuracy(model: Any, tokenizer: Any, problems: Sequence[Any], *, ma
     """
     if not len(problems):
         raise InvalidValueError("`problems` is empty")
-    replies = generate_replies(model, tokenizer, problem_prompts(problems, task), max_new_tokens=max_new_tokens,
-                               batch_size=batch_size, chat_template=chat_template)
+    replies = generate_replies(
+        model,
+        tokenizer,
+        problem_prompts(problems, task),
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        chat_template=chat_template,
+    )
     return sum(_score(problems, replies, reward_fn)) / len(problems)
 
 
 def _check_groups(groups: Any, num: int, n: int | None = None) -> Tensor:
     if not isinstance(groups, Tensor) or groups.dim() != 2 or groups.dtype not in (torch.int32, torch.int64):
-        raise InvalidTypeError("`groups` must be a (N/G, G) integer tensor of member ids (es.groups()), got "
-                               + (f"{groups.dtype} of shape {tuple(groups.shape)}" if isinstance(groups, Tensor)
-                                  else type(groups).__name__))
+        raise InvalidTypeError(
+            "`groups` must be a (N/G, G) integer tensor of member ids (es.groups()), got "
+            + (
+                f"{groups.dtype} of shape {tuple(groups.shape)}"
+                if isinstance(groups, Tensor)
+                else type(groups).__name__
+            )
+        )
     flat = groups.flatten().sort().values
     if groups.numel() != num or not torch.equal(flat, torch.arange(num, dtype=flat.dtype)):
-        raise InvalidValueError(f"`groups` must hold every member id 0..{num - 1} exactly once, got shape "
-                                f"{tuple(groups.shape)} for {num} members")
+        raise InvalidValueError(
+            f"`groups` must hold every member id 0..{num - 1} exactly once, got shape "
+            f"{tuple(groups.shape)} for {num} members"
+        )
     if n is not None and n % groups.shape[0]:
-        raise InvalidValueError(f"with {groups.shape[0]} groups the number of problems must be a multiple of "
-                                f"{groups.shape[0]} (each group answers its own slice), got {n}")
+        raise InvalidValueError(
+            f"with {groups.shape[0]} groups the number of problems must be a multiple of "
+            f"{groups.shape[0]} (each group answers its own slice), got {n}"
+        )
     return groups.long()
 
 
@@ -350,8 +401,9 @@ def verifier_rewards(
         FitnessError: the verifier returned something that is not a number, or NaN.
     """
     if not hasattr(members, "generate") or not hasattr(members, "pop_size"):
-        raise InvalidTypeError(f"`members` must be a routed population handle (es.ask() or a Population), got "
-                               f"{type(members).__name__}")
+        raise InvalidTypeError(
+            f"`members` must be a routed population handle (es.ask() or a Population), got {type(members).__name__}"
+        )
     if isinstance(problems, (str, bytes)) or not len(problems):
         raise InvalidValueError("`problems` must be a non-empty sequence of problems")
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, low=1)
@@ -377,9 +429,11 @@ def verifier_rewards(
         cols = torch.cat([int(group_of[i]) * k + torch.arange(k) for i in who])  # (m k,) problem per row
         out = members.generate(ids[cols], mask[cols], individuals=who.repeat_interleave(k), **kwargs)
         texts = tokenizer.batch_decode(out[:, width:].cpu(), skip_special_tokens=True)
-        replies += [texts[j * k:(j + 1) * k] for j in range(len(who))]
-    rewards = torch.tensor([_score([problems[int(group_of[i]) * k + c] for c in range(k)], replies[i], reward_fn)
-                            for i in range(num)], dtype=torch.float32)
+        replies += [texts[j * k : (j + 1) * k] for j in range(len(who))]
+    rewards = torch.tensor(
+        [_score([problems[int(group_of[i]) * k + c] for c in range(k)], replies[i], reward_fn) for i in range(num)],
+        dtype=torch.float32,
+    )
     return (rewards, replies) if return_replies else rewards
 
 
@@ -408,11 +462,19 @@ def group_normalize(rewards: Tensor, groups: Tensor | None = None, *, eps: float
         >>> group_normalize(torch.tensor([[1.0, 1.0, 0.0], [0.0, 1.0, 0.0]]))
         tensor([ 0.3333, -0.3333], dtype=torch.float64)
     """
-    if not isinstance(rewards, Tensor) or rewards.dim() != 2 or not (rewards.is_floating_point()
-                                                                     or rewards.dtype in (torch.int32, torch.int64, torch.bool)):
-        raise InvalidTypeError("`rewards` must be a real (N, k) tensor (members x prompts), got "
-                               + (f"{rewards.dtype} of shape {tuple(rewards.shape)}" if isinstance(rewards, Tensor)
-                                  else type(rewards).__name__))
+    if (
+        not isinstance(rewards, Tensor)
+        or rewards.dim() != 2
+        or not (rewards.is_floating_point() or rewards.dtype in (torch.int32, torch.int64, torch.bool))
+    ):
+        raise InvalidTypeError(
+            "`rewards` must be a real (N, k) tensor (members x prompts), got "
+            + (
+                f"{rewards.dtype} of shape {tuple(rewards.shape)}"
+                if isinstance(rewards, Tensor)
+                else type(rewards).__name__
+            )
+        )
     eps = check_float("eps", eps, low=0.0)
     r = rewards.detach().to("cpu", torch.float64)
     if bool(torch.isnan(r).any()):
@@ -430,8 +492,16 @@ def group_normalize(rewards: Tensor, groups: Tensor | None = None, *, eps: float
     return out
 
 
-def verifier_step(es: Any, tokenizer: Any, problems: Sequence[Any], *, max_new_tokens: int, task: Any = None,
-                  grouped: bool = False, **kwargs: Any) -> tuple[Any, Tensor]:
+def verifier_step(
+    es: Any,
+    tokenizer: Any,
+    problems: Sequence[Any],
+    *,
+    max_new_tokens: int,
+    task: Any = None,
+    grouped: bool = False,
+    **kwargs: Any,
+) -> tuple[Any, Tensor]:
     """One ES generation on the verifier: ``es.tell(group_normalize(verifier_rewards(es.ask(), ...)))``.
 
     Args:
@@ -446,6 +516,7 @@ def verifier_step(es: Any, tokenizer: Any, problems: Sequence[Any], *, max_new_t
     """
     grouped = check_bool("grouped", grouped)
     groups = es.groups() if grouped else None
-    rewards = verifier_rewards(es.ask(), tokenizer, problems, max_new_tokens=max_new_tokens, task=task,
-                               groups=groups, **kwargs)
+    rewards = verifier_rewards(
+        es.ask(), tokenizer, problems, max_new_tokens=max_new_tokens, task=task, groups=groups, **kwargs
+    )
     return es.tell(group_normalize(rewards, groups)), rewards

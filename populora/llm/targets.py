@@ -32,8 +32,12 @@ from __future__ import annotations
 
 __all__ = ["LLAMA_ALL", "LLAMA_ATTENTION", "LLAMA_MLP"]
 
-LLAMA_ATTENTION: tuple[str, ...] = ("*.self_attn.q_proj", "*.self_attn.k_proj", "*.self_attn.v_proj",
-                                    "*.self_attn.o_proj")
+LLAMA_ATTENTION: tuple[str, ...] = (
+    "*.self_attn.q_proj",
+    "*.self_attn.k_proj",
+    "*.self_attn.v_proj",
+    "*.self_attn.o_proj",
+)
 """The four attention projections of every decoder block."""
 
 LLAMA_MLP: tuple[str, ...] = ("*.mlp.gate_proj", "*.mlp.up_proj", "*.mlp.down_proj")

@@ -5,7 +5,22 @@ semantics and :mod:`populora.operators.base` for the four signatures.
 """
 
 from populora.operators import crossover, mutation, parents, selection
-from populora.operators.base import CROSSOVERS, MUTATIONS, PARENT_SELECTIONS, SELECTIONS, Factors, call_mutation, check_num_groups, check_options, get_operator, option_names, register_crossover, register_mutation, register_parent_selection, register_selection
+from populora.operators.base import (
+    CROSSOVERS,
+    MUTATIONS,
+    PARENT_SELECTIONS,
+    SELECTIONS,
+    Factors,
+    call_mutation,
+    check_num_groups,
+    check_options,
+    get_operator,
+    option_names,
+    register_crossover,
+    register_mutation,
+    register_parent_selection,
+    register_selection,
+)
 from populora.operators.linalg import rebuild_balanced, rms, svd_factors
 from populora.operators.parents import parents_for_slots
 from populora.operators.selection import SelectionResult, group_sizes, select_survivors

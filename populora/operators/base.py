@@ -27,7 +27,7 @@ import difflib
 import inspect
 import math
 import warnings
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -35,7 +35,6 @@ from torch import Tensor
 from populora.adapters import Factors
 from populora.checks import check_float, check_int
 from populora.errors import InvalidTypeError, InvalidValueError
-
 
 OperatorFn = Callable[..., object]
 
@@ -82,9 +81,7 @@ def _register(kind: str, name: str, fn: OperatorFn | None, overwrite: bool, vali
         if not callable(f):
             raise InvalidTypeError(f"a {kind} must be callable, got {type(f).__name__} for {name!r}")
         if name in registry and not overwrite:
-            raise InvalidValueError(
-                f"{kind} {name!r} is already registered; pass `overwrite=True` to replace it"
-            )
+            raise InvalidValueError(f"{kind} {name!r} is already registered; pass `overwrite=True` to replace it")
         _check_keywords(kind, name, f, _stacklevel + 1)
         registry[name] = f
         _VALIDATORS.pop((kind, name), None)
@@ -110,18 +107,21 @@ def _check_keywords(kind: str, name: str, fn: OperatorFn, stacklevel: int = 2) -
             f"mutation {name!r} takes the keyword `floors`, renamed `weight_scales` (with a new "
             "meaning: the reference RMS of each target's weight; see populora.operators.mutation); "
             "it still receives `floors` (the old per-target factor scale) for one release",
-            DeprecationWarning, stacklevel=stacklevel,
+            DeprecationWarning,
+            stacklevel=stacklevel,
         )
         return
     if missing:
         raise InvalidTypeError(
-            f"{kind} {name!r} must accept the keyword argument(s) {missing}; "
-            f"its signature is {inspect.signature(fn)}"
+            f"{kind} {name!r} must accept the keyword argument(s) {missing}; its signature is {inspect.signature(fn)}"
         )
 
 
 def register_selection(
-    name: str, fn: OperatorFn | None = None, *, overwrite: bool = False,
+    name: str,
+    fn: OperatorFn | None = None,
+    *,
+    overwrite: bool = False,
     validate: Callable[..., None] | None = None,
 ):
     """Register a survivor selection; use directly or as ``@register_selection('name')``.
@@ -143,7 +143,10 @@ def register_selection(
 
 
 def register_parent_selection(
-    name: str, fn: OperatorFn | None = None, *, overwrite: bool = False,
+    name: str,
+    fn: OperatorFn | None = None,
+    *,
+    overwrite: bool = False,
     validate: Callable[..., None] | None = None,
 ):
     """Register a parent selection; use directly or as a decorator. See :func:`register_selection`.
@@ -154,7 +157,10 @@ def register_parent_selection(
 
 
 def register_crossover(
-    name: str, fn: OperatorFn | None = None, *, overwrite: bool = False,
+    name: str,
+    fn: OperatorFn | None = None,
+    *,
+    overwrite: bool = False,
     validate: Callable[..., None] | None = None,
 ):
     """Register a crossover; use directly or as a decorator. See :func:`register_selection`.
@@ -166,7 +172,10 @@ def register_crossover(
 
 
 def register_mutation(
-    name: str, fn: OperatorFn | None = None, *, overwrite: bool = False,
+    name: str,
+    fn: OperatorFn | None = None,
+    *,
+    overwrite: bool = False,
     validate: Callable[..., None] | None = None,
 ):
     """Register a mutation; use directly or as a decorator. See :func:`register_selection`.
@@ -269,9 +278,7 @@ def check_options(kind: str, name: str, options: Mapping[str, object] | None) ->
         )
     unknown = sorted(k for k in options if k not in accepted)
     if unknown and not takes_any:
-        raise InvalidTypeError(
-            f"{kind} `{name}` got unexpected option(s) {unknown}; accepted options: {accepted}"
-        )
+        raise InvalidTypeError(f"{kind} `{name}` got unexpected option(s) {unknown}; accepted options: {accepted}")
     validate = _VALIDATORS.get((kind, name))
     if validate is not None:
         validate(**options)
@@ -346,8 +353,10 @@ def call_mutation(
         **options: the mutation's own options.
     """
     if legacy_floors(fn):
-        floors = [math.sqrt(float(w) / math.sqrt(max(1, min(f.down.shape[-1], f.down.shape[-2], f.up.shape[-2]))))
-                  for f, w in zip(factors, weight_scales)]
+        floors = [
+            math.sqrt(float(w) / math.sqrt(max(1, min(f.down.shape[-1], f.down.shape[-2], f.up.shape[-2]))))
+            for f, w in zip(factors, weight_scales)
+        ]
         return fn(factors, epsilon=epsilon, floors=floors, generator=generator, **options)
     return fn(factors, epsilon=epsilon, weight_scales=weight_scales, generator=generator, **options)
 
@@ -369,10 +378,11 @@ def check_stacks(stacks: Sequence[Factors], name: str, arg: str = "stacks", size
         raise InvalidValueError(f"`{arg}` of {name} must hold at least one target, got none")
     n = stacks[0].down.shape[0]
     for t, (down, up) in enumerate(stacks):
-        if down.dim() != 3 or up.dim() != 3 or down.shape[0] != n or up.shape[0] != n \
-                or down.shape[2] != up.shape[2]:
-            raise InvalidValueError(f"{arg}[{t}] must be down ({size}, d, r) and up ({size}, e, r) with {size}={n}, "
-                                    f"got {tuple(down.shape)} and {tuple(up.shape)}")
+        if down.dim() != 3 or up.dim() != 3 or down.shape[0] != n or up.shape[0] != n or down.shape[2] != up.shape[2]:
+            raise InvalidValueError(
+                f"{arg}[{t}] must be down ({size}, d, r) and up ({size}, e, r) with {size}={n}, "
+                f"got {tuple(down.shape)} and {tuple(up.shape)}"
+            )
     return n
 
 

@@ -24,13 +24,21 @@ depend on where the targets are.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 from populora.errors import FitnessError, InvalidTypeError, InvalidValueError
-from populora.operators.base import Factors, check_num_groups, check_number, check_stacks, randint, register_crossover, uniform
+from populora.operators.base import (
+    Factors,
+    check_num_groups,
+    check_number,
+    check_stacks,
+    randint,
+    register_crossover,
+    uniform,
+)
 from populora.operators.devices import PerDevice
 from populora.operators.linalg import _svd_compute, compute_dtype, effective_rank, rebuild_balanced
 from populora.operators.shaping import check_real_tensor, clamp_infinities, zscore
@@ -48,17 +56,20 @@ def _check(
         finite extremes (or None).
     """
     pop = check_stacks(stacks, name)
-    if not isinstance(parents, Tensor) or parents.dim() != 2 or parents.dtype.is_floating_point \
-            or parents.shape[1] < 1:
+    if not isinstance(parents, Tensor) or parents.dim() != 2 or parents.dtype.is_floating_point or parents.shape[1] < 1:
         shape = tuple(parents.shape) if isinstance(parents, Tensor) else type(parents).__name__
         raise (InvalidValueError if isinstance(parents, Tensor) else InvalidTypeError)(
-            f"`parents` must be an integer tensor (c, k) with k >= 1, got {shape}")
+            f"`parents` must be an integer tensor (c, k) with k >= 1, got {shape}"
+        )
     if k is not None and parents.shape[1] != k:
-        raise InvalidValueError(f"{name} needs exactly {k} parents per child, got parents of shape "
-                         f"{tuple(parents.shape)}")
+        raise InvalidValueError(
+            f"{name} needs exactly {k} parents per child, got parents of shape {tuple(parents.shape)}"
+        )
     if parents.numel() and (int(parents.min()) < 0 or int(parents.max()) >= pop):
-        raise InvalidValueError(f"`parents` must be population ids in [0, {pop}), got values in "
-                         f"[{int(parents.min())}, {int(parents.max())}]")
+        raise InvalidValueError(
+            f"`parents` must be population ids in [0, {pop}), got values in "
+            f"[{int(parents.min())}, {int(parents.max())}]"
+        )
     device = stacks[0].down.device
     if fitnesses is not None:
         fitnesses = check_real_tensor(fitnesses)
@@ -92,7 +103,11 @@ def _xes_options(eta: float = 1.0, tournament_size: int = 3) -> tuple[float, int
 
 
 def average(
-    stacks: Sequence[Factors], parents: Tensor, *, fitnesses: Tensor | None, generator: torch.Generator,
+    stacks: Sequence[Factors],
+    parents: Tensor,
+    *,
+    fitnesses: Tensor | None,
+    generator: torch.Generator,
     num_groups: int = 1,
 ) -> list[Factors]:
     """The mean of the parents' ``down`` and the mean of their ``up``.
@@ -120,7 +135,11 @@ def average(
 
 
 def average_delta(
-    stacks: Sequence[Factors], parents: Tensor, *, fitnesses: Tensor | None, generator: torch.Generator,
+    stacks: Sequence[Factors],
+    parents: Tensor,
+    *,
+    fitnesses: Tensor | None,
+    generator: torch.Generator,
     num_groups: int = 1,
 ) -> list[Factors]:
     """The best rank-``r`` approximation of the parents' mean ``dW``, rebuilt balanced.
@@ -151,8 +170,13 @@ def average_delta(
 
 
 def dare(
-    stacks: Sequence[Factors], parents: Tensor, *, fitnesses: Tensor | None, generator: torch.Generator,
-    num_groups: int = 1, drop_rate: float = 0.7,
+    stacks: Sequence[Factors],
+    parents: Tensor,
+    *,
+    fitnesses: Tensor | None,
+    generator: torch.Generator,
+    num_groups: int = 1,
+    drop_rate: float = 0.7,
 ) -> list[Factors]:
     """X1: drop-and-rescale each parent's factors elementwise, then average.
 
@@ -182,7 +206,11 @@ def dare(
 
 
 def layer_wise(
-    stacks: Sequence[Factors], parents: Tensor, *, fitnesses: Tensor | None, generator: torch.Generator,
+    stacks: Sequence[Factors],
+    parents: Tensor,
+    *,
+    fitnesses: Tensor | None,
+    generator: torch.Generator,
     num_groups: int = 1,
 ) -> list[Factors]:
     """X2: per target and per child, copy ``(down, up)`` of one parent chosen uniformly.
@@ -206,7 +234,11 @@ def layer_wise(
 
 
 def svd_subspace(
-    stacks: Sequence[Factors], parents: Tensor, *, fitnesses: Tensor | None, generator: torch.Generator,
+    stacks: Sequence[Factors],
+    parents: Tensor,
+    *,
+    fitnesses: Tensor | None,
+    generator: torch.Generator,
     num_groups: int = 1,
 ) -> list[Factors]:
     """X3: leading singular components from parent 0, trailing ones from parent 1.
@@ -234,8 +266,9 @@ def svd_subspace(
     for stack in stacks:
         rank = effective_rank(stack.down, stack.up)
         if rank == 1:
-            out.append(Factors(stack.down[first_parent.on(stack.down.device)],
-                               stack.up[first_parent.on(stack.up.device)]))
+            out.append(
+                Factors(stack.down[first_parent.on(stack.down.device)], stack.up[first_parent.on(stack.up.device)])
+            )
             continue
         u1, s1, v1 = _svd_compute(*_gather(stack, first_parent))  # (c, d, r), (c, r), (c, e, r)
         u2, s2, v2 = _svd_compute(*_gather(stack, second_parent))
@@ -249,8 +282,14 @@ def svd_subspace(
 
 
 def extrapolative(
-    stacks: Sequence[Factors], parents: Tensor, *, fitnesses: Tensor | None, generator: torch.Generator,
-    num_groups: int = 1, eta_min: float = 1.0, eta_max: float = 1.5,
+    stacks: Sequence[Factors],
+    parents: Tensor,
+    *,
+    fitnesses: Tensor | None,
+    generator: torch.Generator,
+    num_groups: int = 1,
+    eta_min: float = 1.0,
+    eta_max: float = 1.5,
 ) -> list[Factors]:
     """X4: ``child = worse + eta * (better - worse)``, ``eta ~ U(eta_min, eta_max)`` per child.
 
@@ -297,8 +336,14 @@ def extrapolative(
 
 
 def xes(
-    stacks: Sequence[Factors], parents: Tensor, *, fitnesses: Tensor | None, generator: torch.Generator,
-    num_groups: int = 1, eta: float = 1.0, tournament_size: int = 3,
+    stacks: Sequence[Factors],
+    parents: Tensor,
+    *,
+    fitnesses: Tensor | None,
+    generator: torch.Generator,
+    num_groups: int = 1,
+    eta: float = 1.0,
+    tournament_size: int = 3,
 ) -> list[Factors]:
     """X5: a step from the mean of good and bad individuals toward the good ones.
 
@@ -363,10 +408,12 @@ def xes(
     for stack in stacks:
         down, up = _gather(stack, group)  # (c, 2k, d, r), (c, 2k, e, r)
         w = coef.to(down.dtype).to(down.device)  # cast where it was computed, then moved (exact)
-        out.append(Factors(
-            torch.einsum("cj,cjdr->cdr", w, down).to(stack.down.dtype),
-            torch.einsum("cj,cjer->cer", w, up).to(stack.up.dtype),
-        ))
+        out.append(
+            Factors(
+                torch.einsum("cj,cjdr->cdr", w, down).to(stack.down.dtype),
+                torch.einsum("cj,cjer->cer", w, up).to(stack.up.dtype),
+            )
+        )
     return out
 
 

@@ -30,7 +30,7 @@ class PerDevice:
         device(type='meta')
     """
 
-    __slots__ = ("tensor", "_copies")
+    __slots__ = ("_copies", "tensor")
 
     def __init__(self, tensor: Tensor):
         self.tensor = tensor

@@ -7,7 +7,7 @@ comes from two QR decompositions (``(d, r)`` and ``(e, r)``) and the SVD of an
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -78,20 +78,20 @@ def check_epsilon(epsilon) -> float:
     return check_number("epsilon", epsilon, lambda v: v >= 0, ">= 0")
 
 
-def _check(
-    factors: Sequence[Factors], epsilon, weight_scales: Sequence[float], name: str
-) -> tuple[float, list[float]]:
+def _check(factors: Sequence[Factors], epsilon, weight_scales: Sequence[float], name: str) -> tuple[float, list[float]]:
     """Validate the common arguments; returns ``epsilon`` and ``weight_scales`` as floats."""
     if isinstance(factors, Factors) or not isinstance(factors, Sequence):
-        raise InvalidTypeError(f"`factors` of {name} must be a list of Factors (one per target), "
-                               f"got {type(factors).__name__}")
+        raise InvalidTypeError(
+            f"`factors` of {name} must be a list of Factors (one per target), got {type(factors).__name__}"
+        )
     check_stacks(factors, name, "factors", "m")
     epsilon = check_epsilon(epsilon)
     try:
         scales = [float(w.item() if isinstance(w, Tensor) else w) for w in weight_scales]
     except (TypeError, ValueError, RuntimeError):
-        raise InvalidTypeError(f"`weight_scales` must hold one real number per target ({len(factors)}), "
-                               f"got {weight_scales!r:.200}") from None
+        raise InvalidTypeError(
+            f"`weight_scales` must hold one real number per target ({len(factors)}), got {weight_scales!r:.200}"
+        ) from None
     if len(scales) != len(factors) or not all(math.isfinite(w) and w >= 0 for w in scales):
         raise InvalidValueError(
             f"`weight_scales` must hold one finite value >= 0 per target ({len(factors)}), got {scales}"
@@ -174,12 +174,17 @@ def full_gaussian(
         0.1
     """
     epsilon, scales = _check(factors, epsilon, weight_scales, "full_gaussian")
-    return [_gaussian(down, up, effective_rank(down, up), epsilon, w, generator)
-            for (down, up), w in zip(factors, scales)]
+    return [
+        _gaussian(down, up, effective_rank(down, up), epsilon, w, generator) for (down, up), w in zip(factors, scales)
+    ]
 
 
 def layer_selective_gaussian(
-    factors: Sequence[Factors], *, epsilon: float, weight_scales: Sequence[float], generator: torch.Generator,
+    factors: Sequence[Factors],
+    *,
+    epsilon: float,
+    weight_scales: Sequence[float],
+    generator: torch.Generator,
     fraction: float = 1 / 3,
 ) -> list[Factors]:
     """M2: per individual, :func:`full_gaussian` on ``max(1, round(fraction * T))`` of the ``T`` targets.
@@ -263,7 +268,11 @@ def svd_structured(
 
 
 def component_masking(
-    factors: Sequence[Factors], *, epsilon: float, weight_scales: Sequence[float], generator: torch.Generator,
+    factors: Sequence[Factors],
+    *,
+    epsilon: float,
+    weight_scales: Sequence[float],
+    generator: torch.Generator,
     rho: float = 0.3,
 ) -> list[Factors]:
     """M3: zero ``ceil(rho * r_eff)`` randomly chosen singular values, rebuild balanced.
@@ -300,7 +309,11 @@ def component_masking(
 
 
 def neftune_style(
-    factors: Sequence[Factors], *, epsilon: float, weight_scales: Sequence[float], generator: torch.Generator,
+    factors: Sequence[Factors],
+    *,
+    epsilon: float,
+    weight_scales: Sequence[float],
+    generator: torch.Generator,
     alpha: float | None = None,
 ) -> list[Factors]:
     """M5: NEFTune-style uniform noise on the input-side factor ``down``; ``epsilon`` = relative output change.
@@ -330,17 +343,21 @@ def neftune_style(
     epsilon, scales = _check(factors, epsilon, weight_scales, "neftune_style")
     if alpha is not None:
         alpha = check_number("alpha", alpha, lambda v: v >= 0, ">= 0")
-        warnings.warn("`alpha` of neftune_style is deprecated: its strength is now `epsilon`, the expected "
-                      "relative change of each layer's output (see populora.operators.mutation)",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "`alpha` of neftune_style is deprecated: its strength is now `epsilon`, the expected "
+            "relative change of each layer's output (see populora.operators.mutation)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
     out = []
     for (down, up), w in zip(factors, scales):
         rank = effective_rank(down, up)
         dtype = compute_dtype(down, up)
         df, uf = down.to(dtype), up.to(dtype)
         if alpha is not None:
-            bound_down = torch.full((down.shape[0], 1, 1), alpha / math.sqrt(down.shape[1] * rank),
-                                    dtype=dtype, device=down.device)
+            bound_down = torch.full(
+                (down.shape[0], 1, 1), alpha / math.sqrt(down.shape[1] * rank), dtype=dtype, device=down.device
+            )
             bound_up = torch.zeros_like(bound_down)
         else:
             a2, u2 = _mean_square(df, rank), _mean_square(uf, rank)  # (m, 1, 1)

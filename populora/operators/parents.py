@@ -8,7 +8,8 @@ island by island.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -69,14 +70,18 @@ def parents_for_slots(
     alive[culled] = False
     per_group = alive.view(g, m).sum(1)
     if int(per_group.min()) == 0:
-        raise InvalidValueError("no survivors left to be parents: `culled` covers a whole "
-                                + ("island" if g > 1 else "population"))
+        raise InvalidValueError(
+            "no survivors left to be parents: `culled` covers a whole " + ("island" if g > 1 else "population")
+        )
     if g > 1 and int(per_group.max()) != int(per_group.min()):
-        raise InvalidValueError(f"with num_groups={g} every island needs the same number of survivors, got "
-                                f"{per_group.tolist()}")
+        raise InvalidValueError(
+            f"with num_groups={g} every island needs the same number of survivors, got {per_group.tolist()}"
+        )
     if g > 1 and num_children != culled.numel():
-        raise InvalidValueError(f"with num_groups={g}, child j replaces culled[j]: `num_children` must equal "
-                                f"len(culled)={culled.numel()}, got {num_children}")
+        raise InvalidValueError(
+            f"with num_groups={g}, child j replaces culled[j]: `num_children` must equal "
+            f"len(culled)={culled.numel()}, got {num_children}"
+        )
     survivors = alive.view(g, m).nonzero()[:, 1].view(g, -1)  # (g, s) local ids
     base = (torch.arange(g, device=device) * m)[:, None]
     surv_fit = fitnesses.view(g, m).gather(1, survivors)

@@ -17,7 +17,8 @@ maths built on them: islands, elites and the map back to population ids.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -66,11 +67,15 @@ def group_sizes(pop_size: int, survive_frac: Any, elite_frac: Any, num_groups: A
     if elite_frac > 0:
         elites = max(1, elites)
     if survivors >= m:
-        raise InvalidValueError(f"`survive_frac={survive_frac}` keeps all {m} individuals of each group; "
-                                "nothing would be replaced (lower it)")
+        raise InvalidValueError(
+            f"`survive_frac={survive_frac}` keeps all {m} individuals of each group; "
+            "nothing would be replaced (lower it)"
+        )
     if elites > survivors:
-        raise InvalidValueError(f"`elite_frac={elite_frac}` gives {elites} elites per group but "
-                                f"`survive_frac={survive_frac}` keeps only {survivors} survivors; elites must survive")
+        raise InvalidValueError(
+            f"`elite_frac={elite_frac}` gives {elites} elites per group but "
+            f"`survive_frac={survive_frac}` keeps only {survivors} survivors; elites must survive"
+        )
     return m, survivors, elites
 
 
@@ -176,9 +181,7 @@ def _probabilistic_options(temperature: float = 1.0) -> None:
     check_number("temperature", temperature, lambda v: v > 0, "> 0")
 
 
-def probabilistic(
-    fitnesses: Tensor, num: int, *, generator: torch.Generator, temperature: float = 1.0
-) -> Tensor:
+def probabilistic(fitnesses: Tensor, num: int, *, generator: torch.Generator, temperature: float = 1.0) -> Tensor:
     """``num`` per group without replacement, with probability ``softmax(zscore(f) / T)``.
 
     Higher fitness is better. Z-scoring makes the fitness scale irrelevant;

@@ -60,17 +60,21 @@ def check_real_tensor(fitnesses: Tensor, name: str = "fitnesses") -> Tensor:
 
 def check_fitnesses(fitnesses: Tensor, name: str = "fitnesses") -> Tensor:
     """Deprecated: renamed :func:`check_real_tensor` (not the population's fitness validation)."""
-    warnings.warn("`populora.operators.shaping.check_fitnesses` is deprecated; use `check_real_tensor` (operators) "
-                  "or `populora.fitness.validate_fitnesses` (a (p,) fitness vector at the boundary)",
-                  DeprecationWarning, stacklevel=2)
+    warnings.warn(
+        "`populora.operators.shaping.check_fitnesses` is deprecated; use `check_real_tensor` (operators) "
+        "or `populora.fitness.validate_fitnesses` (a (p,) fitness vector at the boundary)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     return check_real_tensor(fitnesses, name)
 
 
 def _validate_tensor(fitnesses: Tensor, name: str) -> Tensor:
     """Scan ``fitnesses``: a real tensor without NaN, cast to float32 / float64."""
     if not isinstance(fitnesses, Tensor):
-        raise FitnessError(f"`{name}` must be a torch.Tensor of real numbers, got {type(fitnesses).__name__}: "
-                           f"{fitnesses!r:.80}")
+        raise FitnessError(
+            f"`{name}` must be a torch.Tensor of real numbers, got {type(fitnesses).__name__}: {fitnesses!r:.80}"
+        )
     if fitnesses.is_complex() or fitnesses.dtype == torch.bool:
         raise FitnessError(f"`{name}` must be a real tensor, got dtype {fitnesses.dtype}")
     dtype = torch.float64 if fitnesses.dtype == torch.float64 else torch.float32

@@ -43,26 +43,34 @@ class AdapterIO:
         self._check_alive()
         i = self._check_id(individual)
         if isinstance(factors, (str, bytes, Tensor)) or not isinstance(factors, Sequence):
-            raise InvalidTypeError(f"`factors` must be a sequence of (down, up) pairs, one per target, got "
-                                   f"{type(factors).__name__}")
+            raise InvalidTypeError(
+                f"`factors` must be a sequence of (down, up) pairs, one per target, got {type(factors).__name__}"
+            )
         if len(factors) != len(self.target_names):
-            raise InvalidValueError(f"`factors` must hold one (down, up) pair per target ({len(self.target_names)}), "
-                                    f"got {len(factors)}")
+            raise InvalidValueError(
+                f"`factors` must hold one (down, up) pair per target ({len(self.target_names)}), got {len(factors)}"
+            )
         new = []
         for name, pair, (down, up) in zip(self.target_names, factors, self.factors()):
             if not (isinstance(pair, Sequence) and len(pair) == 2 and all(isinstance(t, Tensor) for t in pair)):
-                raise InvalidTypeError(f"`factors` entry for {name!r} must be a (down, up) pair of tensors, got "
-                                       f"{type(pair).__name__}")
+                raise InvalidTypeError(
+                    f"`factors` entry for {name!r} must be a (down, up) pair of tensors, got {type(pair).__name__}"
+                )
             for kind, t, own in (("down", pair[0], down), ("up", pair[1], up)):
                 if not t.is_floating_point():
                     raise InvalidTypeError(f"`factors` {kind} of {name!r} must be floating point, got {t.dtype}")
                 if tuple(t.shape) != tuple(own.shape[1:]):
-                    raise InvalidValueError(f"`factors` {kind} of {name!r} must have shape {tuple(own.shape[1:])}, "
-                                            f"got {tuple(t.shape)}")
+                    raise InvalidValueError(
+                        f"`factors` {kind} of {name!r} must have shape {tuple(own.shape[1:])}, got {tuple(t.shape)}"
+                    )
                 if not bool(torch.isfinite(t).all()):
                     raise InvalidValueError(f"`factors` {kind} of {name!r} holds non-finite values")
-            new.append(Factors(pair[0].to(down.device, down.dtype, copy=True)[None],
-                               pair[1].to(up.device, up.dtype, copy=True)[None]))
+            new.append(
+                Factors(
+                    pair[0].to(down.device, down.dtype, copy=True)[None],
+                    pair[1].to(up.device, up.dtype, copy=True)[None],
+                )
+            )
         with torch.no_grad():
             self._write(torch.tensor([i], device=self.device), new)
 

@@ -26,8 +26,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from populora.checkpoint import atomic_save, atomic_save_safetensors, is_safetensors_file, load_checkpoint, load_safetensors_checkpoint
-
+from populora.checkpoint import (
+    atomic_save,
+    atomic_save_safetensors,
+    is_safetensors_file,
+    load_checkpoint,
+    load_safetensors_checkpoint,
+)
 from populora.checks import check_float, check_one_of, check_seed, is_int, is_real
 from populora.errors import CheckpointError, PopuloraError
 from populora.fitness import NAN_POLICIES
@@ -77,17 +82,21 @@ def as_state_dict(state: Any) -> Mapping[str, Any]:
     if isinstance(state, Mapping) and "format" in state:
         return from_legacy(state)
     if not isinstance(state, Mapping):
-        raise CheckpointError(f"a population state must be a dict (from Population.state_dict()), got "
-                              f"{type(state).__name__}")
+        raise CheckpointError(
+            f"a population state must be a dict (from Population.state_dict()), got {type(state).__name__}"
+        )
     return state
 
 
 def to_legacy(extra: Mapping[str, Any], downs: Iterable[Tensor], ups: Iterable[Tensor]) -> dict[str, Any]:
     """The legacy layout of 0.1's ``Population.state()``: CPU copies of the stacks beside the counters."""
-    return {"format": FORMAT, "config": extra["config"],
-            "downs": [d.detach().to("cpu", copy=True) for d in downs],
-            "ups": [u.detach().to("cpu", copy=True) for u in ups],
-            **{key: extra[key] for key in ("generator", "generation", "eval_seed")}}
+    return {
+        "format": FORMAT,
+        "config": extra["config"],
+        "downs": [d.detach().to("cpu", copy=True) for d in downs],
+        "ups": [u.detach().to("cpu", copy=True) for u in ups],
+        **{key: extra[key] for key in ("generator", "generation", "eval_seed")},
+    }
 
 
 def check_keys(state_dict: Mapping[str, Any], own: Mapping[str, Any], strict: bool, required: bool = False) -> None:
@@ -100,14 +109,22 @@ def check_keys(state_dict: Mapping[str, Any], own: Mapping[str, Any], strict: bo
         raise CheckpointError(f"the population state has unexpected key(s) {unexpected}")
 
 
-def check_tensors(state_dict: Mapping[str, Any], own: Mapping[str, Tensor], targets: Sequence[str],
-                  embedding: Sequence[bool], pop_size: int) -> None:
+def check_tensors(
+    state_dict: Mapping[str, Any],
+    own: Mapping[str, Tensor],
+    targets: Sequence[str],
+    embedding: Sequence[bool],
+    pop_size: int,
+) -> None:
     """Every tensor of ``state_dict`` that ``own`` has too is a tensor of the same shape.
 
     Adapter stacks are named by target, their shapes quoted in the public layout.
     """
-    stacks = {f"_{kind}.{t}": (kind[:-1], name, emb) for kind in ("downs", "ups")
-              for t, (name, emb) in enumerate(zip(targets, embedding))}
+    stacks = {
+        f"_{kind}.{t}": (kind[:-1], name, emb)
+        for kind in ("downs", "ups")
+        for t, (name, emb) in enumerate(zip(targets, embedding))
+    }
     for key, value in state_dict.items():
         if key not in own or key == EXTRA_KEY:
             continue
@@ -115,14 +132,17 @@ def check_tensors(state_dict: Mapping[str, Any], own: Mapping[str, Tensor], targ
             kind, name, emb = stacks[key]
             check_stack(f"the state's {kind} adapter of {name!r}", value, pop_size)
             if value.shape != own[key].shape:
-                raise CheckpointError(f"checkpoint {kind} adapter of {name!r} has shape "
-                                      f"{public_shape(kind, value.shape, emb)}, expected "
-                                      f"{public_shape(kind, own[key].shape, emb)}")
+                raise CheckpointError(
+                    f"checkpoint {kind} adapter of {name!r} has shape "
+                    f"{public_shape(kind, value.shape, emb)}, expected "
+                    f"{public_shape(kind, own[key].shape, emb)}"
+                )
         elif not isinstance(value, Tensor):
             raise CheckpointError(f"the state's {key!r} must be a tensor, got {type(value).__name__}")
         elif value.shape != own[key].shape:
-            raise CheckpointError(f"checkpoint {key!r} has shape {tuple(value.shape)}, expected "
-                                  f"{tuple(own[key].shape)}")
+            raise CheckpointError(
+                f"checkpoint {key!r} has shape {tuple(value.shape)}, expected {tuple(own[key].shape)}"
+            )
 
 
 def from_legacy(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -143,21 +163,25 @@ def check_legacy(state: Any) -> None:
         CheckpointError: naming the missing or wrong key.
     """
     if not isinstance(state, Mapping):
-        raise CheckpointError(f"a population state must be a dict (from Population.state_dict()), got "
-                              f"{type(state).__name__}")
+        raise CheckpointError(
+            f"a population state must be a dict (from Population.state_dict()), got {type(state).__name__}"
+        )
     _check_format(state)
     missing = [key for key in _LEGACY_KEYS if key not in state]
     if missing:
-        raise CheckpointError(f"the population state lacks the key(s) {missing} (a complete state has "
-                              f"{list(_LEGACY_KEYS)})")
+        raise CheckpointError(
+            f"the population state lacks the key(s) {missing} (a complete state has {list(_LEGACY_KEYS)})"
+        )
     check_extra(state)
     targets = state["config"]["lora_targets"]
     for kind in ("downs", "ups"):
         stacks = state[kind]
         if not isinstance(stacks, (list, tuple)) or len(stacks) != len(targets):
-            raise CheckpointError(f"the state's {kind!r} must be a list of one tensor per target "
-                                  f"({len(targets)}), got {type(stacks).__name__}"
-                                  + (f" of {len(stacks)}" if isinstance(stacks, (list, tuple)) else ""))
+            raise CheckpointError(
+                f"the state's {kind!r} must be a list of one tensor per target "
+                f"({len(targets)}), got {type(stacks).__name__}"
+                + (f" of {len(stacks)}" if isinstance(stacks, (list, tuple)) else "")
+            )
         for name, t in zip(targets, stacks):
             check_stack(f"the state's {kind!r} entry of {name!r}", t, state["config"]["pop_size"])
 
@@ -173,8 +197,9 @@ def check_stack(where: str, t: Any, pop_size: int) -> None:
 
 def _check_format(state: Mapping[str, Any]) -> None:
     if state.get("format") != FORMAT:
-        raise CheckpointError(f"not a populora population state: 'format' is {state.get('format')!r}, "
-                              f"expected {FORMAT!r}")
+        raise CheckpointError(
+            f"not a populora population state: 'format' is {state.get('format')!r}, expected {FORMAT!r}"
+        )
 
 
 def check_extra(extra: Any, mine: Mapping[str, Any] | None = None) -> None:
@@ -218,25 +243,47 @@ def check_extra(extra: Any, mine: Mapping[str, Any] | None = None) -> None:
         raise CheckpointError(f"the state's config: {err}") from None
     for key in ("generation", "eval_seed"):
         if not is_int(extra[key]) or (key == "generation" and extra[key] < 0):
-            raise CheckpointError(f"the state's {key!r} must be an int" + (" >= 0" if key == "generation" else "")
-                                  + f", got {extra[key]!r}")
+            raise CheckpointError(
+                f"the state's {key!r} must be an int"
+                + (" >= 0" if key == "generation" else "")
+                + f", got {extra[key]!r}"
+            )
     generator = extra["generator"]
     if not isinstance(generator, Tensor) or generator.dtype != torch.uint8 or generator.dim() != 1:
-        got = f"{generator.dtype} tensor of shape {tuple(generator.shape)}" if isinstance(generator, Tensor) else (
-            type(generator).__name__)
-        raise CheckpointError(f"the state's 'generator' must be a 1-D uint8 tensor (torch.Generator.get_state()), "
-                              f"got {got}")
+        got = (
+            f"{generator.dtype} tensor of shape {tuple(generator.shape)}"
+            if isinstance(generator, Tensor)
+            else (type(generator).__name__)
+        )
+        raise CheckpointError(
+            f"the state's 'generator' must be a 1-D uint8 tensor (torch.Generator.get_state()), got {got}"
+        )
     scales = extra.get("weight_scales")
-    if scales is not None and (not isinstance(scales, (list, tuple)) or len(scales) != len(targets) or not all(
-            is_real(s) and s > 0 for s in scales)):
-        raise CheckpointError(f"the state's 'weight_scales' must be a list of one positive float per target "
-                              f"({len(targets)}), got {scales!r}")
+    if scales is not None and (
+        not isinstance(scales, (list, tuple))
+        or len(scales) != len(targets)
+        or not all(is_real(s) and s > 0 for s in scales)
+    ):
+        raise CheckpointError(
+            f"the state's 'weight_scales' must be a list of one positive float per target "
+            f"({len(targets)}), got {scales!r}"
+        )
     history = extra.get("history")
-    if history is not None and (not isinstance(history, (list, tuple)) or not all(
-            isinstance(s, (list, tuple)) and 3 <= len(s) <= len(GenerationStats._fields) and is_int(s[0])
-            and all(is_real(v) for v in s[1:3]) and all(v is None or is_real(v) for v in s[3:]) for s in history)):
-        raise CheckpointError("the state's 'history' must be a list of [generation, best, mean, std, validated, "
-                              "env_steps] entries (the last three may be None or left out)")
+    if history is not None and (
+        not isinstance(history, (list, tuple))
+        or not all(
+            isinstance(s, (list, tuple))
+            and 3 <= len(s) <= len(GenerationStats._fields)
+            and is_int(s[0])
+            and all(is_real(v) for v in s[1:3])
+            and all(v is None or is_real(v) for v in s[3:])
+            for s in history
+        )
+    ):
+        raise CheckpointError(
+            "the state's 'history' must be a list of [generation, best, mean, std, validated, "
+            "env_steps] entries (the last three may be None or left out)"
+        )
 
 
 def _stats(entry: Sequence[Any]) -> GenerationStats:
@@ -260,18 +307,23 @@ def restore_generator(saved: Tensor, device: torch.device) -> torch.Generator:
         try:
             generator.set_state(saved.cpu())
         except (RuntimeError, TypeError) as err:
-            raise CheckpointError(f"the state's 'generator' is not a valid {device.type} generator state: "
-                                  f"{err}") from None
+            raise CheckpointError(
+                f"the state's 'generator' is not a valid {device.type} generator state: {err}"
+            ) from None
         return generator
     other = {torch.Generator().get_state().numel(), _CUDA_GENERATOR_STATE_BYTES} - {own}
     if saved.numel() not in other:
-        raise CheckpointError(f"the state's 'generator' holds {saved.numel()} bytes, which is no generator state "
-                              f"(a {device.type} generator's has {own}): it is truncated or damaged")
+        raise CheckpointError(
+            f"the state's 'generator' holds {saved.numel()} bytes, which is no generator state "
+            f"(a {device.type} generator's has {own}): it is truncated or damaged"
+        )
     seed = int.from_bytes(hashlib.sha256(saved.cpu().numpy().tobytes()).digest()[:8], "little")
     generator.manual_seed(seed)
-    warnings.warn(f"the checkpoint's generator state ({saved.numel()} bytes) is for another device type than "
-                  f"{device}; reseeded from it, so the run continues deterministically but not bit-identically",
-                  stacklevel=4)
+    warnings.warn(
+        f"the checkpoint's generator state ({saved.numel()} bytes) is for another device type than "
+        f"{device}; reseeded from it, so the run continues deterministically but not bit-identically",
+        stacklevel=4,
+    )
     return generator
 
 
@@ -287,10 +339,14 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         return load_checkpoint(path, kind="Population")
     tensors, meta = load_safetensors_checkpoint(path, kind="Population")
     if not isinstance(meta, dict) or _GENERATOR_KEY not in tensors:
-        raise CheckpointError(f"checkpoint {str(path)!r} is a populora safetensors file without the population's "
-                              f"extra state (metadata and {_GENERATOR_KEY!r})")
-    return {**{k: v for k, v in tensors.items() if k != _GENERATOR_KEY},
-            EXTRA_KEY: {**meta, "generator": tensors[_GENERATOR_KEY]}}
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is a populora safetensors file without the population's "
+            f"extra state (metadata and {_GENERATOR_KEY!r})"
+        )
+    return {
+        **{k: v for k, v in tensors.items() if k != _GENERATOR_KEY},
+        EXTRA_KEY: {**meta, "generator": tensors[_GENERATOR_KEY]},
+    }
 
 
 class Checkpointing:
@@ -312,9 +368,14 @@ class Checkpointing:
         """
         return {
             "format": FORMAT,
-            "config": {"pop_size": self.pop_size, "low_rank": self.low_rank, "seed": self.seed,
-                       "init_scale": self.init_scale, "nan_policy": self.nan_policy,
-                       "lora_targets": list(self.target_names)},
+            "config": {
+                "pop_size": self.pop_size,
+                "low_rank": self.low_rank,
+                "seed": self.seed,
+                "init_scale": self.init_scale,
+                "nan_policy": self.nan_policy,
+                "lora_targets": list(self.target_names),
+            },
             "generator": self.generator.get_state().clone(),
             "generation": self.generation,
             "eval_seed": self.eval_seed,
@@ -326,8 +387,9 @@ class Checkpointing:
         """Restore :meth:`get_extra_state` (checked first; called by ``load_state_dict``)."""
         self._write_extra(self._check_extra(state))
 
-    def state_dict(self, *args: Any, destination: Any = None, prefix: str = "", keep_vars: bool = False,
-                   include_model: bool = True) -> dict[str, Any]:
+    def state_dict(
+        self, *args: Any, destination: Any = None, prefix: str = "", keep_vars: bool = False, include_model: bool = True
+    ) -> dict[str, Any]:
         """torch's state dict: base weights, adapters and (``_extra_state``) generator and counters.
 
         Like every module's, it holds references to the live tensors (copy it,
@@ -389,8 +451,9 @@ class Checkpointing:
 
     def _check_extra(self, extra: Any) -> dict[str, Any]:
         """The extra state checked against this population, with its generator rebuilt (nothing written)."""
-        check_extra(extra, {"pop_size": self.pop_size, "low_rank": self.low_rank,
-                            "lora_targets": list(self.target_names)})
+        check_extra(
+            extra, {"pop_size": self.pop_size, "low_rank": self.low_rank, "lora_targets": list(self.target_names)}
+        )
         return {**extra, "generator": restore_generator(extra["generator"], self.device)}
 
     def _write_extra(self, extra: Mapping[str, Any]) -> None:
@@ -405,15 +468,21 @@ class Checkpointing:
 
     def state(self) -> dict[str, Any]:
         """Deprecated: use :meth:`state_dict` (or :meth:`save`); the 0.1 snapshot layout, CPU copies."""
-        warnings.warn("`Population.state()` is deprecated; use `state_dict()` (or `save(path)` for a file)",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "`Population.state()` is deprecated; use `state_dict()` (or `save(path)` for a file)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         self._check_alive()
         return to_legacy(self.get_extra_state(), self._downs, self._ups)
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         """Deprecated: use :meth:`load_state_dict` (or :meth:`load`), which reads these dicts too."""
-        warnings.warn("`Population.load_state()` is deprecated; use `load_state_dict()` (or `load(path)`)",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "`Population.load_state()` is deprecated; use `load_state_dict()` (or `load(path)`)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         self.load_state_dict(state)
 
     def save(self, path: str | Path, *, format: str | None = None) -> Path:
@@ -435,8 +504,10 @@ class Checkpointing:
         format = check_one_of("format", format, (None, "torch", "safetensors"))
         if format is None:
             format = "safetensors" if Path(path).suffix == ".safetensors" else "torch"
-        snapshot = {k: v.detach().to("cpu", copy=True) if isinstance(v, Tensor) else v
-                    for k, v in self.state_dict(include_model=False).items()}
+        snapshot = {
+            k: v.detach().to("cpu", copy=True) if isinstance(v, Tensor) else v
+            for k, v in self.state_dict(include_model=False).items()
+        }
         if format == "torch":
             return atomic_save(snapshot, path, kind="Population")
         extra = dict(snapshot.pop(EXTRA_KEY))

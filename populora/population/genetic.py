@@ -76,8 +76,13 @@ class Evolvable:
                 shapes named), non-finite values.
         """
         last = self.__dict__.get("_validated")
-        if (last is not None and fitnesses is last[0] and last[1] is not None and _version(fitnesses) == last[1]
-                and fitnesses.device == self.device):
+        if (
+            last is not None
+            and fitnesses is last[0]
+            and last[1] is not None
+            and _version(fitnesses) == last[1]
+            and fitnesses.device == self.device
+        ):
             return fitnesses  # this method's own result, untouched since: e.g. Coevolve's, passed on to evolve_
         f = _fitness.validate_fitnesses(fitnesses, self.pop_size, nan_policy=self.nan_policy, device=self.device)
         self.__dict__["_validated"] = (f, _version(f))
@@ -85,8 +90,11 @@ class Evolvable:
 
     def check_fitnesses(self, fitnesses: Any) -> Tensor:
         """Deprecated: renamed :meth:`validate_fitnesses` (same result)."""
-        warnings.warn("`Population.check_fitnesses` is deprecated; use `Population.validate_fitnesses`",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "`Population.check_fitnesses` is deprecated; use `Population.validate_fitnesses`",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return self.validate_fitnesses(fitnesses)
 
     # ------------------------------------------------------------------ evaluation
@@ -141,8 +149,9 @@ class Evolvable:
         fn = ops.get_operator("selection", selection_type)
         ops.check_options("selection", selection_type, type_kwargs)
         f = self.validate_fitnesses(fitnesses)
-        return ops.selection.select_survivors(f, fn, survive_frac, elite_frac, num_groups, generator=self.generator,
-                                              **type_kwargs)
+        return ops.selection.select_survivors(
+            f, fn, survive_frac, elite_frac, num_groups, generator=self.generator, **type_kwargs
+        )
 
     def select_parents(
         self,
@@ -169,13 +178,15 @@ class Evolvable:
         check_int("num_parents_per_child", num_parents_per_child, low=1)
         return self._select_parents(fn, f, num_children, culled, num_parents_per_child, num_groups, type_kwargs)
 
-    def _select_parents(self, fn: Callable, f: Tensor, num_children: Any, culled: Any, num_parents: Any,
-                        num_groups: Any, options: dict) -> Tensor:
+    def _select_parents(
+        self, fn: Callable, f: Tensor, num_children: Any, culled: Any, num_parents: Any, num_groups: Any, options: dict
+    ) -> Tensor:
         culled_ids = self._ids(culled if culled is not None else [], "culled", allow_empty=True)
         if num_children is None:
             num_children = culled_ids.numel()
-        return ops.parents.parents_for_slots(f, fn, culled_ids, num_children, num_parents, num_groups,
-                                             generator=self.generator, **options)
+        return ops.parents.parents_for_slots(
+            f, fn, culled_ids, num_children, num_parents, num_groups, generator=self.generator, **options
+        )
 
     # ------------------------------------------------------------------ variation
 
@@ -206,8 +217,9 @@ class Evolvable:
         parents_t = self._ids(parents, "parents", allow_empty=True, dim=2)
         child_ids = self._ids(children, "children", allow_empty=True)
         if child_ids.numel() != parents_t.shape[0]:
-            raise InvalidValueError(f"`children` has {child_ids.numel()} slots but `parents` has "
-                                    f"{parents_t.shape[0]} rows")
+            raise InvalidValueError(
+                f"`children` has {child_ids.numel()} slots but `parents` has {parents_t.shape[0]} rows"
+            )
         if torch.unique(child_ids).numel() != child_ids.numel():
             raise InvalidValueError(f"`children` must be distinct slots, got {child_ids.tolist()}")
         num_groups = ops.check_num_groups(self.pop_size, num_groups)
@@ -217,11 +229,13 @@ class Evolvable:
         with self._undo_on_error(child_ids):
             self._crossover(fn, parents_t, child_ids, f, num_groups, type_kwargs)
 
-    def _crossover(self, fn: Callable, parents: Tensor, children: Tensor, fitnesses: Tensor | None, num_groups: int,
-                   options: dict) -> None:
+    def _crossover(
+        self, fn: Callable, parents: Tensor, children: Tensor, fitnesses: Tensor | None, num_groups: int, options: dict
+    ) -> None:
         with ops.trusted_fitnesses():  # validated once, by the caller
-            new = fn(self.factors(), parents, fitnesses=fitnesses, generator=self.generator, num_groups=num_groups,
-                     **options)
+            new = fn(
+                self.factors(), parents, fitnesses=fitnesses, generator=self.generator, num_groups=num_groups, **options
+            )
         self._write(children, new)
 
     @torch.no_grad()
@@ -272,8 +286,12 @@ class Evolvable:
             return
         per = PerDevice(ids)  # each target reads the ids on its own stacks' device (a spread model)
         chosen = [Factors(d[per.on(d.device)], u[per.on(u.device)]) for d, u in self.factors()]
-        self._write(per, ops.call_mutation(fn, chosen, epsilon=epsilon, weight_scales=self.weight_scales,
-                                           generator=self.generator, **options))
+        self._write(
+            per,
+            ops.call_mutation(
+                fn, chosen, epsilon=epsilon, weight_scales=self.weight_scales, generator=self.generator, **options
+            ),
+        )
 
     def _write(self, ids: Tensor | PerDevice, new: Sequence[Factors]) -> None:
         """Write ``new[t]`` (``down (n, d, r_t)``, ``up (n, e, r_t)``) into rows ``ids (n,)`` of each target.
@@ -297,8 +315,9 @@ class Evolvable:
             generator_state = self.generator.get_state()
         counters = (self.generation, self.eval_seed)
         per = PerDevice(ids)  # each target's rows are saved and put back on that target's device
-        saved = [(down[per.on(down.device)].clone(), up[per.on(up.device)].clone())
-                 for down, up in self._full_factors()]
+        saved = [
+            (down[per.on(down.device)].clone(), up[per.on(up.device)].clone()) for down, up in self._full_factors()
+        ]
         try:
             yield
         except BaseException:
@@ -343,8 +362,12 @@ class Evolvable:
         the same generation bit for bit.
         """
         self._check_alive()
-        kinds = (("selection", selection_type, selection_kwargs), ("parent_selection", parent_selection_type, parent_kwargs),
-                 ("crossover", crossover_type, crossover_kwargs), ("mutation", mutation_type, mutation_kwargs))
+        kinds = (
+            ("selection", selection_type, selection_kwargs),
+            ("parent_selection", parent_selection_type, parent_kwargs),
+            ("crossover", crossover_type, crossover_kwargs),
+            ("mutation", mutation_type, mutation_kwargs),
+        )
         for kind, name, options in kinds:
             ops.get_operator(kind, name)
             ops.check_options(kind, name, options or {})
@@ -356,23 +379,42 @@ class Evolvable:
 
         generator_state = self.generator.get_state()
         try:  # selection writes no adapter, only draws
-            result = ops.selection.select_survivors(f, ops.get_operator("selection", selection_type), survive_frac,
-                                                    elite_frac, num_groups, generator=self.generator,
-                                                    **(selection_kwargs or {}))
+            result = ops.selection.select_survivors(
+                f,
+                ops.get_operator("selection", selection_type),
+                survive_frac,
+                elite_frac,
+                num_groups,
+                generator=self.generator,
+                **(selection_kwargs or {}),
+            )
         except BaseException:
             self.generator.set_state(generator_state)
             raise
         culled = result.selected_out_indices
         with self._undo_on_error(culled, generator_state):  # e.g. a crossover needing another parent count
-            parents = self._select_parents(ops.get_operator("parent_selection", parent_selection_type), f,
-                                           culled.numel(), culled, num_parents_per_child, num_groups,
-                                           parent_kwargs or {})
+            parents = self._select_parents(
+                ops.get_operator("parent_selection", parent_selection_type),
+                f,
+                culled.numel(),
+                culled,
+                num_parents_per_child,
+                num_groups,
+                parent_kwargs or {},
+            )
             if culled.numel():
-                self._crossover(ops.get_operator("crossover", crossover_type), parents, culled, f, num_groups,
-                                crossover_kwargs or {})
+                self._crossover(
+                    ops.get_operator("crossover", crossover_type),
+                    parents,
+                    culled,
+                    f,
+                    num_groups,
+                    crossover_kwargs or {},
+                )
             self._mutate(ops.get_operator("mutation", mutation_type), culled, epsilon, mutation_kwargs or {})
-        self.history.append(GenerationStats(self.generation, float(f.max()), float(f.mean()),
-                                            float(f.std(correction=0))))
+        self.history.append(
+            GenerationStats(self.generation, float(f.max()), float(f.mean()), float(f.std(correction=0)))
+        )
         self.generation += 1
         self.eval_seed += 1
         return result

@@ -61,10 +61,13 @@ def place(model: nn.Module, targets: dict[str, nn.Module], device: str | torch.d
             f"the model is spread over {[str(d) for d in devices]} and target(s) {meta[:5]} "
             f"{'(and more) ' if len(meta) > 5 else ''}sit on the meta device (offloaded, not in memory), so they "
             "cannot carry adapters; load the model with enough memory for every target, pass `device=` to put "
-            "everything on one device, or exclude them ('!pattern' entries in `lora_targets`)")
+            "everything on one device, or exclude them ('!pattern' entries in `lora_targets`)"
+        )
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     weight = getattr(embeddings, "weight", None)
-    first = weight.device if isinstance(weight, torch.Tensor) and weight.device.type != "meta" else next(
-        d for d in devices if d.type != "meta")
+    first = (
+        weight.device
+        if isinstance(weight, torch.Tensor) and weight.device.type != "meta"
+        else next(d for d in devices if d.type != "meta")
+    )
     return Placement(first, on, True)
-

@@ -19,16 +19,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from populora.routing import wrapping
 from populora.adapters import Adapter, Factors, to_adapter, to_factors
 from populora.checks import check_bool, check_float, check_index, check_int, check_one_of, check_seed
 from populora.errors import InvalidIndexError, InvalidTypeError, InvalidValueError, SpentPopulationError
 from populora.fitness import NAN_POLICIES
-from populora.population.genetic import Evolvable
 from populora.operators.selection import SelectionResult
 from populora.population.adapter_io import AdapterIO
-from populora.population.placement import place
 from populora.population.checkpointing import Checkpointing
+from populora.population.genetic import Evolvable
+from populora.population.placement import place
+from populora.routing import wrapping
 from populora.routing.front import RoutedModel, Router, RoutingTarget, run_single
 from populora.stats import GenerationStats
 from populora.targets import find_targets, layer_dims
@@ -142,22 +142,27 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
         nan_policy = check_one_of("nan_policy", nan_policy, NAN_POLICIES)
         requires_grad = check_bool("requires_grad", requires_grad)
         if dtype is not None and not isinstance(dtype, torch.dtype):
-            raise InvalidTypeError(f"`dtype` must be None or a torch.dtype (e.g. torch.float32), got "
-                                   f"{type(dtype).__name__} {dtype!r}")
+            raise InvalidTypeError(
+                f"`dtype` must be None or a torch.dtype (e.g. torch.float32), got {type(dtype).__name__} {dtype!r}"
+            )
         if dtype is not None and not dtype.is_floating_point:
             raise InvalidValueError(f"`dtype` must be a floating-point dtype (adapters are real-valued), got {dtype}")
         if device is not None:
             try:
                 torch.device(device)
             except (RuntimeError, TypeError, ValueError):
-                raise InvalidValueError(f"`device` must be None, a torch.device or a device string such as 'cpu' or "
-                                        f"'cuda:0', got {type(device).__name__} {device!r}") from None
+                raise InvalidValueError(
+                    f"`device` must be None, a torch.device or a device string such as 'cpu' or "
+                    f"'cuda:0', got {type(device).__name__} {device!r}"
+                ) from None
         targets = find_targets(model, lora_targets)
         placement = place(model, targets, device)  # a model spread over devices stays where it is
         for name, module in targets.items():
             if dtype is None and not module.weight.dtype.is_floating_point:
-                raise InvalidValueError(f"target {name!r} has a {module.weight.dtype} weight; pass a floating-point "
-                                        "`dtype` for the adapters")
+                raise InvalidValueError(
+                    f"target {name!r} has a {module.weight.dtype} weight; pass a floating-point "
+                    "`dtype` for the adapters"
+                )
 
         self.pop_size = pop_size
         self.low_rank = low_rank
@@ -188,7 +193,9 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
             weight = module.weight.detach()
             weight_scale = max(weight.double().square().mean().sqrt().item(), 1 / math.sqrt(d))
             like = {"device": placement.targets[name], "dtype": dtype or weight.dtype}
-            down = torch.zeros(pop_size, d, low_rank, **like) if embedding else torch.zeros(pop_size, low_rank, d, **like)
+            down = (
+                torch.zeros(pop_size, d, low_rank, **like) if embedding else torch.zeros(pop_size, low_rank, d, **like)
+            )
             up = torch.zeros(pop_size, low_rank, e, **like)
             self._downs.append(nn.Parameter(down, requires_grad=requires_grad))
             self._ups.append(nn.Parameter(up, requires_grad=requires_grad))
@@ -200,8 +207,9 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
         self._sliced_adapters: tuple[list[int], list[Adapter]] | None = None
         with torch.no_grad():
             for (down, up), rank, weight_scale in zip(self._full_factors(), self.effective_ranks, self.weight_scales):
-                noise = torch.randn(pop_size, down.shape[1] + up.shape[1], rank, generator=self.generator,
-                                    device=self.device)
+                noise = torch.randn(
+                    pop_size, down.shape[1] + up.shape[1], rank, generator=self.generator, device=self.device
+                )
                 scale = math.sqrt(weight_scale / math.sqrt(rank))  # balanced: rms(up down^T) = init_scale * w
                 down[..., :rank] = scale * noise[:, : down.shape[1]]
                 up[..., :rank] = self.init_scale * scale * noise[:, down.shape[1] :]
@@ -252,8 +260,16 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
             out = run_single(target, args[0], individual, individuals, all_individuals)
             if out is not NotImplemented:
                 return out
-        return self._route(args, kwargs, target=target, individual=individual, individuals=individuals,
-                           all_individuals=all_individuals, broadcast=broadcast, split=split)
+        return self._route(
+            args,
+            kwargs,
+            target=target,
+            individual=individual,
+            individuals=individuals,
+            all_individuals=all_individuals,
+            broadcast=broadcast,
+            split=split,
+        )
 
     def _routing_target(self) -> RoutingTarget:
         return RoutingTarget(self.model, self._router, self.adapters(), self.pop_size, self.device)
@@ -278,19 +294,30 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
         """
         self._check_alive()
         if len(factors) != len(self.target_names):
-            raise InvalidValueError(f"`factors` must hold one entry per target ({len(self.target_names)}), "
-                                    f"got {len(factors)}")
+            raise InvalidValueError(
+                f"`factors` must hold one entry per target ({len(self.target_names)}), got {len(factors)}"
+            )
         adapters = [to_adapter(f, emb) for f, emb in zip(factors, self._embedding)]
         target = RoutingTarget(self.model, self._router, adapters, factors[0].down.shape[0], self.device)
-        return self._route(args, kwargs, target=target, individual=individual, individuals=individuals,
-                           all_individuals=all_individuals, broadcast=broadcast, split=split)
+        return self._route(
+            args,
+            kwargs,
+            target=target,
+            individual=individual,
+            individuals=individuals,
+            all_individuals=all_individuals,
+            broadcast=broadcast,
+            split=split,
+        )
 
     def _stacks(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
         """The adapter parameters, from lists rebuilt only when a parameter object was swapped
         (``.to()``, ``load_state_dict(assign=True)``, ``torch.func.functional_call``)."""
         downs, ups = self._downs._parameters.values(), self._ups._parameters.values()
-        if len(self._down_list) != len(downs) or not all(map(operator.is_, self._down_list, downs)) or not all(
-            map(operator.is_, self._up_list, ups)
+        if (
+            len(self._down_list) != len(downs)
+            or not all(map(operator.is_, self._down_list, downs))
+            or not all(map(operator.is_, self._up_list, ups))
         ):
             self._down_list, self._up_list = list(downs), list(ups)
             full = all(r == self.low_rank for r in self.effective_ranks)
@@ -397,8 +424,10 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
 
     def _check_alive(self) -> None:
         if self._spent:
-            raise SpentPopulationError("this population was merged into its model (merge_ / "
-                                       "select_and_merge_best_) and cannot be used any more")
+            raise SpentPopulationError(
+                "this population was merged into its model (merge_ / "
+                "select_and_merge_best_) and cannot be used any more"
+            )
 
     def _check_id(self, individual: Any, name: str = "individual") -> int:
         """An id in ``[0, P)``: Python or NumPy integer, or a one-element integer tensor."""
@@ -442,15 +471,23 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
     @property
     def floors(self) -> list[float]:
         """Deprecated: the per-target factor scale ``sqrt(w / sqrt(r))`` of :attr:`weight_scales`."""
-        warnings.warn("`Population.floors` is deprecated; use `weight_scales` (the reference weight RMS per "
-                      "target; the old floor is sqrt(weight_scale / sqrt(rank)))", DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "`Population.floors` is deprecated; use `weight_scales` (the reference weight RMS per "
+            "target; the old floor is sqrt(weight_scale / sqrt(rank)))",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return [math.sqrt(w / math.sqrt(r)) for w, r in zip(self.weight_scales, self.effective_ranks)]
 
     @property
     def ranks(self) -> list[int]:
         """Deprecated: :attr:`effective_ranks` (``min(low_rank, d, e)`` per target)."""
-        warnings.warn("`Population.ranks` is deprecated; use `effective_ranks` (the effective rank "
-                      "min(low_rank, d, e) of each target)", DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "`Population.ranks` is deprecated; use `effective_ranks` (the effective rank "
+            "min(low_rank, d, e) of each target)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return list(self.effective_ranks)
 
     def __repr__(self) -> str:
@@ -459,14 +496,14 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
         The base model is not printed (``pop.model`` is); a merged or closed
         population says so.
         """
-        head = (f"{type(self).__name__}(pop_size={self.pop_size}, low_rank={self.low_rank}, "
-                f"generation={self.generation}")
+        head = f"{type(self).__name__}(pop_size={self.pop_size}, low_rank={self.low_rank}, generation={self.generation}"
         if self._spent:
             return head + ", spent: merged or closed)"
         lines = [head + ", targets={"]
         for name, (down, up), module in zip(self.target_names, self.factors(), self._targets.values()):
-            lines.append(f"  {name!r}: {type(module).__name__} down {tuple(down.shape)}, up {tuple(up.shape)}, "
-                         f"{down.dtype},")
+            lines.append(
+                f"  {name!r}: {type(module).__name__} down {tuple(down.shape)}, up {tuple(up.shape)}, {down.dtype},"
+            )
         return "\n".join(lines) + "\n})"
 
 

@@ -38,8 +38,8 @@ import torch
 from torch import Tensor
 
 from populora.errors import InvalidIndexError, InvalidTypeError, InvalidValueError, RouteError
-from populora.routing.router import Route
 from populora.routing.front import RouteRequest, RoutingTarget, _check_range, _plan
+from populora.routing.router import Route
 
 __all__ = ["RouteBlock"]
 
@@ -63,8 +63,10 @@ class RouteBlock:
         if not request.routed:
             raise RouteError("route() needs one of `individual=`, `individuals=` or `all_individuals=True`")
         if request.broadcast or request.per_individual or request.split:
-            raise RouteError("route() takes no `broadcast=`, `per_individual=` or `split=`: rows cannot be "
-                             "added or reshaped inside the model's own forwards")
+            raise RouteError(
+                "route() takes no `broadcast=`, `per_individual=` or `split=`: rows cannot be "
+                "added or reshaped inside the model's own forwards"
+            )
         self._target = target
         self.individual = request.individual
         if request.individual is not None:
@@ -101,7 +103,8 @@ class RouteBlock:
                     f"target {name!r} received {rows} rows, but this route has {n} routed rows: every forward "
                     f"inside `route(...)` must see k * {n} rows (k = 1, or num_return_sequences / num_beams, "
                     "each row repeated k times in place); a loop that drops or reorders rows calls "
-                    "`route.select_(rows)` first")
+                    "`route.select_(rows)` first"
+                )
             else:
                 plan, _ = _plan(np.repeat(self.ids, rows // n), self._target.num, device, keep_order=True)
         self._plans[rows] = plan
@@ -131,15 +134,20 @@ class RouteBlock:
         """
         if self.ids is None:
             return self
-        current = self.ids if self.last_rows is None or self.ids.size == 0 else np.repeat(
-            self.ids, self.last_rows // self.ids.size)
+        current = (
+            self.ids
+            if self.last_rows is None or self.ids.size == 0
+            else np.repeat(self.ids, self.last_rows // self.ids.size)
+        )
         if isinstance(rows, Tensor):
             rows = rows.detach().cpu().numpy()
         rows = np.asarray(rows)
         if rows.dtype == np.bool_:
             if rows.shape != current.shape:
-                raise InvalidValueError(f"a boolean `rows` mask must have shape {current.shape} (the rows of the "
-                                        f"last forward), got {rows.shape}")
+                raise InvalidValueError(
+                    f"a boolean `rows` mask must have shape {current.shape} (the rows of the "
+                    f"last forward), got {rows.shape}"
+                )
             rows = np.flatnonzero(rows)
         if rows.size and rows.dtype.kind not in "iu":
             raise InvalidTypeError(f"`rows` must hold integer indices (or be a boolean mask), got dtype {rows.dtype}")
@@ -147,8 +155,9 @@ class RouteBlock:
             raise InvalidValueError(f"`rows` must be 1-D, got shape {rows.shape}")
         bad = np.flatnonzero((rows < 0) | (rows >= current.size))
         if bad.size:
-            raise InvalidIndexError(f"`rows` holds {int(rows[bad[0]])}, out of range [0, {current.size}) (the rows "
-                                    "of the last forward)")
+            raise InvalidIndexError(
+                f"`rows` holds {int(rows[bad[0]])}, out of range [0, {current.size}) (the rows of the last forward)"
+            )
         self.ids = current[rows.astype(np.int64)]
         self.last_rows = None
         self._plans = {}
@@ -160,8 +169,10 @@ class RouteBlock:
         if router._removed:
             raise RuntimeError("this router was removed from its model (the population was merged or closed)")
         if router._state is not None:
-            raise RouteError("a routed forward is already running on this model: route() blocks do not nest, "
-                             "and a population cannot be called inside one of its own route() blocks")
+            raise RouteError(
+                "a routed forward is already running on this model: route() blocks do not nest, "
+                "and a population cannot be called inside one of its own route() blocks"
+            )
         from populora.routing.router import _Origin
 
         self._called = set()

@@ -77,10 +77,34 @@ from populora.checks import check_bool, check_index
 from populora.errors import RouteError
 from populora.routing import router as router_module
 from populora.routing.router import Adapter, Route, Router, _Origin, gather_budget
-from populora.routing.rows import NOT_BATCH_FIRST, _batch_first, _check_range, _expand, _host_ids, _keeps_order, _leaves, _plan, map_tensors, split_rows
+from populora.routing.rows import (
+    NOT_BATCH_FIRST,
+    _batch_first,
+    _check_range,
+    _expand,
+    _host_ids,
+    _keeps_order,
+    _leaves,
+    _plan,
+    map_tensors,
+    split_rows,
+)
 
-__all__ = ["NOT_BATCH_FIRST", "Adapter", "Route", "RouteRequest", "RoutedModel", "Router", "RoutingTarget", "gather_budget",
-           "map_tensors", "parse_route", "routed_call", "run_route", "run_single"]
+__all__ = [
+    "NOT_BATCH_FIRST",
+    "Adapter",
+    "Route",
+    "RouteRequest",
+    "RoutedModel",
+    "Router",
+    "RoutingTarget",
+    "gather_budget",
+    "map_tensors",
+    "parse_route",
+    "routed_call",
+    "run_route",
+    "run_single",
+]
 
 
 class RoutingTarget(NamedTuple):
@@ -146,24 +170,36 @@ def parse_route(
         RouteError: conflicting arguments (named).
     """
     if torch.compiler.is_compiling():  # host-side checks of Python / NumPy values: eagerly, outside the graph
-        return _parse_route_eager(num, individual=individual, individuals=individuals, all_individuals=all_individuals,
-                                  broadcast=broadcast, split=split, per_individual=per_individual)
+        return _parse_route_eager(
+            num,
+            individual=individual,
+            individuals=individuals,
+            all_individuals=all_individuals,
+            broadcast=broadcast,
+            split=split,
+            per_individual=per_individual,
+        )
     all_individuals = check_bool("all_individuals", all_individuals)
     broadcast = check_bool("broadcast", broadcast)
     split = check_bool("split", split)
     per_individual = check_bool("per_individual", per_individual)
     given = [individual is not None, individuals is not None, all_individuals]
     if sum(given) > 1:
-        raise RouteError("pass at most one of `individual=`, `individuals=` and `all_individuals=True`, got "
-                         + ", ".join(name for name, g in zip(("individual", "individuals", "all_individuals"), given) if g))
+        raise RouteError(
+            "pass at most one of `individual=`, `individuals=` and `all_individuals=True`, got "
+            + ", ".join(name for name, g in zip(("individual", "individuals", "all_individuals"), given) if g)
+        )
     if broadcast and not (all_individuals or individuals is not None):
         raise RouteError("`broadcast=True` needs `all_individuals=True` or `individuals=`")
     if per_individual and not (all_individuals or individuals is not None):
-        raise RouteError("`per_individual=True` needs `all_individuals=True` or `individuals=` (with "
-                         "`individual=` the inputs are that individual's own batch)")
+        raise RouteError(
+            "`per_individual=True` needs `all_individuals=True` or `individuals=` (with "
+            "`individual=` the inputs are that individual's own batch)"
+        )
     if per_individual and broadcast:
-        raise RouteError("`per_individual=True` gives each individual its own rows: it cannot be combined "
-                         "with `broadcast=True`")
+        raise RouteError(
+            "`per_individual=True` gives each individual its own rows: it cannot be combined with `broadcast=True`"
+        )
     if individual is not None:
         if isinstance(individual, Tensor) and individual.dim() and individual.numel() == 1:
             individual = individual.reshape(())
@@ -210,8 +246,11 @@ def run_route(target: RoutingTarget, request: RouteRequest, args: tuple, kwargs:
     perm = None
     times, how = 1, ""  # the route's rows are `times` copies of the user's batch
     if individual is not None:
-        route = _one_route_eager(n_in, individual, dev) if torch.compiler.is_compiling() else Route(
-            n=n_in, groups=1, chunk=n_in, index=slice(individual, individual + 1))
+        route = (
+            _one_route_eager(n_in, individual, dev)
+            if torch.compiler.is_compiling()
+            else Route(n=n_in, groups=1, chunk=n_in, index=slice(individual, individual + 1))
+        )
     elif all_individuals:
         if (n_in == 1 and not request.per_individual) or request.broadcast:
             args, kwargs = _expand((args, kwargs), num, on_batch)
@@ -246,9 +285,11 @@ def run_route(target: RoutingTarget, request: RouteRequest, args: tuple, kwargs:
         out = router.run(route, adapters, model, args, kwargs, origin)
     except Exception as error:
         if times > 1 and hasattr(error, "add_note") and not isinstance(error, RouteError):
-            error.add_note(f"populora: this routed forward ran the model on {route.n} rows, {origin.how}: the "
-                           f"batch passed has {n_in} rows (first input of shape {origin.shape()}), so row counts "
-                           "above count the repeated rows")
+            error.add_note(
+                f"populora: this routed forward ran the model on {route.n} rows, {origin.how}: the "
+                f"batch passed has {n_in} rows (first input of shape {origin.shape()}), so row counts "
+                "above count the repeated rows"
+            )
         raise
     n = route.n
     if perm is not None:
@@ -278,14 +319,20 @@ def run_single(target: RoutingTarget, x: Tensor, individual: Any, individuals: A
         if type(individual) is not int or individuals is not None or all_individuals is not False:
             return NotImplemented
         i = check_index("individual", individual, num)
-        return router.run(Route(n=n, groups=1, chunk=n, index=slice(i, i + 1)), adapters, model, (x,), None,
-                          _Origin(n, [x], 1, ""))
+        return router.run(
+            Route(n=n, groups=1, chunk=n, index=slice(i, i + 1)), adapters, model, (x,), None, _Origin(n, [x], 1, "")
+        )
     if individuals is None:
         if all_individuals is not True or n < 2 or n % num:
             return NotImplemented
         return router.run(Route(n=n, groups=num, chunk=n // num), adapters, model, (x,), None, _Origin(n, [x], 1, ""))
-    if all_individuals is not False or n < 2 or not isinstance(individuals, (np.ndarray, Tensor)) or \
-            individuals.ndim != 1 or individuals.shape[0] != n:
+    if (
+        all_individuals is not False
+        or n < 2
+        or not isinstance(individuals, (np.ndarray, Tensor))
+        or individuals.ndim != 1
+        or individuals.shape[0] != n
+    ):
         return NotImplemented
     ids = _host_ids(individuals)
     route, perm = _ids_plan(router, ids, 1, num, x.device, _keeps_order(model, {}))
@@ -298,8 +345,14 @@ def run_single(target: RoutingTarget, x: Tensor, individual: Any, individuals: A
 def _unpermute(out: Any, perm: Tensor, n: int) -> Any:
     """Every tensor output of ``n`` rows back in input order: row ``perm[j]`` gets the ``j``-th row."""
     # (an output may sit on another device than the inputs: a model spread by device_map)
-    return map_tensors(out, lambda t: torch.empty_like(t).index_copy_(
-        0, perm if perm.device == t.device else perm.to(t.device), t) if t.dim() and t.shape[0] == n else t)
+    return map_tensors(
+        out,
+        lambda t: (
+            torch.empty_like(t).index_copy_(0, perm if perm.device == t.device else perm.to(t.device), t)
+            if t.dim() and t.shape[0] == n
+            else t
+        ),
+    )
 
 
 @torch.compiler.disable
@@ -308,8 +361,14 @@ def _one_route_eager(n: int, individual: int, device: torch.device) -> Route:
     return Route(n=n, groups=1, chunk=n, index=torch.tensor([individual], device=device))
 
 
-def _ids_plan(router: Router, ids: np.ndarray, repeats: int, num: int, device: torch.device, keep: bool,
-              ) -> tuple[Route, Tensor | None]:
+def _ids_plan(
+    router: Router,
+    ids: np.ndarray,
+    repeats: int,
+    num: int,
+    device: torch.device,
+    keep: bool,
+) -> tuple[Route, Tensor | None]:
     """The route of ``individuals=ids`` (each repeated ``repeats`` times) and the row permutation, if any.
 
     The plan is data-dependent host work: it runs eagerly under
@@ -355,8 +414,15 @@ def routed_call(
     described in the module docstring. Nothing runs and nothing moves when an
     argument is bad.
     """
-    request = parse_route(num, individual=individual, individuals=individuals, all_individuals=all_individuals,
-                          broadcast=broadcast, split=split, per_individual=per_individual)
+    request = parse_route(
+        num,
+        individual=individual,
+        individuals=individuals,
+        all_individuals=all_individuals,
+        broadcast=broadcast,
+        split=split,
+        per_individual=per_individual,
+    )
     return run_route(RoutingTarget(model, router, adapters, num, device), request, args, kwargs)
 
 
@@ -393,9 +459,11 @@ class RoutedModel:
             if callable(fn := getattr(self, check, None)):
                 fn()
         if getattr(self, "_fallback", None) is not None:  # ES individuals with unroutable perturbed parameters
-            raise RouteError("route() / generate() need every evolved parameter routed (nn.Linear / nn.Embedding): "
-                             "this ES also perturbs parameters evaluated by the per-individual fallback; "
-                             "freeze them (e.g. norm weights) to generate")
+            raise RouteError(
+                "route() / generate() need every evolved parameter routed (nn.Linear / nn.Embedding): "
+                "this ES also perturbs parameters evaluated by the per-individual fallback; "
+                "freeze them (e.g. norm weights) to generate"
+            )
         return self._routing_target()
 
     def route(self, *, individual: Any = None, individuals: Any = None, all_individuals: bool = False) -> Any:
@@ -426,13 +494,23 @@ class RoutedModel:
         from populora.routing.block import RouteBlock
 
         target = self._block_target()
-        request = parse_route(target.num, individual=individual, individuals=individuals,
-                              all_individuals=all_individuals)
+        request = parse_route(
+            target.num, individual=individual, individuals=individuals, all_individuals=all_individuals
+        )
         return RouteBlock(target, request)
 
-    def generate(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, individual: Any = None,
-                 individuals: Any = None, all_individuals: bool = False, generator: torch.Generator | None = None,
-                 split: bool = False, **generate_kwargs: Any) -> Any:
+    def generate(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        *,
+        individual: Any = None,
+        individuals: Any = None,
+        all_individuals: bool = False,
+        generator: torch.Generator | None = None,
+        split: bool = False,
+        **generate_kwargs: Any,
+    ) -> Any:
         """ONE ``model.generate`` call for the whole population, every prompt row routed to its individual.
 
         Args:
@@ -457,7 +535,7 @@ class RoutedModel:
         from populora.routing.generate import generate
 
         target = self._block_target()
-        request = parse_route(target.num, individual=individual, individuals=individuals,
-                              all_individuals=all_individuals)
-        return generate(target, request, input_ids, attention_mask, generator=generator, split=split,
-                        **generate_kwargs)
+        request = parse_route(
+            target.num, individual=individual, individuals=individuals, all_individuals=all_individuals
+        )
+        return generate(target, request, input_ids, attention_mask, generator=generator, split=split, **generate_kwargs)

@@ -27,14 +27,22 @@ import torch
 from torch import Tensor
 
 from populora.errors import InvalidTypeError, InvalidValueError, RouteError
-from populora.routing.front import RouteRequest, RoutingTarget, map_tensors
 from populora.routing.block import RouteBlock
+from populora.routing.front import RouteRequest, RoutingTarget, map_tensors
 
 __all__ = ["generate"]
 
 
-def generate(target: RoutingTarget, request: RouteRequest, input_ids: Tensor, attention_mask: Tensor | None = None,
-             *, generator: torch.Generator | None = None, split: bool = False, **generate_kwargs: Any) -> Any:
+def generate(
+    target: RoutingTarget,
+    request: RouteRequest,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+    *,
+    generator: torch.Generator | None = None,
+    split: bool = False,
+    **generate_kwargs: Any,
+) -> Any:
     """Run ``target.model.generate`` once with every prompt row routed as ``request`` says.
 
     Args:
@@ -59,31 +67,47 @@ def generate(target: RoutingTarget, request: RouteRequest, input_ids: Tensor, at
         InvalidTypeError: ``input_ids`` not a 2-D tensor, ``generator`` not a ``torch.Generator``.
     """
     if not request.routed:
-        raise RouteError("generate() needs one of `individual=`, `individuals=` (one id per prompt row) or "
-                         "`all_individuals=True` (for the base model, call `model.generate`)")
+        raise RouteError(
+            "generate() needs one of `individual=`, `individuals=` (one id per prompt row) or "
+            "`all_individuals=True` (for the base model, call `model.generate`)"
+        )
     for name in ("broadcast", "per_individual"):
         if name in generate_kwargs:
-            raise RouteError(f"generate() takes no `{name}=`: `all_individuals=True` gives every individual "
-                             "every prompt, `individuals=` takes one id per prompt row")
+            raise RouteError(
+                f"generate() takes no `{name}=`: `all_individuals=True` gives every individual "
+                "every prompt, `individuals=` takes one id per prompt row"
+            )
     if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
-        raise InvalidTypeError("`input_ids` must be a (b, T) tensor of token ids, got "
-                               + (f"shape {tuple(input_ids.shape)}" if isinstance(input_ids, Tensor)
-                                  else type(input_ids).__name__))
-    if attention_mask is not None and (not isinstance(attention_mask, Tensor)
-                                       or attention_mask.shape != input_ids.shape):
-        raise InvalidValueError(f"`attention_mask` must have the shape of `input_ids` {tuple(input_ids.shape)}, got "
-                                + (str(tuple(attention_mask.shape)) if isinstance(attention_mask, Tensor)
-                                   else type(attention_mask).__name__))
+        raise InvalidTypeError(
+            "`input_ids` must be a (b, T) tensor of token ids, got "
+            + (f"shape {tuple(input_ids.shape)}" if isinstance(input_ids, Tensor) else type(input_ids).__name__)
+        )
+    if attention_mask is not None and (
+        not isinstance(attention_mask, Tensor) or attention_mask.shape != input_ids.shape
+    ):
+        raise InvalidValueError(
+            f"`attention_mask` must have the shape of `input_ids` {tuple(input_ids.shape)}, got "
+            + (
+                str(tuple(attention_mask.shape))
+                if isinstance(attention_mask, Tensor)
+                else type(attention_mask).__name__
+            )
+        )
     if generator is not None and not isinstance(generator, torch.Generator):
         raise InvalidTypeError(f"`generator` must be a torch.Generator, got {type(generator).__name__}")
     if split and not request.all_individuals:
         raise RouteError("`split=True` needs `all_individuals=True` (rows (p b) split as (p, b, ...))")
     b, num = input_ids.shape[0], target.num
     if request.ids is not None and request.ids.size != b:
-        raise RouteError(f"generate() with `individuals=` takes one id per prompt row: got {request.ids.size} ids "
-                         f"for {b} prompt rows (use `all_individuals=True` to give every individual every prompt)")
-    inputs = {"input_ids": input_ids} if attention_mask is None else {"input_ids": input_ids,
-                                                                        "attention_mask": attention_mask}
+        raise RouteError(
+            f"generate() with `individuals=` takes one id per prompt row: got {request.ids.size} ids "
+            f"for {b} prompt rows (use `all_individuals=True` to give every individual every prompt)"
+        )
+    inputs = (
+        {"input_ids": input_ids}
+        if attention_mask is None
+        else {"input_ids": input_ids, "attention_mask": attention_mask}
+    )
     if target.device is not None:
         inputs = map_tensors(inputs, lambda t: t.to(target.device))
     block_request = request
@@ -105,6 +129,7 @@ def generate(target: RoutingTarget, request: RouteRequest, input_ids: Tensor, at
                 out = model.generate(**inputs, **generate_kwargs)
     if split:
         rows = (out if isinstance(out, Tensor) else out.sequences).shape[0]
+
         def view(t: Tensor) -> Tensor:
             return t.reshape(num, rows // num, *t.shape[1:]) if t.dim() and t.shape[0] == rows else t
 

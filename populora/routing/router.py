@@ -88,8 +88,11 @@ def route_on(route: Route, device: torch.device) -> Route:
     tensors on its own output's device (:class:`Router` keeps one copy per
     device and forward).
     """
-    moved = {name: t.to(device, non_blocking=True) for name in _ROUTE_TENSORS
-             if isinstance(t := getattr(route, name), Tensor) and t.device != device}
+    moved = {
+        name: t.to(device, non_blocking=True)
+        for name in _ROUTE_TENSORS
+        if isinstance(t := getattr(route, name), Tensor) and t.device != device
+    }
     return route._replace(**moved) if moved else route
 
 
@@ -195,8 +198,7 @@ def _down(down: Tensor, x: Tensor, k: int) -> Tensor:
 def _broadcast_up(h: Tensor, up: Tensor) -> bool:
     """Whether ``h (k, t, r) @ up (k, r, e)`` is a broadcast multiply (see :data:`_UNBLOCKED`)."""
     macs = h.shape[1] * h.shape[2] * up.shape[2]
-    return (macs < _UNBLOCKED and h.device.type == "cpu"
-            and (h.shape[2] == 1 or h.shape[0] * macs >= _BROADCAST[1]))
+    return macs < _UNBLOCKED and h.device.type == "cpu" and (h.shape[2] == 1 or h.shape[0] * macs >= _BROADCAST[1])
 
 
 def _add_product(out: Tensor, h: Tensor, up: Tensor) -> Tensor:
@@ -215,8 +217,14 @@ def _product(h: Tensor, up: Tensor) -> Tensor:
     return torch.bmm(h, up)
 
 
-def _factors(x: Tensor, module: nn.Module, adapter: Adapter, index: Index, k: int, dtype: torch.dtype,
-             ) -> tuple[Tensor, Tensor]:
+def _factors(
+    x: Tensor,
+    module: nn.Module,
+    adapter: Adapter,
+    index: Index,
+    k: int,
+    dtype: torch.dtype,
+) -> tuple[Tensor, Tensor]:
     """``h (k, c*.., r)`` and ``up (k, r, e)`` of ``k`` groups, so that their delta is ``h @ up``.
 
     A bias is folded into the same matmul: ``[h, 1] @ [up; bias]`` (``r + 1`` columns).
@@ -303,8 +311,15 @@ class Router:
                 f"{origin.shape()}){origin.routed()}"
             ) from error
 
-    def run(self, route: Route, adapters: Sequence[Adapter], fn: Callable[..., Any], args: tuple = (),
-            kwargs: dict | None = None, origin: _Origin | None = None) -> Any:
+    def run(
+        self,
+        route: Route,
+        adapters: Sequence[Adapter],
+        fn: Callable[..., Any],
+        args: tuple = (),
+        kwargs: dict | None = None,
+        origin: _Origin | None = None,
+    ) -> Any:
         """``fn(*args, **kwargs)`` with the route active; undone even if it raises.
 
         ``origin`` describes the batch as the user passed it (for error
@@ -370,9 +385,14 @@ class Router:
         index = route.index
         if (index is None or index.__class__ is slice) and route.dest is None and x.shape[0] == route.n:
             adapter = adapters[i]  # the commonest cases first, with the fewest checks: every individual or
-            down = adapter.down    # one, equal groups, one dtype (an env loop pays this per target and timestep)
-            if (route.n and adapter.bias is None and down.dtype == out.dtype == x.dtype and out.is_contiguous()
-                    and type(module) is not nn.Embedding):
+            down = adapter.down  # one, equal groups, one dtype (an env loop pays this per target and timestep)
+            if (
+                route.n
+                and adapter.bias is None
+                and down.dtype == out.dtype == x.dtype
+                and out.is_contiguous()
+                and type(module) is not nn.Embedding
+            ):
                 k, up = route.groups, adapter.up
                 if index is not None:
                     down, up = down[index], up[index]
@@ -397,8 +417,11 @@ class Router:
         block = k  # groups per block
         if isinstance(index, Tensor):  # adapters are gathered per group: bound the copy (gather_budget)
             rank = up.shape[1]
-            per_group = (rank * e + (0 if isinstance(module, nn.Embedding) else rank * down.shape[-1])
-                         + (0 if adapter.bias is None else e)) * down.element_size()
+            per_group = (
+                rank * e
+                + (0 if isinstance(module, nn.Embedding) else rank * down.shape[-1])
+                + (0 if adapter.bias is None else e)
+            ) * down.element_size()
             budget = gather_budget(out.device, (x.numel() + out.numel()) * out.element_size())
             block = max(1, min(k, budget // per_group))
         if not out.is_contiguous():
@@ -414,8 +437,7 @@ class Router:
                 h, up = _factors(x[g0 * c : g1 * c], module, adapter, index[g0:g1], g1 - g0, out.dtype)
                 _add_product(view[g0:g1], h, up)
             return out
-        if (block == k and route.offs is not None and type(module) is not nn.Embedding
-                and _grouped_ok(x, out, adapter)):
+        if block == k and route.offs is not None and type(module) is not nn.Embedding and _grouped_ok(x, out, adapter):
             return _grouped_delta(x, out, adapter, route)
         # unequal groups: pack each block's rows into (k c), padded, and add its delta to those rows in place;
         # rows are sorted by group, so a block of groups owns a contiguous range of rows

@@ -31,11 +31,11 @@ def split_rows(obj: Any, m: int, what: str = "inputs") -> Any:
     """
     for t in _leaves(obj):
         if t.dim() < 2 or t.shape[0] != m:
-            raise RouteError(f"with `per_individual=True` every tensor in `{what}` must have shape ({m}, b, ...) "
-                             f"(one block of rows per individual), got {tuple(t.shape)}")
+            raise RouteError(
+                f"with `per_individual=True` every tensor in `{what}` must have shape ({m}, b, ...) "
+                f"(one block of rows per individual), got {tuple(t.shape)}"
+            )
     return map_tensors(obj, lambda t: t.reshape(t.shape[0] * t.shape[1], *t.shape[2:]))
-
-
 
 
 def map_tensors(obj: Any, fn: Callable[[Tensor], Tensor]) -> Any:
@@ -79,15 +79,19 @@ def _batch_first(leaves: list[Tensor], kwargs: dict) -> tuple[int, Callable[[Ten
     batch and is not batch-first either; any other leading dim than ``n``
     raises. Only batch-first tensors are expanded or permuted.
     """
-    skip = {id(kwargs[name]) for name in NOT_BATCH_FIRST if isinstance(kwargs.get(name), Tensor)}  # (no walrus: torch.compile)
+    skip = {
+        id(kwargs[name]) for name in NOT_BATCH_FIRST if isinstance(kwargs.get(name), Tensor)
+    }  # (no walrus: torch.compile)
     sizes = {t.shape[0] for t in leaves if t.dim() > 0 and id(t) not in skip}
     if not sizes:
         raise RouteError("a routed forward needs at least one tensor input with a leading batch dimension")
     n = max(sizes)
     if len(sizes - {1}) > 1:
-        raise RouteError(f"tensor inputs disagree on the batch size (leading dims {sorted(sizes)}); "
-                         "every tensor input of a routed forward must have the batch first (or lead with 1 "
-                         f"to broadcast over it, or be one of the keywords {sorted(NOT_BATCH_FIRST)})")
+        raise RouteError(
+            f"tensor inputs disagree on the batch size (leading dims {sorted(sizes)}); "
+            "every tensor input of a routed forward must have the batch first (or lead with 1 "
+            f"to broadcast over it, or be one of the keywords {sorted(NOT_BATCH_FIRST)})"
+        )
     if not skip and len(sizes) == 1:
         return n, lambda t: t.dim() > 0
     return n, lambda t: t.dim() > 0 and t.shape[0] == n and id(t) not in skip
@@ -120,8 +124,9 @@ def _host_ids(ids: Any) -> np.ndarray:
     try:
         ids = np.asarray(ids)
     except (ValueError, TypeError) as error:
-        raise InvalidTypeError(f"`individuals` must be a 1-D list or integer tensor of ids, got "
-                               f"{type(ids).__name__} {ids!r:.80}") from error
+        raise InvalidTypeError(
+            f"`individuals` must be a 1-D list or integer tensor of ids, got {type(ids).__name__} {ids!r:.80}"
+        ) from error
     if ids.dtype.kind not in "iu" and ids.size:  # (an empty list is float64 to NumPy)
         raise InvalidTypeError(f"`individuals` must hold integer ids, got dtype {ids.dtype} ({ids!r:.80})")
     if ids.ndim != 1:
@@ -136,8 +141,9 @@ def _check_range(ids: np.ndarray, num: int) -> np.ndarray:
     if ids.size:
         bad = np.flatnonzero((ids < 0) | (ids >= num))
         if bad.size:
-            raise InvalidIndexError(f"`individuals` holds id {int(ids[bad[0]])}, out of range [0, {num}) (at "
-                                    f"position {int(bad[0])})")
+            raise InvalidIndexError(
+                f"`individuals` holds id {int(ids[bad[0]])}, out of range [0, {num}) (at position {int(bad[0])})"
+            )
     return ids.astype(np.int64, copy=False)
 
 
@@ -147,8 +153,12 @@ PER_ROW = 4
 :data:`populora.router.GROUPED_MM`)."""
 
 
-def _plan(row_ids: np.ndarray, num: int, device: torch.device, keep_order: bool = False,
-          ) -> tuple[Route, Tensor | None]:
+def _plan(
+    row_ids: np.ndarray,
+    num: int,
+    device: torch.device,
+    keep_order: bool = False,
+) -> tuple[Route, Tensor | None]:
     """Route for rows owned by ``row_ids`` (any order, each in ``[0, num)``) and the permutation that
     groups them by id (``None`` when sorted, or with ``keep_order``: the route then takes the rows in
     input order, each target packing them by id)."""
@@ -157,8 +167,12 @@ def _plan(row_ids: np.ndarray, num: int, device: torch.device, keep_order: bool 
         return Route(n=0, groups=0, chunk=0), None
     per_id = np.bincount(row_ids)
     present = per_id[per_id > 0]  # rows of each id present
-    if (present.min() != present.max() and n <= PER_ROW * present.size and device.type == "cpu"
-            and router.GROUPED_MM is not True):
+    if (
+        present.min() != present.max()
+        and n <= PER_ROW * present.size
+        and device.type == "cpu"
+        and router.GROUPED_MM is not True
+    ):
         # a few rows per id, unequal: each row its own group, adapters gathered in input order (no
         # permutation, no packing: fewer kernels than the padded layout, for about as many gathered adapters)
         return Route(n=n, groups=n, chunk=1, index=torch.from_numpy(row_ids).to(device, non_blocking=True)), None
@@ -171,8 +185,11 @@ def _plan(row_ids: np.ndarray, num: int, device: torch.device, keep_order: bool 
             dest = route.dest_host if route.dest is not None else np.arange(n)
             unsorted = np.empty_like(dest)
             unsorted[perm] = dest  # row perm[j] sits at position dest[j] of the sorted layout
-            return route._replace(dest=torch.from_numpy(unsorted).to(device, non_blocking=True), dest_host=dest,
-                                  order=torch.from_numpy(perm).to(device, non_blocking=True)), None
+            return route._replace(
+                dest=torch.from_numpy(unsorted).to(device, non_blocking=True),
+                dest_host=dest,
+                order=torch.from_numpy(perm).to(device, non_blocking=True),
+            ), None
     starts = np.flatnonzero(row_ids[1:] != row_ids[:-1]) + 1
     starts = np.concatenate(([0], starts))  # first row of each id's group
     counts = np.concatenate((starts[1:], [n])) - starts
@@ -192,13 +209,23 @@ def _plan(row_ids: np.ndarray, num: int, device: torch.device, keep_order: bool 
     group = np.repeat(np.arange(u), counts)  # (n,)
     offset = np.arange(n) - starts[group]
     dest = (first_chunk[group] + offset // c) * c + offset % c
-    return Route(n=n, groups=int(chunks.sum()), chunk=c, index=to_device(np.repeat(uniq, chunks)),
-                 dest=to_device(dest), dest_host=dest, ids=to_device(uniq),
-                 offs=to_device(np.cumsum(counts).astype(np.int32))), perm
-
+    return Route(
+        n=n,
+        groups=int(chunks.sum()),
+        chunk=c,
+        index=to_device(np.repeat(uniq, chunks)),
+        dest=to_device(dest),
+        dest_host=dest,
+        ids=to_device(uniq),
+        offs=to_device(np.cumsum(counts).astype(np.int32)),
+    ), perm
 
 
 def _expand(inputs: Any, times: int, on_batch: Callable[[Tensor], bool] = lambda t: t.dim() > 0) -> Any:
     """Repeat every batch-first tensor leaf ``times`` times along the batch: ``(b, ..) -> ((times b), ..)``."""
-    return map_tensors(inputs, lambda t: t.unsqueeze(0).expand(times, *t.shape).reshape(times * t.shape[0], *t.shape[1:])
-                if on_batch(t) else t)
+    return map_tensors(
+        inputs,
+        lambda t: (
+            t.unsqueeze(0).expand(times, *t.shape).reshape(times * t.shape[0], *t.shape[1:]) if on_batch(t) else t
+        ),
+    )

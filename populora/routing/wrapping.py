@@ -39,8 +39,11 @@ def hold(population: Any, model: nn.Module) -> dict[str, bool]:
     no other population holds it, else the ones the first holder recorded.
     """
     others = live_on(model)
-    flags = (dict(others[0]._base_requires_grad) if others else
-             {name: p.requires_grad for name, p in model.named_parameters()})
+    flags = (
+        dict(others[0]._base_requires_grad)
+        if others
+        else {name: p.requires_grad for name, p in model.named_parameters()}
+    )
     model.requires_grad_(False)
     register(population, model)
     return flags
@@ -74,8 +77,9 @@ def unwind(modules: Iterable[nn.Module]) -> None:
         while True:
             forward = vars(module).get("forward")
             owner = getattr(getattr(forward, "func", None), "__self__", None)
-            if not (isinstance(forward, partial) and isinstance(owner, Router) and owner._removed
-                    and len(forward.args) >= 2):
+            if not (
+                isinstance(forward, partial) and isinstance(owner, Router) and owner._removed and len(forward.args) >= 2
+            ):
                 break
             inner = forward.args[1]  # Router wraps as partial(router._forward, i, inner, module)
             if isinstance(inner, MethodType) and inner.__self__ is module and inner.__func__ is type(module).forward:

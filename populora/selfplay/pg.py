@@ -47,16 +47,25 @@ def _batch(prompts: list[list[int]], replies: list[list[int]], pad: int) -> tupl
     mask = torch.zeros_like(ids)
     reply = torch.zeros_like(ids, dtype=torch.bool)
     for i, (s, r) in enumerate(zip(seqs, replies)):
-        ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
-        mask[i, width - len(s):] = 1
+        ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+        mask[i, width - len(s) :] = 1
         if r:
-            reply[i, width - len(r):] = True
+            reply[i, width - len(r) :] = True
     return ids, mask, reply
 
 
-def policy_gradient_step_(population: Any, ids: Sequence[int], prompt_ids: Sequence[Sequence[int]],
-                          reply_ids: Sequence[Sequence[int]], rewards: Tensor, *, lr: float, pad: int,
-                          micro_batch: int = 8, distributed: bool = False) -> Tensor:
+def policy_gradient_step_(
+    population: Any,
+    ids: Sequence[int],
+    prompt_ids: Sequence[Sequence[int]],
+    reply_ids: Sequence[Sequence[int]],
+    rewards: Tensor,
+    *,
+    lr: float,
+    pad: int,
+    micro_batch: int = 8,
+    distributed: bool = False,
+) -> Tensor:
     """One REINFORCE step per individual on ``population``'s adapters, in place (see the module docstring).
 
     Args:
@@ -76,8 +85,10 @@ def policy_gradient_step_(population: Any, ids: Sequence[int], prompt_ids: Seque
     micro_batch = check_int("micro_batch", micro_batch, low=1)
     n = len(ids)
     if not (len(prompt_ids) == len(reply_ids) == n == rewards.numel()):
-        raise InvalidValueError(f"ids, prompt_ids, reply_ids and rewards must have one entry per row, got {n}, "
-                                f"{len(prompt_ids)}, {len(reply_ids)} and {rewards.numel()}")
+        raise InvalidValueError(
+            f"ids, prompt_ids, reply_ids and rewards must have one entry per row, got {n}, "
+            f"{len(prompt_ids)}, {len(reply_ids)} and {rewards.numel()}"
+        )
     use_dist = distributed and pd.is_distributed()
     adv = advantages(ids, rewards, population.pop_size)
     rows = list(pd.partition(n, pd.process_rank(), pd.world_size())) if use_dist else list(range(n))
@@ -94,12 +105,17 @@ def policy_gradient_step_(population: Any, ids: Sequence[int], prompt_ids: Seque
             p.requires_grad_(True)
         with torch.enable_grad():
             for start in range(0, len(rows), micro_batch):
-                chunk = rows[start:start + micro_batch]
+                chunk = rows[start : start + micro_batch]
                 x, mask, reply = _batch([list(prompt_ids[j]) for j in chunk], [list(reply_ids[j]) for j in chunk], pad)
                 x, mask, reply = x.to(population.device), mask.to(population.device), reply.to(population.device)
                 position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-                out = population(x, attention_mask=mask, position_ids=position_ids, use_cache=False,
-                                 individuals=torch.tensor([ids[j] for j in chunk], dtype=torch.long))
+                out = population(
+                    x,
+                    attention_mask=mask,
+                    position_ids=position_ids,
+                    use_cache=False,
+                    individuals=torch.tensor([ids[j] for j in chunk], dtype=torch.long),
+                )
                 logp = torch.log_softmax(out.logits[:, :-1].float(), -1).gather(-1, x[:, 1:, None]).squeeze(-1)
                 target = reply[:, 1:].float()
                 per_row = (logp * target).sum(1) / target.sum(1).clamp(min=1)
@@ -118,7 +134,7 @@ def policy_gradient_step_(population: Any, ids: Sequence[int], prompt_ids: Seque
         flat = flat.to(population.device)
         offset = 0
         for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
     norms = torch.zeros(population.pop_size, dtype=torch.float64, device=population.device)
     for g in grads:

@@ -35,29 +35,37 @@ def _bool_tensor(name: str, value: Any, dims: int) -> Tensor:
     return value
 
 
-def _check_outcomes(opponents: Any, valid: Any, solved: Any, num_students: Any,
-                    anchor_solved: Any) -> tuple[Tensor, Tensor, Tensor, int, Tensor | None]:
+def _check_outcomes(
+    opponents: Any, valid: Any, solved: Any, num_students: Any, anchor_solved: Any
+) -> tuple[Tensor, Tensor, Tensor, int, Tensor | None]:
     num_students = check_int("num_students", num_students, low=1)
     if not isinstance(opponents, Tensor) or opponents.dtype not in (torch.int64, torch.int32) or opponents.dim() != 1:
-        raise InvalidTypeError("`opponents` must be a (p_t,) int64 tensor of student ids, got "
-                               + (f"{opponents.dtype} {tuple(opponents.shape)}" if isinstance(opponents, Tensor)
-                                  else type(opponents).__name__))
+        raise InvalidTypeError(
+            "`opponents` must be a (p_t,) int64 tensor of student ids, got "
+            + (
+                f"{opponents.dtype} {tuple(opponents.shape)}"
+                if isinstance(opponents, Tensor)
+                else type(opponents).__name__
+            )
+        )
     valid = _bool_tensor("valid", valid, 2)
     solved = _bool_tensor("solved", solved, 3)
     p_t = opponents.numel()
     if valid.shape[0] != p_t or solved.shape[:2] != valid.shape:
-        raise InvalidValueError(f"`valid` must be (p_t, k) and `solved` (p_t, k, a) with p_t = {p_t} teachers, got "
-                                f"{tuple(valid.shape)} and {tuple(solved.shape)}")
+        raise InvalidValueError(
+            f"`valid` must be (p_t, k) and `solved` (p_t, k, a) with p_t = {p_t} teachers, got "
+            f"{tuple(valid.shape)} and {tuple(solved.shape)}"
+        )
     if solved.shape[2] < 1:
         raise InvalidValueError(f"`solved` must hold at least one attempt per problem, got shape {tuple(solved.shape)}")
     if p_t and (int(opponents.min()) < 0 or int(opponents.max()) >= num_students):
-        raise InvalidValueError(f"`opponents` must hold student ids in [0, {num_students}), got "
-                                f"{opponents.tolist()}")
+        raise InvalidValueError(f"`opponents` must hold student ids in [0, {num_students}), got {opponents.tolist()}")
     if anchor_solved is not None:
         anchor_solved = _bool_tensor("anchor_solved", anchor_solved, 3)
         if anchor_solved.shape[0] != num_students:
-            raise InvalidValueError(f"`anchor_solved` must be (p_s, m, a) with p_s = {num_students}, got "
-                                    f"{tuple(anchor_solved.shape)}")
+            raise InvalidValueError(
+                f"`anchor_solved` must be (p_s, m, a) with p_s = {num_students}, got {tuple(anchor_solved.shape)}"
+            )
     return opponents.long(), valid, solved, num_students, anchor_solved
 
 
@@ -113,8 +121,9 @@ def selfplay_fitnesses(
         ([0.5, 0.5], [0.3333333432674408, 0.3333333432674408])
     """
     teacher_reward = check_one_of("teacher_reward", teacher_reward, TEACHER_REWARDS)
-    opponents, valid, solved, p_s, anchor_solved = _check_outcomes(opponents, valid, solved, num_students,
-                                                                   anchor_solved)
+    opponents, valid, solved, p_s, anchor_solved = _check_outcomes(
+        opponents, valid, solved, num_students, anchor_solved
+    )
     p_t, k, a = solved.shape
     rate = solved.double().mean(2)  # (p_t, k)
     if teacher_reward == "failures":

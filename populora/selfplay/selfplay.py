@@ -50,8 +50,8 @@ from populora.checks import check_bool, check_float, check_int, check_one_of, ch
 from populora.coevolve.coevolve import _snapshot, evaluating
 from populora.coevolve.specs import check_evolve_kwargs
 from populora.errors import CheckpointError, FitnessError, InvalidTypeError, InvalidValueError
-from populora.ratings import PAIRING_MODES, Ratings
 from populora.population.population import Population
+from populora.ratings import PAIRING_MODES, Ratings
 from populora.selfplay.pg import policy_gradient_step_
 from populora.selfplay.rewards import TEACHER_REWARDS, SelfPlayRecord, match_scores, selfplay_fitnesses
 from populora.selfplay.text import chat_text, generate_replies, pad_id
@@ -63,8 +63,17 @@ __all__ = ["MATCHMAKING", "SelfPlay", "SelfPlayOutcome", "SelfPlayRecord", "self
 _FORMAT = "populora.selfplay/1"
 NAMES = ("teachers", "students")
 MATCHMAKING = PAIRING_MODES
-_ROUTING = ("individual", "individuals", "all_individuals", "generator", "split", "num_return_sequences",
-            "input_ids", "attention_mask", "return_dict_in_generate")
+_ROUTING = (
+    "individual",
+    "individuals",
+    "all_individuals",
+    "generator",
+    "split",
+    "num_return_sequences",
+    "input_ids",
+    "attention_mask",
+    "return_dict_in_generate",
+)
 
 
 @dataclass(frozen=True)
@@ -198,20 +207,25 @@ class SelfPlay(Snapshot):
             if pop._spent:
                 raise InvalidValueError(f"`{name}` was merged or closed: it cannot play any more")
         if teachers is students:
-            raise InvalidValueError("`teachers` and `students` are the same Population: pass two populations "
-                                    "on one model")
+            raise InvalidValueError(
+                "`teachers` and `students` are the same Population: pass two populations on one model"
+            )
         if teachers.model is not students.model:
-            raise InvalidValueError("`teachers` and `students` must be populations on the SAME base model "
-                                    f"(teachers.model is students.model), got two models: "
-                                    f"{type(teachers.model).__name__} at {id(teachers.model):#x} and "
-                                    f"{type(students.model).__name__} at {id(students.model):#x}")
+            raise InvalidValueError(
+                "`teachers` and `students` must be populations on the SAME base model "
+                f"(teachers.model is students.model), got two models: "
+                f"{type(teachers.model).__name__} at {id(teachers.model):#x} and "
+                f"{type(students.model).__name__} at {id(students.model):#x}"
+            )
         if not isinstance(task, Task):
             raise InvalidTypeError(f"`task` must be a populora.tasks.Task, got {type(task).__name__}")
         chat = check_bool("chat", chat)
         for attr in ("decode", "__call__", *(("apply_chat_template",) if chat else ())):
             if not callable(getattr(tokenizer, attr, None)):
-                raise InvalidTypeError(f"`tokenizer` must have a `{attr}` method (a Hugging Face tokenizer), got "
-                                       f"{type(tokenizer).__name__}")
+                raise InvalidTypeError(
+                    f"`tokenizer` must have a `{attr}` method (a Hugging Face tokenizer), got "
+                    f"{type(tokenizer).__name__}"
+                )
         try:
             pad_id(tokenizer)
         except ValueError as error:
@@ -224,28 +238,36 @@ class SelfPlay(Snapshot):
         for name, size in sizes.items():
             try:
                 held = int(ratings.mu(name).numel())
-            except Exception:  # noqa: BLE001 - any lookup failure means the name is missing
+            except Exception:
                 held = None
             if held != size:
-                raise InvalidValueError(f"`ratings` must rate {name!r} with {size} players (the population's "
-                                        f"pop_size), got " + ("no such name" if held is None else f"{held} players"))
+                raise InvalidValueError(
+                    f"`ratings` must rate {name!r} with {size} players (the population's "
+                    f"pop_size), got " + ("no such name" if held is None else f"{held} players")
+                )
         self.proposals = check_int("proposals", proposals, low=1)
         self.anchors = check_int("anchors", anchors, low=0)
         self.attempts = check_int("attempts", attempts, low=1)
         self.teacher_reward = check_one_of("teacher_reward", teacher_reward, TEACHER_REWARDS)
         self.matchmaking = check_one_of("matchmaking", matchmaking, MATCHMAKING)
-        self.teacher_generate = _check_generate_kwargs("teacher_generate", teacher_generate,
-                                                       dict(max_new_tokens=48, do_sample=True, temperature=1.0))
-        self.student_generate = _check_generate_kwargs("student_generate", student_generate,
-                                                       dict(max_new_tokens=24, do_sample=False))
+        self.teacher_generate = _check_generate_kwargs(
+            "teacher_generate", teacher_generate, dict(max_new_tokens=48, do_sample=True, temperature=1.0)
+        )
+        self.student_generate = _check_generate_kwargs(
+            "student_generate", student_generate, dict(max_new_tokens=24, do_sample=False)
+        )
         for options in (self.teacher_generate, self.student_generate):
             options.setdefault("pad_token_id", pad_id(tokenizer))
         if self.teacher_reward == "learnability" and self.attempts < 2:
-            raise InvalidValueError("teacher_reward='learnability' needs attempts >= 2 (a solve rate strictly "
-                                    f"between 0 and 1), got attempts={self.attempts}")
+            raise InvalidValueError(
+                "teacher_reward='learnability' needs attempts >= 2 (a solve rate strictly "
+                f"between 0 and 1), got attempts={self.attempts}"
+            )
         if self.attempts > 1 and not self.student_generate.get("do_sample", False):
-            raise InvalidValueError(f"attempts={self.attempts} with greedy students gives {self.attempts} identical "
-                                    "answers: pass student_generate=dict(do_sample=True)")
+            raise InvalidValueError(
+                f"attempts={self.attempts} with greedy students gives {self.attempts} identical "
+                "answers: pass student_generate=dict(do_sample=True)"
+            )
         members = {n: SimpleNamespace(population=p) for n, p in zip(NAMES, (teachers, students))}
         self.evolve_kwargs: dict[str, dict[str, Any]] = check_evolve_kwargs(evolve_kwargs, members)
         self.student_pg_lr = check_float("student_pg_lr", student_pg_lr, low=0.0)
@@ -261,10 +283,12 @@ class SelfPlay(Snapshot):
         self._synced = False
 
     def __repr__(self) -> str:
-        return (f"SelfPlay(teachers P={self.teachers.pop_size}, students P={self.students.pop_size}, "
-                f"task={getattr(self.task, 'name', type(self.task).__name__)!r}, proposals={self.proposals}, "
-                f"anchors={self.anchors}, attempts={self.attempts}, teacher_reward={self.teacher_reward!r}, "
-                f"steps={self.steps})")
+        return (
+            f"SelfPlay(teachers P={self.teachers.pop_size}, students P={self.students.pop_size}, "
+            f"task={getattr(self.task, 'name', type(self.task).__name__)!r}, proposals={self.proposals}, "
+            f"anchors={self.anchors}, attempts={self.attempts}, teacher_reward={self.teacher_reward!r}, "
+            f"steps={self.steps})"
+        )
 
     # ------------------------------------------------------------------ one step
 
@@ -302,15 +326,23 @@ class SelfPlay(Snapshot):
         t_pop, s_pop = self.teachers, self.students
         p_t, p_s, k, a = t_pop.pop_size, s_pop.pop_size, self.proposals, self.attempts
         tokens, seconds = 0, 0.0
-        opponents = torch.as_tensor(self.ratings.pair("teachers", "students", self.generator, mode=self.matchmaking,
-                                                      offset=self.steps),
-                                    dtype=torch.long).cpu()
+        opponents = torch.as_tensor(
+            self.ratings.pair("teachers", "students", self.generator, mode=self.matchmaking, offset=self.steps),
+            dtype=torch.long,
+        ).cpu()
         with self._evaluating():
             # teachers: one routed generate over p_t * k rows of the same proposal prompt
             prompt = chat_text(self.tokenizer, self.task.proposal_prompt(), self.chat)
             start = time.perf_counter()
-            proposals = generate_replies(t_pop, self.tokenizer, torch.arange(p_t).repeat_interleave(k).tolist(),
-                                         [prompt] * (p_t * k), self._draw_seed(), self.teacher_generate, use_dist)
+            proposals = generate_replies(
+                t_pop,
+                self.tokenizer,
+                torch.arange(p_t).repeat_interleave(k).tolist(),
+                [prompt] * (p_t * k),
+                self._draw_seed(),
+                self.teacher_generate,
+                use_dist,
+            )
             seconds += time.perf_counter() - start
             tokens += proposals.tokens
             proposals = proposals.texts
@@ -318,41 +350,53 @@ class SelfPlay(Snapshot):
             valid = torch.tensor([p is not None for p in problems], dtype=torch.bool).view(p_t, k)
             anchors = self.task.sample(self.anchors, self.generator) if self.anchors else []
             # students: the valid problems (each by its teacher's opponent), then every student's anchors
-            rows: list[tuple[int, Problem]] = [(int(opponents[i // k]), p) for i, p in enumerate(problems)
-                                               if p is not None]
+            rows: list[tuple[int, Problem]] = [
+                (int(opponents[i // k]), p) for i, p in enumerate(problems) if p is not None
+            ]
             rows += [(s, p) for s in range(p_s) for p in anchors]
             ids = [s for s, _ in rows for _ in range(a)]
             texts = [chat_text(self.tokenizer, self.task.prompt(p), self.chat) for _, p in rows for _ in range(a)]
             start = time.perf_counter()
-            answers = generate_replies(s_pop, self.tokenizer, ids, texts, self._draw_seed(), self.student_generate,
-                                       use_dist)
+            answers = generate_replies(
+                s_pop, self.tokenizer, ids, texts, self._draw_seed(), self.student_generate, use_dist
+            )
             seconds += time.perf_counter() - start
             tokens += answers.tokens
         replies = answers.texts
         asked = [p for _, p in rows for _ in range(a)]
-        right = torch.tensor([self.task.check(p, reply) for p, reply in zip(asked, replies)],
-                             dtype=torch.bool).view(len(rows), a)
+        right = torch.tensor([self.task.check(p, reply) for p, reply in zip(asked, replies)], dtype=torch.bool).view(
+            len(rows), a
+        )
         q = int(valid.sum())
         solved = torch.zeros(p_t, k, a, dtype=torch.bool)
         solved[valid] = right[:q]
         anchor_solved = right[q:].view(p_s, self.anchors, a)
-        teacher_f, student_f = selfplay_fitnesses(opponents, valid, solved, p_s,
-                                                  anchor_solved if self.anchors else None,
-                                                  teacher_reward=self.teacher_reward)
+        teacher_f, student_f = selfplay_fitnesses(
+            opponents, valid, solved, p_s, anchor_solved if self.anchors else None, teacher_reward=self.teacher_reward
+        )
         t_ids, s_ids, scores = match_scores(opponents, valid, solved)
         fitnesses = {name: self._validated(name, f) for name, f in (("teachers", teacher_f), ("students", student_f))}
         pops = {"teachers": t_pop, "students": s_pop}
         # the first step may still fail in evolve_ (an option it rejects): undo every write then
-        snapshots = None if self._evolve_checked else ({n: _snapshot(p) for n, p in pops.items()},
-                                                       self.ratings.state_dict())
+        snapshots = (
+            None if self._evolve_checked else ({n: _snapshot(p) for n, p in pops.items()}, self.ratings.state_dict())
+        )
         try:
             if q:
                 self.ratings.rate_many_("teachers", t_ids, "students", s_ids, scores)
             record = self._record(valid, teacher_f, student_f, anchor_solved, q, tokens, seconds)
             if self.student_pg_lr > 0 and ids:
-                policy_gradient_step_(s_pop, ids, answers.prompt_ids, answers.reply_ids, right.flatten().float(),
-                                      lr=self.student_pg_lr, pad=pad_id(self.tokenizer),
-                                      micro_batch=self.pg_micro_batch, distributed=use_dist)
+                policy_gradient_step_(
+                    s_pop,
+                    ids,
+                    answers.prompt_ids,
+                    answers.reply_ids,
+                    right.flatten().float(),
+                    lr=self.student_pg_lr,
+                    pad=pad_id(self.tokenizer),
+                    micro_batch=self.pg_micro_batch,
+                    distributed=use_dist,
+                )
             results = {n: p.evolve_(fitnesses[n], **self.evolve_kwargs.get(n, {})) for n, p in pops.items()}
             for n, result in results.items():
                 self.ratings.follow_(n, result)
@@ -365,8 +409,9 @@ class SelfPlay(Snapshot):
         self._evolve_checked = True
         self.history.append(record)
         self.steps += 1
-        return SelfPlayOutcome(opponents, proposals, problems, valid, solved, anchors, anchor_solved,
-                               teacher_f, student_f, record, replies)
+        return SelfPlayOutcome(
+            opponents, proposals, problems, valid, solved, anchors, anchor_solved, teacher_f, student_f, record, replies
+        )
 
     def _draw_seed(self) -> int:
         return int(torch.randint(0, 2**62, (), generator=self.generator))
@@ -374,19 +419,34 @@ class SelfPlay(Snapshot):
     def _evaluating(self) -> Any:
         return evaluating((self.teachers, self.students))
 
-    def _record(self, valid: Tensor, teacher_f: Tensor, student_f: Tensor, anchor_solved: Tensor, matches: int,
-                tokens: int, seconds: float) -> SelfPlayRecord:
+    def _record(
+        self,
+        valid: Tensor,
+        teacher_f: Tensor,
+        student_f: Tensor,
+        anchor_solved: Tensor,
+        matches: int,
+        tokens: int,
+        seconds: float,
+    ) -> SelfPlayRecord:
         r = self.ratings
         return SelfPlayRecord(
-            step=self.steps, validity=float(valid.float().mean()),
-            student_mean=float(student_f.mean()), student_best=float(student_f.max()),
+            step=self.steps,
+            validity=float(valid.float().mean()),
+            student_mean=float(student_f.mean()),
+            student_best=float(student_f.max()),
             anchor_accuracy=float(anchor_solved.float().mean()) if self.anchors else None,
-            teacher_mean=float(teacher_f.mean()), teacher_best=float(teacher_f.max()),
-            teacher_mu=float(r.mu("teachers").double().mean()), student_mu=float(r.mu("students").double().mean()),
+            teacher_mean=float(teacher_f.mean()),
+            teacher_best=float(teacher_f.max()),
+            teacher_mu=float(r.mu("teachers").double().mean()),
+            student_mu=float(r.mu("students").double().mean()),
             teacher_ordinal_best=float(r.ordinal("teachers").max()),
             student_ordinal_best=float(r.ordinal("students").max()),
-            matches=matches, tokens=int(tokens), seconds=float(seconds),
-            tokens_per_s=float(tokens / seconds) if seconds > 0 else 0.0)
+            matches=matches,
+            tokens=int(tokens),
+            seconds=float(seconds),
+            tokens_per_s=float(tokens / seconds) if seconds > 0 else 0.0,
+        )
 
     def _validated(self, name: str, f: Tensor) -> Tensor:
         pop = self.teachers if name == "teachers" else self.students
@@ -397,8 +457,14 @@ class SelfPlay(Snapshot):
 
     # ------------------------------------------------------------------ evaluation
 
-    def solve_rate(self, problems: Sequence[Problem], individuals: Sequence[int] | None = None, *,
-                   population: str = "students", batch_size: int = 64) -> Tensor:
+    def solve_rate(
+        self,
+        problems: Sequence[Problem],
+        individuals: Sequence[int] | None = None,
+        *,
+        population: str = "students",
+        batch_size: int = 64,
+    ) -> Tensor:
         """Whether each listed individual answers each problem right, greedily: ``(m, n)`` bool.
 
         For held-out and validation sets: rows ``(individual, problem)`` are
@@ -425,7 +491,7 @@ class SelfPlay(Snapshot):
         out: list[bool] = []
         with self._evaluating():
             for start in range(0, len(rows), batch_size):
-                chunk = rows[start:start + batch_size]
+                chunk = rows[start : start + batch_size]
                 texts = [chat_text(self.tokenizer, self.task.prompt(p), self.chat) for _, p in chunk]
                 replies = generate_replies(pop, self.tokenizer, [i for i, _ in chunk], texts, 0, kwargs, False).texts
                 out += [self.task.check(p, r) for (_, p), r in zip(chunk, replies)]
@@ -437,8 +503,14 @@ class SelfPlay(Snapshot):
         """Every rank starts from rank 0's populations, generator, ratings, step and history."""
         self.teachers.sync_from_main_rank_(name="teachers")
         self.students.sync_from_main_rank_(name="students")
-        small = pd.broadcast_object({"generator": self.generator.get_state(), "ratings": self.ratings.state_dict(),
-                                     "steps": self.steps, "history": [r.as_dict() for r in self.history]})
+        small = pd.broadcast_object(
+            {
+                "generator": self.generator.get_state(),
+                "ratings": self.ratings.state_dict(),
+                "steps": self.steps,
+                "history": [r.as_dict() for r in self.history],
+            }
+        )
         self.generator.set_state(small["generator"])
         self.ratings.load_state_dict(small["ratings"])
         self.steps = small["steps"]
@@ -456,9 +528,12 @@ class SelfPlay(Snapshot):
         ``Ratings.state_dict()``, the history as plain dicts.
         """
         return {
-            "format": _FORMAT, "steps": self.steps, "seed": self.seed,
+            "format": _FORMAT,
+            "steps": self.steps,
+            "seed": self.seed,
             "generator": self.generator.get_state().clone(),
-            "teachers": _snapshot(self.teachers, cpu=True), "students": _snapshot(self.students, cpu=True),
+            "teachers": _snapshot(self.teachers, cpu=True),
+            "students": _snapshot(self.students, cpu=True),
             "ratings": self.ratings.state_dict(),
             "history": [r.as_dict() for r in self.history],
         }
@@ -487,8 +562,9 @@ class SelfPlay(Snapshot):
             history = [SelfPlayRecord.from_dict(dict(d) if isinstance(d, Mapping) else d) for d in state["history"]]
         except (TypeError, ValueError) as error:
             raise CheckpointError(f"the self-play state's 'history' is malformed: {error}") from None
-        checked = {n: p._check_state_dict(state[n]) for n, p in (("teachers", self.teachers),
-                                                                  ("students", self.students))}
+        checked = {
+            n: p._check_state_dict(state[n]) for n, p in (("teachers", self.teachers), ("students", self.students))
+        }
         self.ratings.load_state_dict(state["ratings"])  # all or nothing; the last check before any write
         self.teachers._write_state(checked["teachers"])
         self.students._write_state(checked["students"])

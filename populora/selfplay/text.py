@@ -35,8 +35,9 @@ def chat_text(tokenizer: Any, message: str, chat: bool) -> str:
     """``message`` as the user turn of the chat template (with the assistant's generation prompt)."""
     if not chat:
         return message
-    return tokenizer.apply_chat_template([{"role": "user", "content": message}], tokenize=False,
-                                         add_generation_prompt=True)
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
+    )
 
 
 def encode(tokenizer: Any, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
@@ -48,8 +49,8 @@ def encode(tokenizer: Any, texts: Sequence[str]) -> tuple[Tensor, Tensor]:
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, r in enumerate(rows):
         if r:
-            ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-            mask[i, width - len(r):] = 1
+            ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+            mask[i, width - len(r) :] = 1
     return ids, mask
 
 
@@ -79,15 +80,17 @@ class Replies(NamedTuple):
     tokens: int
 
 
-def _generate_local(population: Any, tokenizer: Any, ids: Sequence[int], texts: Sequence[str], seed: int,
-                    kwargs: dict[str, Any]) -> Replies:
+def _generate_local(
+    population: Any, tokenizer: Any, ids: Sequence[int], texts: Sequence[str], seed: int, kwargs: dict[str, Any]
+) -> Replies:
     if not texts:
         return Replies([], [], [], 0)
     input_ids, mask = encode(tokenizer, texts)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        out = population.generate(input_ids, mask, individuals=torch.as_tensor(list(ids), dtype=torch.long),
-                                  generator=generator, **kwargs)
+        out = population.generate(
+            input_ids, mask, individuals=torch.as_tensor(list(ids), dtype=torch.long), generator=generator, **kwargs
+        )
     if not isinstance(out, Tensor):
         out = out.sequences
     eos = getattr(tokenizer, "eos_token_id", None)
@@ -97,8 +100,15 @@ def _generate_local(population: Any, tokenizer: Any, ids: Sequence[int], texts: 
     return Replies(replies, prompts, [row[:n].tolist() for row, n in zip(gen, lengths)], int(sum(lengths)))
 
 
-def generate_replies(population: Any, tokenizer: Any, ids: Sequence[int], texts: Sequence[str], seed: int,
-                     kwargs: dict[str, Any], distributed: bool) -> Replies:
+def generate_replies(
+    population: Any,
+    tokenizer: Any,
+    ids: Sequence[int],
+    texts: Sequence[str],
+    seed: int,
+    kwargs: dict[str, Any],
+    distributed: bool,
+) -> Replies:
     """Row ``j`` (``texts[j]``) answered by individual ``ids[j]``: the :class:`Replies`.
 
     Locally: one ``population.generate`` call over every row, sampling seeded
@@ -115,9 +125,20 @@ def generate_replies(population: Any, tokenizer: Any, ids: Sequence[int], texts:
     payload: tuple[bool, Any]
     failure: BaseException | None = None
     try:
-        payload = (True, tuple(_generate_local(population, tokenizer, [ids[i] for i in share],
-                                               [texts[i] for i in share], (seed + me) % 2**62, kwargs)))
-    except Exception as error:  # noqa: BLE001 - shared with the other ranks, then raised everywhere
+        payload = (
+            True,
+            tuple(
+                _generate_local(
+                    population,
+                    tokenizer,
+                    [ids[i] for i in share],
+                    [texts[i] for i in share],
+                    (seed + me) % 2**62,
+                    kwargs,
+                )
+            ),
+        )
+    except Exception as error:
         payload, failure = (False, f"{type(error).__name__}: {error}"), error
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, payload)
@@ -127,5 +148,9 @@ def generate_replies(population: Any, tokenizer: Any, ids: Sequence[int], texts:
                 raise failure
             raise RuntimeError(f"generation failed on rank {rank}: {value}")
     parts = [Replies(*value) for _, value in gathered]
-    return Replies([t for p in parts for t in p.texts], [t for p in parts for t in p.prompt_ids],
-                   [t for p in parts for t in p.reply_ids], int(sum(p.tokens for p in parts)))
+    return Replies(
+        [t for p in parts for t in p.texts],
+        [t for p in parts for t in p.prompt_ids],
+        [t for p in parts for t in p.reply_ids],
+        int(sum(p.tokens for p in parts)),
+    )

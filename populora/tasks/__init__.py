@@ -36,7 +36,23 @@ from populora.tasks.safe_eval import ParsedExpression, parse_expression, safe_ev
 from populora.tasks.simple import Comparison, Sorting, Successor
 
 __all__ = [
-    "Arithmetic", "Comparison", "Countdown", "LinearEquation", "Mixture", "ParsedExpression", "Problem",
-    "ReasoningGymTask", "Sorting", "Successor", "Task", "check_replies", "find_ints", "last_expression",
-    "parse_expression", "parse_int", "parse_int_list", "proposal_segments", "safe_eval",
+    "Arithmetic",
+    "Comparison",
+    "Countdown",
+    "LinearEquation",
+    "Mixture",
+    "ParsedExpression",
+    "Problem",
+    "ReasoningGymTask",
+    "Sorting",
+    "Successor",
+    "Task",
+    "check_replies",
+    "find_ints",
+    "last_expression",
+    "parse_expression",
+    "parse_int",
+    "parse_int_list",
+    "proposal_segments",
+    "safe_eval",
 ]

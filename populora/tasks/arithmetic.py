@@ -48,8 +48,14 @@ MAX_ABS = 10**12
 _PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
 # level -> (operands, digits, operators, parentheses)
 _LEVELS = {
-    1: (2, 1, "+", False), 2: (2, 2, "+-", False), 3: (3, 2, "+-*", False), 4: (3, 2, "+-*", True),
-    5: (4, 2, "+-*", True), 6: (4, 3, "+-*", True), 7: (5, 3, "+-*", True), 8: (6, 3, "+-*", True),
+    1: (2, 1, "+", False),
+    2: (2, 2, "+-", False),
+    3: (3, 2, "+-*", False),
+    4: (3, 2, "+-*", True),
+    5: (4, 2, "+-*", True),
+    6: (4, 3, "+-*", True),
+    7: (5, 3, "+-*", True),
+    8: (6, 3, "+-*", True),
 }
 _QUESTION_PREFIX = re.compile(r"^(?:what\s+is|what's|compute|calculate|evaluate|find|solve)\s*:?\s*", re.IGNORECASE)
 
@@ -72,8 +78,9 @@ class Node:
         mine = _PRECEDENCE[self.op]
         if self.left.op and _PRECEDENCE[self.left.op] < mine:
             left = f"({left})"
-        if self.right.op and (_PRECEDENCE[self.right.op] < mine
-                              or (_PRECEDENCE[self.right.op] == mine and self.op in "-/")):
+        if self.right.op and (
+            _PRECEDENCE[self.right.op] < mine or (_PRECEDENCE[self.right.op] == mine and self.op in "-/")
+        ):
             right = f"({right})"
         return f"{left} {self.op} {right}"
 
@@ -145,18 +152,24 @@ class Arithmetic(Task):
         ops = " ".join(self.operators)
         parens = " and parentheses" if self.parentheses else ""
         count = "2" if self.operands == 2 else f"2 to {self.operands}"
-        return (f"Write one new arithmetic problem: an expression with {count} whole numbers of at most "
-                f"{self.digits} digit{'s' if self.digits > 1 else ''} and the operators {ops}{parens}. "
-                "Reply with one line in exactly this format: Problem: 3 + 4")
+        return (
+            f"Write one new arithmetic problem: an expression with {count} whole numbers of at most "
+            f"{self.digits} digit{'s' if self.digits > 1 else ''} and the operators {ops}{parens}. "
+            "Reply with one line in exactly this format: Problem: 3 + 4"
+        )
 
     def _proposal(self, segment: str) -> Problem | None:
         expression = clean_expression(segment)
         if "(" in expression and not self.parentheses:
             return None
         parsed = parse_expression(expression, max_abs=MAX_ABS)
-        if (parsed.unary or not parsed.operators <= set(self.operators)
-                or not 2 <= len(parsed.constants) <= self.operands
-                or max(parsed.constants) >= 10**self.digits or parsed.value.denominator != 1):
+        if (
+            parsed.unary
+            or not parsed.operators <= set(self.operators)
+            or not 2 <= len(parsed.constants) <= self.operands
+            or max(parsed.constants) >= 10**self.digits
+            or parsed.value.denominator != 1
+        ):
             return None
         return self._make(_canonical(parsed.text), parsed.value)
 
@@ -167,8 +180,7 @@ def _canonical(expression: str) -> str:
 
 
 _COEFFICIENT = (9, 20, 50, 99, 999, 9999)
-_LINEAR = re.compile(
-    r"^(?P<a>[0-9]+)?\s*\*?\s*x\s*(?:(?P<sign>[-+])\s*(?P<b>[0-9]+))?\s*=\s*(?P<c>-?[0-9]+)$")
+_LINEAR = re.compile(r"^(?P<a>[0-9]+)?\s*\*?\s*x\s*(?:(?P<sign>[-+])\s*(?P<b>[0-9]+))?\s*=\s*(?P<c>-?[0-9]+)$")
 _SOLVE_PREFIX = re.compile(r"^(?:solve(?:\s+for\s+x)?|find\s+x)\s*[:,]?\s*", re.IGNORECASE)
 
 
@@ -205,9 +217,11 @@ class LinearEquation(Task):
 
     def proposal_prompt(self) -> str:
         sign = "whole numbers" if self.difficulty == 1 else "integers"
-        return (f"Write one new equation a*x + b = c whose solution x is a whole number, with a between 2 and "
-                f"{self.coefficient} and b and x {sign} between {self._low} and {self.coefficient}. "
-                "Reply with one line in exactly this format: Problem: 2*x + 3 = 11")
+        return (
+            f"Write one new equation a*x + b = c whose solution x is a whole number, with a between 2 and "
+            f"{self.coefficient} and b and x {sign} between {self._low} and {self.coefficient}. "
+            "Reply with one line in exactly this format: Problem: 2*x + 3 = 11"
+        )
 
     def _proposal(self, segment: str) -> Problem | None:
         text = _SOLVE_PREFIX.sub("", segment.strip().replace("\u2212", "-").replace("\u00d7", "*"))

@@ -74,8 +74,7 @@ class Countdown(Task):
 
     name = "countdown"
     max_difficulty = 5
-    instruction = ("Use each number at most once, only + - * / and parentheses. "
-                   "Write the expression on the last line.")
+    instruction = "Use each number at most once, only + - * / and parentheses. Write the expression on the last line."
 
     @property
     def count(self) -> int:
@@ -90,8 +89,9 @@ class Countdown(Task):
         numbers = sorted(numbers)
         shown = ", ".join(map(str, numbers))
         question = f"Using the numbers [{shown}], make {target}."
-        return Problem(self.name, question, target,
-                       {"numbers": tuple(numbers), "target": target, "expression": expression})
+        return Problem(
+            self.name, question, target, {"numbers": tuple(numbers), "target": target, "expression": expression}
+        )
 
     def _tree(self, values: list[int], generator: torch.Generator) -> Node:
         if len(values) == 1:
@@ -128,19 +128,26 @@ class Countdown(Task):
             parsed = parse_expression(expression)
         except InvalidValueError:
             return False
-        return (not parsed.unary and parsed.value == problem.data["target"]
-                and parsed.uses_within(problem.data["numbers"]))
+        return (
+            not parsed.unary and parsed.value == problem.data["target"] and parsed.uses_within(problem.data["numbers"])
+        )
 
     def proposal_prompt(self) -> str:
-        return (f"Write one new Countdown puzzle by writing its solution: an expression with 2 to {self.count} "
-                f"whole numbers between 1 and {self.max_number} and the operators + - * / whose value is a whole "
-                f"number between 1 and {MAX_TARGET}. Reply with one line in exactly this format: "
-                f"Problem: {'3 * 7' if self.count == 2 else '3 * 7 + 2'}")
+        return (
+            f"Write one new Countdown puzzle by writing its solution: an expression with 2 to {self.count} "
+            f"whole numbers between 1 and {self.max_number} and the operators + - * / whose value is a whole "
+            f"number between 1 and {MAX_TARGET}. Reply with one line in exactly this format: "
+            f"Problem: {'3 * 7' if self.count == 2 else '3 * 7 + 2'}"
+        )
 
     def _proposal(self, segment: str) -> Problem | None:
         parsed = parse_expression(clean_expression(segment))
-        if (parsed.unary or not 2 <= len(parsed.constants) <= self.count
-                or not all(1 <= c <= self.max_number for c in parsed.constants)
-                or parsed.value.denominator != 1 or not 1 <= parsed.value <= MAX_TARGET):
+        if (
+            parsed.unary
+            or not 2 <= len(parsed.constants) <= self.count
+            or not all(1 <= c <= self.max_number for c in parsed.constants)
+            or parsed.value.denominator != 1
+            or not 1 <= parsed.value <= MAX_TARGET
+        ):
             return None
         return self._make(list(parsed.constants), int(parsed.value), parsed.text)

@@ -115,7 +115,7 @@ def parse_int_list(reply: str) -> list[int] | None:
     best: tuple[int, list[int]] | None = None
     blanked = list(reply)
     for match in _BRACKETS.finditer(reply):
-        blanked[match.start():match.end()] = " " * (match.end() - match.start())
+        blanked[match.start() : match.end()] = " " * (match.end() - match.start())
         tokens = [t for t in re.split(r"[\s,]+", match.group(1)) if t]
         if all(_ITEM.fullmatch(t) for t in tokens):
             best = (match.end(), [_int(t) for t in tokens])
@@ -141,7 +141,7 @@ def proposal_segments(text: str, *, limit: int = 64) -> list[str]:
     segments: list[str] = []
     for line in reversed(lines):
         for match in reversed(list(_MARKER.finditer(line))):
-            segments.append(_clean(line[match.end():]))
+            segments.append(_clean(line[match.end() :]))
     for line in reversed(lines):
         segments.append(_clean(_BULLET.sub("", line, count=1)))
     seen: set[str] = set()

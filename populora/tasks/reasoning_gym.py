@@ -39,7 +39,8 @@ def _import_reasoning_gym() -> Any:
         import reasoning_gym
     except ImportError as err:
         raise ImportError(
-            "ReasoningGymTask needs the optional package reasoning-gym: pip install reasoning-gym") from err
+            "ReasoningGymTask needs the optional package reasoning-gym: pip install reasoning-gym"
+        ) from err
     return reasoning_gym
 
 
@@ -98,8 +99,14 @@ class ReasoningGymTask(Task):
         out = []
         for i in ids:
             entry = self.dataset[i]
-            out.append(Problem(self.name, str(entry["question"]), entry["answer"],
-                               {"entry": entry, "index": i, "dataset": self.dataset_name}))
+            out.append(
+                Problem(
+                    self.name,
+                    str(entry["question"]),
+                    entry["answer"],
+                    {"entry": entry, "index": i, "dataset": self.dataset_name},
+                )
+            )
         return out
 
     def proposal_prompt(self) -> str:

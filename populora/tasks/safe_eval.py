@@ -50,20 +50,43 @@ __all__ = ["ParsedExpression", "parse_expression", "safe_eval"]
 _BINARY = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
 _UNARY = {ast.USub: "-", ast.UAdd: "+"}
 _FORBIDDEN_OPERATORS = {
-    ast.Pow: "`**` (power)", ast.FloorDiv: "`//` (floor division)", ast.Mod: "`%` (modulo)",
-    ast.MatMult: "`@` (matrix product)", ast.LShift: "`<<` (shift)", ast.RShift: "`>>` (shift)",
-    ast.BitOr: "`|` (bitwise or)", ast.BitAnd: "`&` (bitwise and)", ast.BitXor: "`^` (bitwise xor)",
-    ast.Invert: "`~` (bitwise not)", ast.Not: "`not`",
+    ast.Pow: "`**` (power)",
+    ast.FloorDiv: "`//` (floor division)",
+    ast.Mod: "`%` (modulo)",
+    ast.MatMult: "`@` (matrix product)",
+    ast.LShift: "`<<` (shift)",
+    ast.RShift: "`>>` (shift)",
+    ast.BitOr: "`|` (bitwise or)",
+    ast.BitAnd: "`&` (bitwise and)",
+    ast.BitXor: "`^` (bitwise xor)",
+    ast.Invert: "`~` (bitwise not)",
+    ast.Not: "`not`",
 }
 _CONSTRUCTS = {
-    ast.Name: "a name", ast.Call: "a function call", ast.Attribute: "attribute access",
-    ast.Subscript: "a subscript", ast.Compare: "a comparison", ast.BoolOp: "`and` / `or`",
-    ast.Lambda: "a lambda", ast.JoinedStr: "an f-string", ast.FormattedValue: "an f-string",
-    ast.IfExp: "a conditional expression", ast.NamedExpr: "an assignment expression (`:=`)",
-    ast.Tuple: "a tuple", ast.List: "a list", ast.Set: "a set", ast.Dict: "a dict",
-    ast.ListComp: "a comprehension", ast.SetComp: "a comprehension", ast.DictComp: "a comprehension",
-    ast.GeneratorExp: "a generator expression", ast.Starred: "a starred expression",
-    ast.Await: "`await`", ast.Yield: "`yield`", ast.YieldFrom: "`yield from`", ast.Slice: "a slice",
+    ast.Name: "a name",
+    ast.Call: "a function call",
+    ast.Attribute: "attribute access",
+    ast.Subscript: "a subscript",
+    ast.Compare: "a comparison",
+    ast.BoolOp: "`and` / `or`",
+    ast.Lambda: "a lambda",
+    ast.JoinedStr: "an f-string",
+    ast.FormattedValue: "an f-string",
+    ast.IfExp: "a conditional expression",
+    ast.NamedExpr: "an assignment expression (`:=`)",
+    ast.Tuple: "a tuple",
+    ast.List: "a list",
+    ast.Set: "a set",
+    ast.Dict: "a dict",
+    ast.ListComp: "a comprehension",
+    ast.SetComp: "a comprehension",
+    ast.DictComp: "a comprehension",
+    ast.GeneratorExp: "a generator expression",
+    ast.Starred: "a starred expression",
+    ast.Await: "`await`",
+    ast.Yield: "`yield`",
+    ast.YieldFrom: "`yield from`",
+    ast.Slice: "a slice",
 }
 _ALLOWED = "only int constants, + - * / and unary - are"
 _DEPTH_CAP = 100  # the largest max_depth accepted: the evaluator recurses once per level
@@ -120,7 +143,8 @@ def parse_expression(
     max_abs = check_int("max_abs", max_abs, low=1)
     if len(expr) > max_length:
         raise InvalidValueError(
-            f"expression `{_short(expr)}` has {len(expr)} characters, more than max_length={max_length}")
+            f"expression `{_short(expr)}` has {len(expr)} characters, more than max_length={max_length}"
+        )
     text = expr.strip()
     if not text:
         raise InvalidValueError("expression is empty")
@@ -165,7 +189,8 @@ def parse_expression(
             spelled = ast.get_source_segment(text, node) or ""
             if not (spelled.isascii() and spelled.isdigit()):
                 raise InvalidValueError(
-                    f"`{_short(text)}`: the int `{_short(spelled)}` must be written in plain decimal digits")
+                    f"`{_short(text)}`: the int `{_short(spelled)}` must be written in plain decimal digits"
+                )
             if node.value > max_abs:
                 raise InvalidValueError(f"`{_short(text)}`: the constant {_short(spelled)} exceeds max_abs={max_abs}")
             constants.append(node.value)
@@ -177,8 +202,9 @@ def parse_expression(
 
     # 2. arithmetic: recursion depth is now bounded by max_depth
     value = _evaluate(tree.body, text, max_abs)
-    return ParsedExpression(text=text, value=value, constants=tuple(constants), operators=frozenset(operators),
-                            unary=unary, depth=depth)
+    return ParsedExpression(
+        text=text, value=value, constants=tuple(constants), operators=frozenset(operators), unary=unary, depth=depth
+    )
 
 
 def _bounded(value: Fraction, text: str, max_abs: int) -> Fraction:
@@ -207,13 +233,15 @@ def _evaluate(node: ast.AST, text: str, max_abs: int) -> Fraction:
     return _bounded(left / right, text, max_abs)
 
 
-def safe_eval(expr: str, *, max_length: int = 200, max_depth: int = 10, max_nodes: int = 100,
-              max_abs: int = 10**12) -> Fraction:
+def safe_eval(
+    expr: str, *, max_length: int = 200, max_depth: int = 10, max_nodes: int = 100, max_abs: int = 10**12
+) -> Fraction:
     """The exact value of the integer expression ``expr`` (``+ - * /``, unary minus, parentheses).
 
     Never executes anything; raises :class:`~populora.errors.InvalidValueError` for anything else
     or beyond a bound (``max_length`` characters, ``max_depth`` nested operators, ``max_nodes``
     nodes, ``max_abs`` on every constant and intermediate result), and for division by zero.
     """
-    return parse_expression(expr, max_length=max_length, max_depth=max_depth, max_nodes=max_nodes,
-                            max_abs=max_abs).value
+    return parse_expression(
+        expr, max_length=max_length, max_depth=max_depth, max_nodes=max_nodes, max_abs=max_abs
+    ).value

@@ -44,8 +44,12 @@ class Sorting(Task):
 
     def _make(self, values: list[int]) -> Problem:
         shown = ", ".join(map(str, values))
-        return Problem(self.name, f"Sort these numbers in ascending order: [{shown}].", tuple(sorted(values)),
-                       {"numbers": tuple(values)})
+        return Problem(
+            self.name,
+            f"Sort these numbers in ascending order: [{shown}].",
+            tuple(sorted(values)),
+            {"numbers": tuple(values)},
+        )
 
     def _sample_one(self, generator: torch.Generator) -> Problem:
         return self._make([randint(generator, 0, SORT_MAX) for _ in range(self.length)])
@@ -56,8 +60,10 @@ class Sorting(Task):
         return values is not None and tuple(values) == tuple(problem.answer)
 
     def proposal_prompt(self) -> str:
-        return (f"Write one new list of 2 to {self.length} whole numbers between 0 and {SORT_MAX} for someone to sort. "
-                "Reply with one line in exactly this format: Problem: [5, 2, 8]")
+        return (
+            f"Write one new list of 2 to {self.length} whole numbers between 0 and {SORT_MAX} for someone to sort. "
+            "Reply with one line in exactly this format: Problem: [5, 2, 8]"
+        )
 
     def _proposal(self, segment: str) -> Problem | None:
         values = parse_int_list(segment)
@@ -107,9 +113,11 @@ class Successor(_Digits):
         return parse_int(reply) == problem.answer
 
     def proposal_prompt(self) -> str:
-        return (f"Write one new whole number with at most {self.difficulty} digit{'s' if self.difficulty > 1 else ''}; "
-                "someone will be asked which number comes after it. "
-                f"Reply with one line in exactly this format: Problem: {self._example()}")
+        return (
+            f"Write one new whole number with at most {self.difficulty} digit{'s' if self.difficulty > 1 else ''}; "
+            "someone will be asked which number comes after it. "
+            f"Reply with one line in exactly this format: Problem: {self._example()}"
+        )
 
     def _proposal(self, segment: str) -> Problem | None:
         values = self._numbers(segment)
@@ -125,8 +133,9 @@ class Comparison(_Digits):
     instruction = "Give the larger number as a single integer."
 
     def _make(self, first: int, second: int) -> Problem:
-        return Problem(self.name, f"Which number is larger: {first} or {second}?", max(first, second),
-                       {"numbers": (first, second)})
+        return Problem(
+            self.name, f"Which number is larger: {first} or {second}?", max(first, second), {"numbers": (first, second)}
+        )
 
     def _sample_one(self, generator: torch.Generator) -> Problem:
         first = self._draw(generator)
@@ -140,9 +149,11 @@ class Comparison(_Digits):
         return parse_int(reply) == problem.answer
 
     def proposal_prompt(self) -> str:
-        return (f"Write two new different whole numbers with at most {self.difficulty} "
-                f"digit{'s' if self.difficulty > 1 else ''} each; someone will be asked which is larger. "
-                f"Reply with one line in exactly this format: Problem: {self._example()} or {self._example(3)}")
+        return (
+            f"Write two new different whole numbers with at most {self.difficulty} "
+            f"digit{'s' if self.difficulty > 1 else ''} each; someone will be asked which is larger. "
+            f"Reply with one line in exactly this format: Problem: {self._example()} or {self._example(3)}"
+        )
 
     def _proposal(self, segment: str) -> Problem | None:
         values = self._numbers(segment)

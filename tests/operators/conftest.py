@@ -84,6 +84,12 @@ def helpers():
     import types
 
     return types.SimpleNamespace(
-        gen=gen, random_stacks=random_stacks, delta=delta, clone=clone, assert_same=assert_same,
-        SHAPES=SHAPES, DETERMINISTIC=DETERMINISTIC, TWO_PARENTS=TWO_PARENTS,
+        gen=gen,
+        random_stacks=random_stacks,
+        delta=delta,
+        clone=clone,
+        assert_same=assert_same,
+        SHAPES=SHAPES,
+        DETERMINISTIC=DETERMINISTIC,
+        TWO_PARENTS=TWO_PARENTS,
     )

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from populora.errors import FitnessError, InvalidValueError
-
 from populora.operators import CROSSOVERS, Factors, svd_factors
 
 P = 8
@@ -166,7 +165,9 @@ def test_svd_subspace_rank_one_clones_parent_0(helpers):
 
 @pytest.mark.parametrize("name", ["svd_subspace", "extrapolative"])
 def test_two_parent_crossovers_reject_other_k(name, helpers):
-    with pytest.raises(InvalidValueError, match=rf"{name} needs exactly 2 parents per child, got parents of shape \(4, 3\)"):
+    with pytest.raises(
+        InvalidValueError, match=rf"{name} needs exactly 2 parents per child, got parents of shape \(4, 3\)"
+    ):
         call(name, helpers.random_stacks(P), torch.zeros(4, 3, dtype=torch.long))
 
 
@@ -259,11 +260,15 @@ def test_numpy_options_and_num_groups(helpers):
     stacks = helpers.random_stacks(8)
     parents = torch.tensor([[0, 1], [2, 3], [4, 5]])
     f = torch.randn(8, generator=helpers.gen(0))
-    for name, options, plain in (("dare", {"drop_rate": np.float32(0.5)}, {"drop_rate": 0.5}),
-                                 ("extrapolative", {"eta_min": np.float64(1.0), "eta_max": np.float32(1.25)},
-                                  {"eta_min": 1.0, "eta_max": 1.25}),
-                                 ("xes", {"eta": np.float64(0.5), "tournament_size": np.int64(2), "num_groups": np.int64(2)},
-                                  {"eta": 0.5, "tournament_size": 2, "num_groups": 2})):
+    for name, options, plain in (
+        ("dare", {"drop_rate": np.float32(0.5)}, {"drop_rate": 0.5}),
+        ("extrapolative", {"eta_min": np.float64(1.0), "eta_max": np.float32(1.25)}, {"eta_min": 1.0, "eta_max": 1.25}),
+        (
+            "xes",
+            {"eta": np.float64(0.5), "tournament_size": np.int64(2), "num_groups": np.int64(2)},
+            {"eta": 0.5, "tournament_size": 2, "num_groups": 2},
+        ),
+    ):
         a = CROSSOVERS[name](stacks, parents, fitnesses=f, generator=helpers.gen(1), **options)
         b = CROSSOVERS[name](stacks, parents, fitnesses=f, generator=helpers.gen(1), **plain)
         helpers.assert_same(a, b)

@@ -75,7 +75,9 @@ class TestContract:
             assert torch.isfinite(new.down).all() and torch.isfinite(new.up).all()
 
     def test_bad_weight_scales(self, mutation_name, helpers):
-        with pytest.raises(InvalidValueError, match=r"`weight_scales` must hold one finite value >= 0 per target \(4\)"):
+        with pytest.raises(
+            InvalidValueError, match=r"`weight_scales` must hold one finite value >= 0 per target \(4\)"
+        ):
             call(mutation_name, helpers.random_stacks(M), weight_scales=[1.0])
         with pytest.raises(InvalidTypeError, match=r"`weight_scales` must hold one real number per target"):
             call(mutation_name, helpers.random_stacks(M), weight_scales=["a"] * 4)
@@ -83,8 +85,9 @@ class TestContract:
     def test_epsilon_types(self, mutation_name, helpers):
         """NumPy scalars pass; a wrong type is an InvalidTypeError, a bad value an InvalidValueError."""
         factors = helpers.random_stacks(M)
-        helpers.assert_same(call(mutation_name, factors, epsilon=np.float32(0.25)),
-                            call(mutation_name, factors, epsilon=0.25))
+        helpers.assert_same(
+            call(mutation_name, factors, epsilon=np.float32(0.25)), call(mutation_name, factors, epsilon=0.25)
+        )
         with pytest.raises(InvalidTypeError, match=r"`epsilon` must be a real number >= 0, got str 'a'"):
             call(mutation_name, factors, epsilon="a")
         with pytest.raises(InvalidValueError, match=r"`epsilon` must be >= 0, got -1"):
@@ -107,10 +110,17 @@ def test_additive_change_is_epsilon_times_weight_scale(name, state):
     g = torch.Generator().manual_seed(1)
     m, d, e, r, w, eps = 400, 48, 24, 4, 0.3, 0.2
     a = math.sqrt(w / math.sqrt(r))  # balanced factor scale for rms(dW) = w
-    down_scale, up_scale = {"zero": (0, 0), "down_only": (a, 0), "balanced": (a, 0.1 * a),
-                            "large": (10 * a, 10 * a), "unbalanced": (5 * a, 0.01 * a)}[state]
-    old = Factors(torch.randn(m, d, r, generator=g, dtype=torch.float64) * down_scale,
-                  torch.randn(m, e, r, generator=g, dtype=torch.float64) * up_scale)
+    down_scale, up_scale = {
+        "zero": (0, 0),
+        "down_only": (a, 0),
+        "balanced": (a, 0.1 * a),
+        "large": (10 * a, 10 * a),
+        "unbalanced": (5 * a, 0.01 * a),
+    }[state]
+    old = Factors(
+        torch.randn(m, d, r, generator=g, dtype=torch.float64) * down_scale,
+        torch.randn(m, e, r, generator=g, dtype=torch.float64) * up_scale,
+    )
     kw = {"fraction": 1.0} if name == "layer_selective_gaussian" else {}
     new = call(name, [old], epsilon=eps, weight_scales=[w], **kw)[0]
     assert rms_change(new, old) == pytest.approx(eps * w, rel=0.1)
@@ -192,7 +202,9 @@ def test_svd_structured_keeps_a_zero_adapter_zero():
     assert (new.down == 0).all() and (new.up == 0).all()
 
 
-@pytest.mark.parametrize("rho,r,zeroed", [(0.3, 10, 3), (0.28, 25, 7), (0.3, 4, 2), (1.0, 3, 3), (0.0, 4, 0), (0.3, 1, 1)])
+@pytest.mark.parametrize(
+    "rho,r,zeroed", [(0.3, 10, 3), (0.28, 25, 7), (0.3, 4, 2), (1.0, 3, 3), (0.0, 4, 0), (0.3, 1, 1)]
+)
 def test_component_masking_zeroes_exactly_ceil_rho_r(rho, r, zeroed, helpers):
     factors = helpers.random_stacks(M, shapes=[(26, 25, r)], dtype=torch.float64)  # 0.28 * 25 = 7.000000000000001
     new = call("component_masking", factors, rho=rho, epsilon=123.0)[0]  # epsilon is ignored
@@ -208,7 +220,7 @@ def test_component_masking_picks_components_at_random(helpers):
     new = call("component_masking", factors, rho=0.25)[0]
     s_old = torch.linalg.svdvals(helpers.delta(factors[0]))[:, :4]
     s_new = torch.linalg.svdvals(helpers.delta(new))[:, :4]
-    survived = ((s_old.unsqueeze(-1) - s_new.unsqueeze(1)).abs().amin(-1) < 1e-9)  # (m, 4)
+    survived = (s_old.unsqueeze(-1) - s_new.unsqueeze(1)).abs().amin(-1) < 1e-9  # (m, 4)
     assert (survived.sum(1) == 3).all()
     assert ((1 - survived.double().mean(0)) - 0.25).abs().max() < 0.08  # each component ~1/4 of the time
 
@@ -221,7 +233,9 @@ def test_option_errors(helpers):
         call("layer_selective_gaussian", factors, fraction=0)
     with pytest.raises(InvalidTypeError, match=r"`rho` must be a real number in \[0, 1\], got str '0.3'"):
         call("component_masking", factors, rho="0.3")
-    helpers.assert_same(call("component_masking", factors, rho=np.float64(0.5)),  # NumPy options pass
-                        call("component_masking", factors, rho=0.5))
+    helpers.assert_same(
+        call("component_masking", factors, rho=np.float64(0.5)),  # NumPy options pass
+        call("component_masking", factors, rho=0.5),
+    )
     with pytest.raises(ValueError, match="`epsilon` must be >= 0, got -0.1"):
         call("full_gaussian", factors, epsilon=-0.1)

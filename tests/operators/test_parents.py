@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from populora.errors import FitnessError, InvalidTypeError, InvalidValueError
-
 from populora.operators import PARENT_SELECTIONS, fuss_weights, zscore
 from populora.operators.parents import fuss, queen_bee, roulette, tournament
 

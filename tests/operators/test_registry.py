@@ -6,8 +6,21 @@ import pytest
 import torch
 
 from populora.errors import InvalidTypeError, InvalidValueError
-from populora.operators import base
-from populora.operators import CROSSOVERS, MUTATIONS, PARENT_SELECTIONS, SELECTIONS, Factors, check_options, get_operator, option_names, register_crossover, register_mutation, register_parent_selection, register_selection
+from populora.operators import (
+    CROSSOVERS,
+    MUTATIONS,
+    PARENT_SELECTIONS,
+    SELECTIONS,
+    Factors,
+    base,
+    check_options,
+    get_operator,
+    option_names,
+    register_crossover,
+    register_mutation,
+    register_parent_selection,
+    register_selection,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -27,10 +40,14 @@ def test_builtin_names():
     """Keys are the function names, and every spec operator is there."""
     assert set(SELECTIONS) == {"deterministic", "probabilistic", "fuss"}
     assert set(PARENT_SELECTIONS) == {"tournament", "roulette", "fuss", "queen_bee"}
-    assert set(CROSSOVERS) == {
-        "average", "average_delta", "dare", "layer_wise", "svd_subspace", "extrapolative", "xes"}
+    assert set(CROSSOVERS) == {"average", "average_delta", "dare", "layer_wise", "svd_subspace", "extrapolative", "xes"}
     assert set(MUTATIONS) == {
-        "svd_structured", "layer_selective_gaussian", "component_masking", "full_gaussian", "neftune_style"}
+        "svd_structured",
+        "layer_selective_gaussian",
+        "component_masking",
+        "full_gaussian",
+        "neftune_style",
+    }
     for registry in (SELECTIONS, PARENT_SELECTIONS, CROSSOVERS, MUTATIONS):
         assert all(fn.__name__ == name for name, fn in registry.items())
 
@@ -48,8 +65,11 @@ def test_register_directly_and_as_decorator():
 
     assert MUTATIONS["identity"] is identity
     out = get_operator("mutation", "identity")(
-        [Factors(torch.ones(2, 3, 1), torch.ones(2, 4, 1))], epsilon=0.1, weight_scales=[1.0],
-        generator=torch.Generator())
+        [Factors(torch.ones(2, 3, 1), torch.ones(2, 4, 1))],
+        epsilon=0.1,
+        weight_scales=[1.0],
+        generator=torch.Generator(),
+    )
     assert torch.equal(out[0].down, torch.ones(2, 3, 1))
 
 
@@ -79,7 +99,7 @@ def test_mutation_with_the_old_floors_keyword_still_works():
     before = pop.factors()[0].down.clone()
     pop.mutate_("old_style", all_individuals=True)
     assert torch.equal(pop.factors()[0].down, 2 * before)
-    expected = [(w / r ** 0.5) ** 0.5 for w, r in zip(pop.weight_scales, pop.effective_ranks)]  # effective ranks (4, 2)
+    expected = [(w / r**0.5) ** 0.5 for w, r in zip(pop.weight_scales, pop.effective_ranks)]  # effective ranks (4, 2)
     assert seen["floors"] == pytest.approx(expected)
     with pytest.warns(DeprecationWarning, match="`Population.floors` is deprecated"):
         assert pop.floors == pytest.approx(expected)
@@ -109,7 +129,7 @@ def test_unknown_name_lists_and_suggests():
     with pytest.raises(
         InvalidValueError,
         match=r"Unknown mutation `ful_gaussian`; available: \['component_masking', 'full_gaussian', "
-              r"'layer_selective_gaussian', 'neftune_style', 'svd_structured'\]\. Did you mean `full_gaussian`\?",
+        r"'layer_selective_gaussian', 'neftune_style', 'svd_structured'\]\. Did you mean `full_gaussian`\?",
     ):
         get_operator("mutation", "ful_gaussian")
     with pytest.raises(InvalidValueError, match=r"Unknown crossover `zzz`; available: \[.*'xes'\]\.$"):
@@ -117,8 +137,11 @@ def test_unknown_name_lists_and_suggests():
 
 
 def test_unknown_kind():
-    with pytest.raises(InvalidValueError, match=r"`kind` must be one of \['crossover', 'mutation', 'parent_selection', "
-                                         r"'selection'\], got 'mutations'"):
+    with pytest.raises(
+        InvalidValueError,
+        match=r"`kind` must be one of \['crossover', 'mutation', 'parent_selection', "
+        r"'selection'\], got 'mutations'",
+    ):
         get_operator("mutations", "full_gaussian")
 
 
@@ -134,7 +157,7 @@ def test_check_options_unknown_keyword():
     with pytest.raises(
         InvalidTypeError,
         match=r"parent_selection `tournament` got unexpected option\(s\) \['tournament_sise'\]; "
-              r"accepted options: \['tournament_size'\]",
+        r"accepted options: \['tournament_size'\]",
     ):
         check_options("parent_selection", "tournament", {"tournament_sise": 4})
     with pytest.raises(InvalidTypeError, match=r"option\(s\) \['epsilon'\] are passed by the population itself"):
@@ -164,20 +187,34 @@ def test_check_options_with_var_keywords():
     check_options("mutation", "loose", {"whatever": 1})
 
 
-@pytest.mark.parametrize("kind,name,options,error,message", [
-    ("mutation", "component_masking", {"rho": 2}, InvalidValueError, r"`rho` must be in \[0, 1\], got 2"),
-    ("mutation", "neftune_style", {"alpha": -1.0}, InvalidValueError, "`alpha` must be >= 0, got -1.0"),
-    ("mutation", "layer_selective_gaussian", {"fraction": 0.0}, InvalidValueError, r"`fraction` must be in \(0, 1\]"),
-    ("parent_selection", "tournament", {"tournament_size": "3"}, InvalidTypeError,
-     "`tournament_size` must be an int >= 1, got str '3'"),
-    ("parent_selection", "queen_bee", {"tournament_size": 0}, InvalidValueError, "must be an int >= 1, got 0"),
-    ("parent_selection", "roulette", {"temperature": float("nan")}, InvalidValueError, "`temperature` must be > 0"),
-    ("selection", "probabilistic", {"temperature": -1}, InvalidValueError, "`temperature` must be > 0, got -1"),
-    ("crossover", "dare", {"drop_rate": 1.0}, InvalidValueError, r"`drop_rate` must be in \[0, 1\), got 1.0"),
-    ("crossover", "extrapolative", {"eta_min": 2.0}, InvalidValueError, r"`eta_max` must be >= `eta_min` \(2.0\)"),
-    ("crossover", "xes", {"eta": True}, InvalidTypeError, "`eta` must be a real number"),
-    ("crossover", "dare", {"drop_rate": "0.5"}, InvalidTypeError, "`drop_rate` must be a real number"),
-])
+@pytest.mark.parametrize(
+    "kind,name,options,error,message",
+    [
+        ("mutation", "component_masking", {"rho": 2}, InvalidValueError, r"`rho` must be in \[0, 1\], got 2"),
+        ("mutation", "neftune_style", {"alpha": -1.0}, InvalidValueError, "`alpha` must be >= 0, got -1.0"),
+        (
+            "mutation",
+            "layer_selective_gaussian",
+            {"fraction": 0.0},
+            InvalidValueError,
+            r"`fraction` must be in \(0, 1\]",
+        ),
+        (
+            "parent_selection",
+            "tournament",
+            {"tournament_size": "3"},
+            InvalidTypeError,
+            "`tournament_size` must be an int >= 1, got str '3'",
+        ),
+        ("parent_selection", "queen_bee", {"tournament_size": 0}, InvalidValueError, "must be an int >= 1, got 0"),
+        ("parent_selection", "roulette", {"temperature": float("nan")}, InvalidValueError, "`temperature` must be > 0"),
+        ("selection", "probabilistic", {"temperature": -1}, InvalidValueError, "`temperature` must be > 0, got -1"),
+        ("crossover", "dare", {"drop_rate": 1.0}, InvalidValueError, r"`drop_rate` must be in \[0, 1\), got 1.0"),
+        ("crossover", "extrapolative", {"eta_min": 2.0}, InvalidValueError, r"`eta_max` must be >= `eta_min` \(2.0\)"),
+        ("crossover", "xes", {"eta": True}, InvalidTypeError, "`eta` must be a real number"),
+        ("crossover", "dare", {"drop_rate": "0.5"}, InvalidTypeError, "`drop_rate` must be a real number"),
+    ],
+)
 def test_check_options_validates_values_before_running(kind, name, options, error, message):
     """A bad option value is caught by check_options, before the population changes anything."""
     with pytest.raises(error, match=message):

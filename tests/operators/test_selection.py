@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from populora.errors import FitnessError, InvalidTypeError, InvalidValueError
-
 from populora.operators import SELECTIONS, fuss_weights, zscore
 from populora.operators.selection import deterministic, fuss, probabilistic
 
@@ -64,8 +63,10 @@ class TestContract:
         if selection_name == "deterministic":
             assert picked[1] == 0
 
-    @pytest.mark.parametrize("num, error", [(-1, InvalidValueError), (5, InvalidValueError),
-                                            (1.5, InvalidTypeError), ("2", InvalidTypeError)])
+    @pytest.mark.parametrize(
+        "num, error",
+        [(-1, InvalidValueError), (5, InvalidValueError), (1.5, InvalidTypeError), ("2", InvalidTypeError)],
+    )
     def test_bad_num(self, selection_name, num, error):
         with pytest.raises(error, match=r"`num` must be an int"):
             SELECTIONS[selection_name](torch.zeros(1, 4), num, generator=gen(0))
@@ -125,9 +126,7 @@ def test_probabilistic_without_replacement_pair_probabilities():
     out = probabilistic(f.expand(20000, 3), 2, generator=gen(0))
     missing = 3 - out.sum(-1)  # the index not chosen
     freq = torch.bincount(missing, minlength=3).double() / 20000
-    expected = torch.stack([
-        w[j] * w[k] / (1 - w[j]) + w[k] * w[j] / (1 - w[k]) for j, k in ((1, 2), (0, 2), (0, 1))
-    ])
+    expected = torch.stack([w[j] * w[k] / (1 - w[j]) + w[k] * w[j] / (1 - w[k]) for j, k in ((1, 2), (0, 2), (0, 1))])
     assert torch.allclose(freq, expected, atol=0.015)
 
 

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from populora.errors import FitnessError
-
 from populora.operators import centered_rank, fuss_weights, zscore
 
 
@@ -60,8 +59,15 @@ def test_nan_raises(fn):
 
 
 @pytest.mark.parametrize("fn", [zscore, centered_rank, fuss_weights])
-@pytest.mark.parametrize("bad, named", [("abc", "str"), ({"a": 1.0}, "dict"), ([1.0, 2.0], "list"),
-                                        (torch.zeros(2, dtype=torch.complex64), "dtype torch.complex64")])
+@pytest.mark.parametrize(
+    "bad, named",
+    [
+        ("abc", "str"),
+        ({"a": 1.0}, "dict"),
+        ([1.0, 2.0], "list"),
+        (torch.zeros(2, dtype=torch.complex64), "dtype torch.complex64"),
+    ],
+)
 def test_non_numeric_raises_naming_the_type(fn, bad, named):
     with pytest.raises(FitnessError, match=rf"`f` must be a (torch.Tensor of real numbers|real tensor), got {named}"):
         fn(bad)
