@@ -14,6 +14,7 @@ task                     family            difficulty knob
 :class:`Successor`       ``successor``     digits of ``N`` (1..12)
 :class:`Comparison`      ``comparison``    digits of both numbers (1..12)
 :class:`Countdown`       ``countdown``     ``d + 1`` numbers in ``1 .. 9d`` (1..5)
+:class:`CodeOutput`      ``code_o/i/f``    steps of ``f`` (1..5); also CodeInput, CodeFunction (run in a Sandbox)
 :class:`Mixture`         the members'      a task drawn per problem by weight
 =======================  ================  ==============================================
 
@@ -29,24 +30,35 @@ Example:
 
 from populora.tasks.arithmetic import Arithmetic, LinearEquation
 from populora.tasks.base import Mixture, Problem, Task, check_replies
+from populora.tasks.code import CodeFunction, CodeInput, CodeOutput, CodeTask, check_code_replies
 from populora.tasks.countdown import Countdown, last_expression
 from populora.tasks.parsing import find_ints, parse_int, parse_int_list, proposal_segments
 from populora.tasks.reasoning_gym import ReasoningGymTask
 from populora.tasks.safe_eval import ParsedExpression, parse_expression, safe_eval
+from populora.tasks.sandbox import Job, Limits, RunResult, Sandbox
 from populora.tasks.simple import Comparison, Sorting, Successor
 
 __all__ = [
     "Arithmetic",
+    "CodeFunction",
+    "CodeInput",
+    "CodeOutput",
+    "CodeTask",
     "Comparison",
     "Countdown",
+    "Job",
+    "Limits",
     "LinearEquation",
     "Mixture",
     "ParsedExpression",
     "Problem",
     "ReasoningGymTask",
+    "RunResult",
+    "Sandbox",
     "Sorting",
     "Successor",
     "Task",
+    "check_code_replies",
     "check_replies",
     "find_ints",
     "last_expression",
