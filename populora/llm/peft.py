@@ -48,6 +48,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from populora.checkpoint import check_nesting
 from populora.checks import check_bool, check_index
 from populora.errors import CheckpointError, InvalidTypeError, InvalidValueError
 
@@ -72,6 +73,7 @@ _VARIANTS = (
     "trainable_token_indices",
 )
 _TASK_TYPES = ("SEQ_CLS", "SEQ_2_SEQ_LM", "CAUSAL_LM", "TOKEN_CLS", "QUESTION_ANS", "FEATURE_EXTRACTION")
+_ALL_LINEAR = "all-linear"  # PEFT's shorthand (compared lower-cased)
 
 
 # ---------------------------------------------------------------------------------------------- export
@@ -258,7 +260,15 @@ def _is_causal_lm(model: nn.Module) -> bool:
 # ---------------------------------------------------------------------------------------------- import
 
 
-def load_peft_(pop: Any, individual: int, path: str | Path, *, strict: bool = True) -> None:
+def load_peft_(
+    pop: Any,
+    individual: int,
+    path: str | Path,
+    *,
+    strict: bool = True,
+    optimizer: Any = None,
+    optimizer_state: str = "inherit",
+) -> None:
     """Load the PEFT LoRA adapter folder ``path`` into individual ``individual`` of ``pop``.
 
     Per target: ``down = lora_A.T`` and ``up = lora_B * lora_alpha / r``
@@ -270,6 +280,14 @@ def load_peft_(pop: Any, individual: int, path: str | Path, *, strict: bool = Tr
     output is the same. The factors are computed in at least float32, then
     cast to the adapters' dtype.
 
+    Only the modules ``PeftModel`` adapts are loaded, by PEFT's rules:
+    ``target_modules`` as a list matches a module's full name or a
+    ``.suffix`` of it (then filtered by ``layers_to_transform`` /
+    ``layers_pattern``), as a string it is a regex that must match the whole
+    name, ``"all-linear"`` is every linear layer but the output layer; a
+    module matching ``exclude_modules`` (same rules) is left out. Tensors
+    in the file for any other module are not applied (PEFT ignores them).
+
     Everything is read and checked before anything is written: a load that
     raises leaves the population exactly as it was.
 
@@ -278,28 +296,37 @@ def load_peft_(pop: Any, individual: int, path: str | Path, *, strict: bool = Tr
         individual: the id ``i`` in ``[0, P)``.
         path: a folder with ``adapter_config.json`` and
             ``adapter_model.safetensors`` (as ``save_pretrained`` writes it).
-        strict: every target must be in the file and every tensor in the
-            file must belong to a target (PEFT itself only warns about
-            missing keys and leaves those layers a silent no-op); a copy of
+        strict: every target must be adapted by the config and be in the
+            file, and every tensor in the file must belong to such a target
+            (PEFT itself only warns about missing keys and leaves those
+            layers a silent no-op); a copy of
             a target's base weight (``<path>.base_layer.weight``, which
             PEFT saves for the embedding layers it adapts) must equal the
             base model's. With ``strict=False`` the tensors of modules that
-            are not targets (and differing base-weight copies) are ignored,
-            and the targets the file does not hold get a zero adapter (the
-            base layer, as under PEFT), so individual ``i`` computes what
+            are not adapted targets (and differing base-weight copies) are
+            ignored, and the targets the config leaves out or the file does
+            not hold get a zero adapter (the base layer, as under PEFT), so
+            individual ``i`` computes what
             ``PeftModel`` computes on the targets it shares.
 
     Raises:
         FileNotFoundError: ``path`` is not a folder holding both files.
-        CheckpointError: a file is damaged (not JSON, not safetensors), or
-            the tensors disagree with the config or with each other (a
-            ``lora_A`` without its ``lora_B``, ranks that differ).
+        CheckpointError: a file is damaged (not JSON, JSON nested more than
+            ``populora.checkpoint.MAX_NESTING`` deep, not safetensors), the
+            config is one PEFT's ``LoraConfig`` refuses (a pattern that is not
+            a valid regex, ``layers_to_transform`` with a regex
+            ``target_modules``, fields of the wrong type), or the tensors
+            disagree with the config or with each other (a ``lora_A``
+            without its ``lora_B``, ranks that differ).
         InvalidValueError: the adapter is not one populora can represent:
             ``peft_type`` other than ``'LORA'``, ``use_dora``,
             ``bias != 'none'``, ``lora_bias``, ``fan_in_fan_out``,
             ``layer_replication``, the other LoRA variants of PEFT 0.21
             (aLoRA, VeLoRA, MonteCLoRA, BD-LoRA, Arrow, KaSA, QALoRA,
-            MiCA), ``target_parameters``, ``trainable_token_indices``;
+            MiCA), ``target_parameters``, ``trainable_token_indices``,
+            ``modules_to_save``, ``ensure_weight_tying``, a null
+            ``target_modules`` (PEFT's per-architecture defaults), a
+            ``target_modules`` that matches no module of the model;
             a rank above the target's ``r_t``; shapes
             that are not the target's; non-finite values; missing or
             unexpected keys under ``strict=True``.
@@ -313,15 +340,25 @@ def load_peft_(pop: Any, individual: int, path: str | Path, *, strict: bool = Tr
     tensors = _read_tensors(path)
     where = f"PEFT adapter {str(path)!r}"
 
+    adapted = _adapted_modules(config, pop.model, where)
     factors = pop.factors()
     targets = {
         name: (_is_embedding(pop, name), down.shape[1:], up.shape[1:])
         for name, (down, up) in zip(pop.target_names, factors)
     }
-    found, unexpected = _match_keys(tensors, targets, pop.model, strict, where)
-    missing = [name for name in targets if name not in found]
-    if strict and (missing or unexpected):
+    # PeftModel wraps only the modules its config adapts: tensors of any other module are not applied
+    found, unexpected = _match_keys(
+        tensors, {n: t for n, t in targets.items() if n in adapted}, pop.model, strict, where
+    )
+    left_out = [name for name in targets if name not in adapted]
+    missing = [name for name in targets if name in adapted and name not in found]
+    if strict and (left_out or missing or unexpected):
         parts = []
+        if left_out:
+            parts.append(
+                f"targets the adapter's config does not adapt (its target_modules / exclude_modules / "
+                f"layers_to_transform leave them out; PeftModel keeps them as base layers): {left_out}"
+            )
         if missing:
             parts.append(f"targets missing from the file: {missing}")
         if unexpected:
@@ -351,7 +388,7 @@ def load_peft_(pop: Any, individual: int, path: str | Path, *, strict: bool = Tr
                 )
         new.append((fresh_down, fresh_up))
 
-    pop.set_factors_(i, new)
+    pop.set_factors_(i, new, optimizer=optimizer, optimizer_state=optimizer_state)
 
 
 def _read_config(path: Path) -> dict[str, Any]:
@@ -363,8 +400,11 @@ def _read_config(path: Path) -> dict[str, Any]:
         raise FileNotFoundError(f"{where} has no {CONFIG_NAME}")
     try:
         config = json.loads(file.read_text())
-    except (UnicodeDecodeError, ValueError) as err:
-        raise CheckpointError(f"{where}: {CONFIG_NAME} is not valid JSON ({err})") from None
+    except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError; RecursionError: deep nesting
+        raise CheckpointError(
+            f"{where}: {CONFIG_NAME} is not valid JSON ({type(err).__name__}: {str(err)[:200]})"
+        ) from None
+    check_nesting(config, f"{where}: {CONFIG_NAME}", "content")
     if not isinstance(config, dict):
         raise CheckpointError(f"{where}: {CONFIG_NAME} must hold a JSON object, got {type(config).__name__}")
     peft_type = config.get("peft_type")
@@ -385,6 +425,16 @@ def _read_config(path: Path) -> dict[str, Any]:
             "whose weight is stored transposed; populora's targets are nn.Linear / nn.Embedding",
         ),
         "layer_replication": (config.get("layer_replication"), None, "it duplicates layers of the base model"),
+        "modules_to_save": (
+            config.get("modules_to_save") or None,
+            None,
+            "it trains full copies of those modules, which a LoRA individual cannot hold",
+        ),
+        "ensure_weight_tying": (
+            config.get("ensure_weight_tying", False),
+            False,
+            "it shares one adapter between tied layers, which populora does not mirror",
+        ),
     }
     for key, (value, wanted, why) in refused.items():
         if value != wanted and not (wanted is False and value is None):
@@ -410,8 +460,155 @@ def _read_config(path: Path) -> dict[str, Any]:
         if not isinstance(pattern, Mapping) or not all(
             isinstance(k, str) and _is_number(v) for k, v in pattern.items()
         ):
-            raise CheckpointError(f"{where}: {key} must map module patterns to numbers, got {pattern!r}")
+            raise CheckpointError(f"{where}: {key} must map module patterns to numbers, got {_cut(repr(pattern))}")
+        for k in pattern:  # compiled as PEFT's get_pattern_key compiles them
+            _regex(rf"(.*\.)?({k})$", where, f"{key} key {k!r}")
+    _check_matching_fields(config, where)
     return config
+
+
+def _regex(pattern: str, where: str, what: str) -> re.Pattern[str]:
+    """``re.compile(pattern)``; a pattern Python cannot compile is a damaged config (CheckpointError)."""
+    try:
+        return re.compile(pattern)
+    except (re.error, RecursionError, OverflowError, ValueError) as err:  # nesting, repeat counts beyond C ints
+        raise CheckpointError(
+            f"{where}: {CONFIG_NAME} has the {what}, which is not a valid regular expression "
+            f"({type(err).__name__}: {str(err)[:200]})"
+        ) from None
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _check_matching_fields(config: Mapping[str, Any], where: str) -> None:
+    """The fields that choose which modules PEFT adapts: their types, regexes and the combinations PEFT's
+    ``LoraConfig`` refuses (a CheckpointError: PeftModel cannot load such a folder either)."""
+    targets, exclude = config.get("target_modules"), config.get("exclude_modules")
+    layers, pattern = config.get("layers_to_transform"), config.get("layers_pattern")
+    if targets is None:
+        raise InvalidValueError(
+            f"{where}: target_modules is null: PEFT would pick its own default targets for the "
+            "model's architecture, which populora does not mirror; list the modules"
+        )
+    if not (isinstance(targets, str) or _strings(targets)):
+        raise CheckpointError(
+            f"{where}: target_modules must be a regex string or a list of module names, got {_cut(repr(targets))}"
+        )
+    if not (exclude is None or isinstance(exclude, str) or _strings(exclude)):
+        raise CheckpointError(
+            f"{where}: exclude_modules must be null, a regex string or a list of module names, got "
+            f"{_cut(repr(exclude))}"
+        )
+    if not (layers is None or _is_int(layers) or (isinstance(layers, list) and all(_is_int(v) for v in layers))):
+        raise CheckpointError(
+            f"{where}: layers_to_transform must be null, an int or a list of ints, got {_cut(repr(layers))}"
+        )
+    if not (pattern is None or isinstance(pattern, str) or _strings(pattern)):
+        raise CheckpointError(
+            f"{where}: layers_pattern must be null, a string or a list of strings, got {_cut(repr(pattern))}"
+        )
+    if isinstance(targets, str) and (layers is not None or pattern is not None):
+        raise CheckpointError(
+            f"{where}: layers_to_transform / layers_pattern cannot be used with a regex "
+            "target_modules (PEFT's LoraConfig refuses it)"
+        )
+    if pattern and layers is None:
+        raise CheckpointError(
+            f"{where}: layers_pattern is set without layers_to_transform (PEFT's LoraConfig refuses it)"
+        )
+    if isinstance(targets, str) and targets.lower() != _ALL_LINEAR:
+        _regex(targets, where, f"target_modules {_cut(repr(targets))}")
+    if isinstance(exclude, str):
+        _regex(exclude, where, f"exclude_modules {_cut(repr(exclude))}")
+    for p in [pattern] if isinstance(pattern, str) else pattern or ():
+        _regex(rf"(?:^|.*?\.){p}\.(?P<idx>\d+)\.", where, f"layers_pattern {_cut(repr(p))}")
+
+
+def _adapted_modules(config: Mapping[str, Any], model: nn.Module, where: str) -> set[str]:
+    """The names of the modules of ``model`` that ``PeftModel`` wraps with this (checked) config.
+
+    PEFT 0.21's ``check_target_module_exists``: a module whose name matches ``exclude_modules`` (a regex
+    string: fullmatch; a list: the name or a ``.suffix``) is left out; else a regex string
+    ``target_modules`` must fullmatch the name, ``"all-linear"`` (any case) stands for every
+    ``nn.Linear`` / ``Conv1D`` but a Hugging Face model's output layer, and a list matches the name
+    itself or a ``.suffix`` of it, where ``layers_to_transform`` then keeps only the listed layers (the
+    layer index: the first number after a dotted segment, or after ``layers_pattern``).
+
+    Raises:
+        InvalidValueError: no module matches (PeftModel refuses such an adapter).
+    """
+    targets, exclude = config["target_modules"], config.get("exclude_modules")
+    layers, patterns = config.get("layers_to_transform"), config.get("layers_pattern")
+    names = [name for name, _ in model.named_modules() if name]
+    if isinstance(targets, str) and targets.lower() == _ALL_LINEAR:
+        targets = _all_linear(model, config.get("task_type"))
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    use_layers = layers is not None and (not isinstance(layers, list) or len(layers) != 0)
+
+    def excluded(name: str) -> bool:
+        if not exclude:
+            return False
+        if isinstance(exclude, str):
+            return re.fullmatch(exclude, name) is not None
+        return name in exclude or any(name.endswith(f".{e}") for e in exclude)
+
+    def layer_of(name: str) -> int | None:
+        if not patterns:  # the first numbered segment, not the last (an expert index in MoE models)
+            match = re.match(r".*?\.[^.]*\.(?P<idx>\d+)\.", name)
+        else:
+            for p in patterns:
+                match = re.match(rf"(?:^|.*?\.){p}\.(?P<idx>\d+)\.", name)
+                if match is not None:
+                    break
+        return None if match is None else int(match["idx"])
+
+    def targeted(name: str) -> bool:
+        if isinstance(targets, str):
+            return re.fullmatch(targets, name) is not None
+        if name in targets:  # an exact name: PEFT applies no layer filter to it
+            return True
+        if not any(name.endswith(f".{t}") for t in targets):
+            return False
+        if not use_layers:
+            return True
+        index = layer_of(name)
+        return index is not None and (index == layers if isinstance(layers, int) else index in layers)
+
+    adapted = {name for name in names if not excluded(name) and targeted(name)}
+    if not adapted:
+        raise InvalidValueError(
+            f"{where}: its target_modules {_cut(repr(config['target_modules']))} (exclude_modules "
+            f"{_cut(repr(exclude))}) match no module of the model, so PeftModel refuses it too"
+        )
+    return adapted
+
+
+def _all_linear(model: nn.Module, task_type: Any) -> set[str]:
+    """PEFT's ``"all-linear"``: every ``nn.Linear`` (and transformers' ``Conv1D``), less a Hugging Face
+    model's output layer (or, for a ``SEQ_CLS`` model without one, its ``score`` / ``classifier`` head)."""
+    linear: tuple[type, ...] = (nn.Linear,)
+    pretrained = None
+    if "transformers" in sys.modules:  # a Hugging Face model implies it is imported
+        try:
+            from transformers import PreTrainedModel
+            from transformers.pytorch_utils import Conv1D
+        except ImportError:
+            pass
+        else:
+            linear, pretrained = (nn.Linear, Conv1D), PreTrainedModel
+    names = {name for name, module in model.named_modules() if isinstance(module, linear)}
+    if pretrained is not None and isinstance(model, pretrained):
+        head = model.get_output_embeddings()
+        if head is None and task_type == "SEQ_CLS":
+            head = next(
+                (getattr(model, n) for n in ("score", "classifier") if getattr(model, n, None) is not None), None
+            )
+        if head is not None:
+            names -= {name for name, module in model.named_modules() if module is head}
+    return names
 
 
 def _read_tensors(path: Path) -> dict[str, Tensor]:
@@ -560,4 +757,17 @@ def _is_embedding(pop: Any, name: str) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond float64 (JSON has no size limit)
+        return False
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _cut(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

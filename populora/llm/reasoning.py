@@ -84,6 +84,7 @@ given machine for a given batch layout.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -287,16 +288,50 @@ def _score(problems: Sequence[Any], replies: Sequence[str], reward_fn: Callable[
     scores = []
     for problem, reply in zip(problems, replies):
         value = problem.check(reply) if reward_fn is None else reward_fn(problem, reply)
-        try:
-            value = float(value)
-        except (TypeError, ValueError):
-            raise FitnessError(
-                f"the verifier must return a bool or a number, got {type(value).__name__} for reply {reply[:80]!r}"
-            ) from None
-        if math.isnan(value):
-            raise FitnessError(f"the verifier returned NaN for reply {reply[:80]!r}")
-        scores.append(value)
+        scores.append(_reward(value, reply))
     return scores
+
+
+_FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
+def _reward(value: Any, reply: str) -> float:
+    """A verifier's result as a finite float: a bool, a Python or NumPy real number, or a one-element real tensor.
+
+    ``float()`` alone would also read the string ``"0.5"`` (or ``"inf"``) as a number; a string is a verifier
+    bug, and an infinite reward would turn every z-score of its prompt into NaN.
+    """
+    if isinstance(value, Tensor) and value.numel() == 1 and not value.dtype.is_complex:
+        value = value.item()
+    if not (
+        isinstance(value, (bool, numbers.Real))
+        or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"))
+    ):
+        raise FitnessError(
+            f"the verifier must return a bool or a number, got {type(value).__name__} "
+            f"{_short(value)} for reply {reply[:80]!r}"
+        )
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond float64
+        value = math.inf
+    if math.isnan(value):
+        raise FitnessError(f"the verifier returned NaN for reply {reply[:80]!r}")
+    if not abs(value) <= _FLOAT32_MAX:  # the reward matrix is float32
+        raise FitnessError(
+            f"the verifier returned {value}, beyond float32, for reply {reply[:80]!r}; rewards must "
+            "be finite in float32 (group normalisation subtracts them)"
+        )
+    return value
+
+
+def _short(value: Any) -> str:
+    """``repr(value)``, at most 80 characters (a reward_fn may return anything)."""
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def verifier_accuracy(
@@ -398,7 +433,8 @@ def verifier_rewards(
     Raises:
         InvalidValueError: no problems, ``max_new_tokens < 1``, bad ``groups``, ``max_rows < 1``.
         InvalidTypeError: ``members`` without ``generate``, a problem without a prompt.
-        FitnessError: the verifier returned something that is not a number, or NaN.
+        FitnessError: the verifier returned something that is not a bool or a number (a string such as
+            ``"0.5"`` included), NaN, or a reward beyond float32 (inf included).
     """
     if not hasattr(members, "generate") or not hasattr(members, "pop_size"):
         raise InvalidTypeError(
@@ -511,7 +547,7 @@ def verifier_step(
         **kwargs: more :func:`verifier_rewards` arguments (``max_rows``, ``reward_fn``, ...).
 
     Returns:
-        ``(stats, rewards)``: the :class:`~populora.es.ESStats` of ``tell`` (its fitnesses are the
+        ``(stats, rewards)``: the :class:`~populora.stats.GenerationStats` of ``tell`` (its fitnesses are the
         normalised ones) and the raw ``(N, k)`` rewards (``rewards.mean()`` is the members' accuracy).
     """
     grouped = check_bool("grouped", grouped)

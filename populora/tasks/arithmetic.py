@@ -226,8 +226,8 @@ class LinearEquation(Task):
     def _proposal(self, segment: str) -> Problem | None:
         text = _SOLVE_PREFIX.sub("", segment.strip().replace("\u2212", "-").replace("\u00d7", "*"))
         text = re.sub(r"\s+", " ", text.rstrip("?.!;").strip())
-        match = _LINEAR.match(text)
-        if match is None or len(text) > 60:
+        match = None if len(text) > 60 else _LINEAR.match(text)  # the length first: no regex work on a long line
+        if match is None:
             return None
         a = int(match["a"]) if match["a"] else 1
         b = (int(match["b"]) * (-1 if match["sign"] == "-" else 1)) if match["b"] else 0

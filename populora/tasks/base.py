@@ -9,6 +9,7 @@ its checker under its name when its class is defined.
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -69,7 +70,7 @@ def randint(generator: torch.Generator, low: int, high: int) -> int:
     return int(torch.randint(low, high + 1, (1,), generator=generator).item())
 
 
-def _check_generator(generator: Any) -> torch.Generator:
+def check_generator(generator: Any) -> torch.Generator:
     if not isinstance(generator, torch.Generator):
         raise InvalidTypeError(f"`generator` must be a torch.Generator, got {type(generator).__name__}")
     return generator
@@ -105,7 +106,7 @@ class Task:
     def sample(self, n: int, generator: torch.Generator) -> list[Problem]:
         """``n`` problems drawn with ``generator`` (same generator state, same problems)."""
         n = check_int("n", n, low=0)
-        generator = _check_generator(generator)
+        generator = check_generator(generator)
         return [self._sample_one(generator) for _ in range(n)]
 
     def _sample_one(self, generator: torch.Generator) -> Problem:
@@ -159,9 +160,27 @@ def check_replies(problems: Sequence[Problem], replies: Sequence[str]) -> torch.
     return torch.tensor([problem.check(reply) for problem, reply in zip(problems, replies)], dtype=torch.bool)
 
 
+def _weight(i: int, w: Any) -> float:
+    """``weights[i]`` as a finite float >= 0: a Python or NumPy real number or a 0-d real tensor (not a bool)."""
+    if isinstance(w, torch.Tensor) and w.ndim == 0 and not (w.dtype.is_complex or w.dtype == torch.bool):
+        w = w.item()
+    if not isinstance(w, bool) and isinstance(w, numbers.Real):
+        try:
+            value = float(w)
+        except OverflowError:  # an int beyond float64
+            value = math.inf
+        if 0 <= value < math.inf:
+            return value
+    shown = f"an int of {w.bit_length()} bits" if isinstance(w, int) and w.bit_length() > 64 else repr(w)
+    raise InvalidValueError(f"`weights[{i}]` must be a finite number >= 0, got {shown}")
+
+
 class Mixture(Task):
     """Several tasks: each problem's task is drawn with probability proportional to ``weights``
     (uniform when None); :meth:`check` and :meth:`prompt` delegate to the problem's family.
+
+    A weight is a finite number >= 0: a Python or NumPy number or a 0-d real tensor (a 1-D tensor or
+    array of them works as ``weights``); not all zero, and their sum must be finite in float64.
 
     Member names must differ. ``difficulty`` is None (each member has its own). The teacher's
     :meth:`proposal_prompt` lists every member's format; :meth:`parse_proposal` tries the members in
@@ -185,13 +204,17 @@ class Mixture(Task):
         weights = list(weights)
         if len(weights) != len(tasks):
             raise InvalidValueError(f"`weights` must have {len(tasks)} entries (one per task), got {len(weights)}")
-        for i, w in enumerate(weights):
-            if isinstance(w, bool) or not isinstance(w, numbers.Real) or not 0 <= float(w) < float("inf"):
-                raise InvalidValueError(f"`weights[{i}]` must be a finite number >= 0, got {w!r}")
-        if sum(float(w) for w in weights) <= 0:
-            raise InvalidValueError(f"`weights` must not all be zero, got {weights}")
+        values = [_weight(i, w) for i, w in enumerate(weights)]
+        total = sum(values)
+        if total <= 0:
+            raise InvalidValueError(f"`weights` must not all be zero, got {values}")
+        if not math.isfinite(total):  # multinomial would then see inf and draw a single task
+            raise InvalidValueError(
+                f"`weights` sum to {total} (float64 overflow), got {values}; only their ratios "
+                "matter, so scale them down"
+            )
         self.tasks: tuple[Task, ...] = tuple(tasks)
-        self.weights = torch.tensor([float(w) for w in weights], dtype=torch.float64)
+        self.weights = torch.tensor(values, dtype=torch.float64)
         self.difficulty = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
@@ -206,7 +229,7 @@ class Mixture(Task):
 
     def sample(self, n: int, generator: torch.Generator) -> list[Problem]:
         n = check_int("n", n, low=0)
-        generator = _check_generator(generator)
+        generator = check_generator(generator)
         if n == 0:
             return []
         which = torch.multinomial(self.weights, n, replacement=True, generator=generator).tolist()

@@ -47,14 +47,28 @@ def last_expression(reply: str) -> str | None:
     for line in reversed(text.splitlines()):
         for part in reversed(line.split("=")):
             for piece in reversed(_PIECES.findall(part)):
-                piece = piece.strip().lstrip("*/+").rstrip("*/+-").strip()
-                while piece.endswith(")") and piece.count(")") > piece.count("("):
-                    piece = piece[:-1].rstrip()
-                while piece.startswith("(") and piece.count("(") > piece.count(")"):
-                    piece = piece[1:].lstrip()
+                piece = _balanced(piece.strip().lstrip("*/+").rstrip("*/+-").strip())
                 if _BINARY.search(piece):
                     return piece
     return None
+
+
+def _balanced(piece: str) -> str:
+    """``piece`` without the unmatched ``)`` at its end, then the unmatched ``(`` at its start (and the
+    spaces between them), in one pass: counting and slicing once per bracket is quadratic in a run."""
+    opens, closes = piece.count("("), piece.count(")")
+    start, end = 0, len(piece)
+    while end > start and piece[end - 1] == ")" and closes > opens:
+        end -= 1
+        closes -= 1
+        while end > start and piece[end - 1] in " \t":
+            end -= 1
+    while start < end and piece[start] == "(" and opens > closes:
+        start += 1
+        opens -= 1
+        while start < end and piece[start] in " \t":
+            start += 1
+    return piece[start:end]
 
 
 def _value(node: Node) -> int:

@@ -14,6 +14,10 @@ Integers (:func:`parse_int`, :func:`find_ints`)
       numbers, ``"1,2,3"`` -> 3, ``"12,34"`` -> 34.
     - Decimals: ``"3."`` (a full stop) is 3, ``"3.0"`` and ``"3.00"`` are 3; a last number with a
       non-zero fractional part (``"3.5"``) is not an integer and the reply answers nothing (None).
+    - Length: a number with more than ``MAX_DIGITS`` digits (leading zeros not counted) is not read
+      as an integer either: like ``"3.5"`` it answers nothing, :func:`find_ints` skips it and a list
+      holding one is not a list. (No task's answer is that long, and reading it would cost time
+      quadratic in its length; Python itself refuses ``int()`` beyond 4300 digits.)
     - No number at all: None.
 
 Lists (:func:`parse_int_list`)
@@ -21,7 +25,10 @@ Lists (:func:`parse_int_list`)
       with an optional minus sign; ``[]`` is the empty list), or a bare comma list ``1, 2, 3`` (at least
       two items; ``"1, 2, and 3"`` too), whichever ENDS LAST in the reply. Commas in lists are
       separators, never thousands separators. A bracketed group holding anything else
-      (``[a, b]``) is not a list.
+      (``[a, b]``, or an item longer than ``MAX_DIGITS`` digits) is not a list.
+
+Every function here reads a reply of any length in time linear in it and never raises on its
+content (NUL bytes, other scripts' digits, a megabyte of brackets): only a non-str is refused.
 
 Teacher proposals (:func:`proposal_segments`)
     - Candidate one-line segments, most specific first: the text after each ``Problem:`` marker
@@ -42,20 +49,24 @@ Example:
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 from populora.errors import InvalidTypeError
 
-__all__ = ["MAX_PROPOSAL_CHARS", "find_ints", "parse_int", "parse_int_list", "proposal_segments"]
+__all__ = ["MAX_DIGITS", "MAX_PROPOSAL_CHARS", "find_ints", "parse_int", "parse_int_list", "proposal_segments"]
 
+MAX_DIGITS = 1000
 MAX_PROPOSAL_CHARS = 20_000
 _MINUS = "-\u2212"
 _NUMBER = re.compile(r"[0-9]+(?:,[0-9]+)*(?:\.[0-9]+)?")
+_RUN = re.compile(r"[0-9,.]*")
 _GROUPED = re.compile(r"[0-9]{1,3}(?:,[0-9]{3})+")
 _BRACKETS = re.compile(r"\[([^\[\]]*)\]")
 _ITEM = re.compile(r"[-\u2212]?[0-9]+")
 _COMMA_LIST = re.compile(r"(?<![0-9])[-\u2212]?[0-9]+(?:[ \t]*,[ \t]*(?:and[ \t]+)?[-\u2212]?[0-9]+)+")
 _BULLET = re.compile(r"^[ \t]*(?:[-*+][ \t]+|[0-9]+[.)][ \t]+|#+[ \t]*|>[ \t]*)")
-_MARKER = re.compile(r"problem[ \t]*[0-9]*[ \t]*:", re.IGNORECASE)
+# one way to split "problem 1 :" (adjacent [ \t]* runs around an optional [0-9]* backtrack quadratically)
+_MARKER = re.compile(r"problem[ \t]*(?:[0-9]+[ \t]*)?:", re.IGNORECASE)
 
 
 def _text(name: str, value: object) -> str:
@@ -74,22 +85,32 @@ def _negative(text: str, start: int) -> bool:
     return not (before.isalnum() or before in ")]")
 
 
-def _numbers(text: str) -> list[int | None]:
-    """Every number in ``text`` in order; None for one with a non-zero fractional part."""
+def _digits(digits: str, sign: int = 1) -> int | None:
+    """``sign * int(digits)`` for a run of ASCII digits, or None beyond ``MAX_DIGITS`` significant digits
+    (``int()`` is quadratic in the length and refuses more than 4300 digits)."""
+    if len(digits) > MAX_DIGITS:
+        digits = digits.lstrip("0") or "0"  # int() counts leading zeros towards its limit too
+        if len(digits) > MAX_DIGITS:
+            return None
+    return sign * int(digits)
+
+
+def _numbers(text: str, start: int = 0) -> list[int | None]:
+    """Every number in ``text[start:]`` in order; None for one with a non-zero fractional part or too many digits."""
     out: list[int | None] = []
-    for match in _NUMBER.finditer(text):
+    for match in _NUMBER.finditer(text, start):
         run = match.group()
         body, _, frac = run.partition(".")
-        integral = not frac or set(frac) == {"0"}
+        integral = not frac or frac.count("0") == len(frac)
         sign = -1 if _negative(text, match.start()) else 1
         if "," in body and not _GROUPED.fullmatch(body):
             pieces = body.split(",")
             # only the first piece can carry the sign; the rest are separate numbers
-            out.append(sign * int(pieces[0]))
-            out.extend(int(p) for p in pieces[1:-1])
-            out.append(int(pieces[-1]) if integral else None)
+            out.append(_digits(pieces[0], sign))
+            out.extend(_digits(p) for p in pieces[1:-1])
+            out.append(_digits(pieces[-1]) if integral else None)
         else:
-            out.append(sign * int(body.replace(",", "")) if integral else None)
+            out.append(_digits(body.replace(",", ""), sign) if integral else None)
     return out
 
 
@@ -101,12 +122,25 @@ def find_ints(text: str) -> list[int]:
 
 def parse_int(reply: str) -> int | None:
     """The LAST integer in ``reply`` (rules in the module docstring), or None."""
-    numbers = _numbers(_text("reply", reply))
+    reply = _text("reply", reply)
+    last = max(reply.rfind(d) for d in "0123456789")
+    if last < 0:
+        return None
+    # a number is made of `0-9 , .` only, so the last one lies in the run of those characters around the last
+    # digit, and reading starts there (not a Python step per number of a long reply)
+    start = last + 1 - _RUN.match(reply[last::-1]).end()  # type: ignore[union-attr]
+    numbers = _numbers(reply, start)
     return numbers[-1] if numbers else None
 
 
-def _int(token: str) -> int:
-    return -int(token[1:]) if token[0] in _MINUS else int(token)
+def _int(token: str) -> int | None:
+    return _digits(token[1:], -1) if token[0] in _MINUS else _digits(token)
+
+
+def _items(tokens: list[str]) -> list[int] | None:
+    """The integers of a list's item tokens, or None if one has more than ``MAX_DIGITS`` digits."""
+    values = [_int(t) for t in tokens]
+    return None if None in values else values  # type: ignore[return-value]
 
 
 def parse_int_list(reply: str) -> list[int] | None:
@@ -117,12 +151,15 @@ def parse_int_list(reply: str) -> list[int] | None:
     for match in _BRACKETS.finditer(reply):
         blanked[match.start() : match.end()] = " " * (match.end() - match.start())
         tokens = [t for t in re.split(r"[\s,]+", match.group(1)) if t]
-        if all(_ITEM.fullmatch(t) for t in tokens):
-            best = (match.end(), [_int(t) for t in tokens])
+        values = _items(tokens) if all(_ITEM.fullmatch(t) for t in tokens) else None
+        if values is not None:
+            best = (match.end(), values)
     outside = "".join(blanked)
     for match in _COMMA_LIST.finditer(outside):
         if best is None or match.end() > best[0]:
-            best = (match.end(), [_int(t) for t in _ITEM.findall(match.group())])
+            values = _items(_ITEM.findall(match.group()))
+            if values is not None:
+                best = (match.end(), values)
     return None if best is None else best[1]
 
 
@@ -138,12 +175,21 @@ def proposal_segments(text: str, *, limit: int = 64) -> list[str]:
     if len(text) > MAX_PROPOSAL_CHARS:
         return []
     lines = text.splitlines()
-    segments: list[str] = []
-    for line in reversed(lines):
-        for match in reversed(list(_MARKER.finditer(line))):
-            segments.append(_clean(line[match.end() :]))
-    for line in reversed(lines):
-        segments.append(_clean(_BULLET.sub("", line, count=1)))
+
+    def candidates() -> Iterator[str]:
+        for line in reversed(lines):
+            for match in reversed(list(_MARKER.finditer(line))):
+                yield _clean(line[match.end() :])
+        for line in reversed(lines):
+            yield _clean(_BULLET.sub("", line, count=1))
+
+    # stop at `limit`: a line of thousands of markers would otherwise copy its tail once per marker
+    unique: list[str] = []
     seen: set[str] = set()
-    unique = [s for s in segments if s and not (s in seen or seen.add(s))]
-    return unique[:limit]
+    for segment in candidates():
+        if len(unique) >= limit:
+            break
+        if segment and segment not in seen:
+            seen.add(segment)
+            unique.append(segment)
+    return unique

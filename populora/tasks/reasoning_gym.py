@@ -31,7 +31,8 @@ from populora.tasks.base import Problem, Task, register_checker
 
 __all__ = ["ReasoningGymTask"]
 
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+_OPEN_TAG = re.compile("<answer>", re.IGNORECASE)
+_CLOSE_TAG = re.compile("</answer>", re.IGNORECASE)
 
 
 def _import_reasoning_gym() -> Any:
@@ -46,11 +47,22 @@ def _import_reasoning_gym() -> Any:
 
 def extract_reply_answer(reply: str) -> str:
     """The answer part of ``reply``: its last ``<answer>`` tag's content, else its last non-empty line."""
-    tags = _ANSWER_TAG.findall(reply)
-    if tags:
-        return tags[-1].strip()
-    lines = [line.strip() for line in reply.splitlines() if line.strip()]
-    return lines[-1] if lines else ""
+    if not isinstance(reply, str):
+        raise InvalidTypeError(f"`reply` must be a str, got {type(reply).__name__}")
+    # what `re.findall(r"<answer>(.*?)</answer>", DOTALL | IGNORECASE)[-1]` gives, in one pass: that regex
+    # rescans the rest of the reply from every unclosed `<answer>` (quadratic in a run of them)
+    last, pos = None, 0
+    while (opening := _OPEN_TAG.search(reply, pos)) is not None:
+        closing = _CLOSE_TAG.search(reply, opening.end())
+        if closing is None:
+            break
+        last, pos = reply[opening.end() : closing.start()], closing.end()
+    if last is not None:
+        return last.strip()
+    for line in reversed(reply.splitlines()):
+        if line.strip():
+            return line.strip()
+    return ""
 
 
 class ReasoningGymTask(Task):

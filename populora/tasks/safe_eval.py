@@ -31,12 +31,13 @@ Example:
     >>> safe_eval("2 ** 10")
     Traceback (most recent call last):
     ...
-    populora.errors.InvalidValueError: `2 ** 10`: `**` (power) is not allowed; only int constants, + - * / and unary - are
+    populora.errors.InvalidValueError: `2 ** 10`: `**` (power) is not allowed; only int constants, + - * / ...
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import warnings
 from collections import Counter
 from dataclasses import dataclass
@@ -158,6 +159,7 @@ def parse_expression(
         raise InvalidValueError(f"expression `{_short(text)}` cannot be parsed ({type(err).__name__})") from None
 
     # 1. structure: an iterative walk (no recursion on untrusted depth), before any arithmetic
+    lines = _source_lines(text)
     constants: list[int] = []
     operators: set[str] = set()
     unary = False
@@ -186,7 +188,7 @@ def parse_expression(
             level += 1
             stack.append((node.operand, level))
         elif isinstance(node, ast.Constant) and type(node.value) is int:
-            spelled = ast.get_source_segment(text, node) or ""
+            spelled = _spelling(lines, node)
             if not (spelled.isascii() and spelled.isdigit()):
                 raise InvalidValueError(
                     f"`{_short(text)}`: the int `{_short(spelled)}` must be written in plain decimal digits"
@@ -205,6 +207,21 @@ def parse_expression(
     return ParsedExpression(
         text=text, value=value, constants=tuple(constants), operators=frozenset(operators), unary=unary, depth=depth
     )
+
+
+def _source_lines(text: str) -> list[bytes]:
+    """The UTF-8 bytes of each line of ``text``, split where the parser splits (``\\r\\n``, ``\\r``,
+    ``\\n``; not form feeds). Computed once: ``ast.get_source_segment`` splits the whole text again
+    (in Python, a character at a time) for every node, which is quadratic in the number of constants."""
+    return [line.encode() for line in re.split(r"(?<=\n)|(?<=\r)(?!\n)", text)]
+
+
+def _spelling(lines: list[bytes], node: ast.AST) -> str:
+    """How ``node`` (a constant, on one line) is written in the source (node offsets count UTF-8 bytes)."""
+    lineno, end_lineno = node.lineno, node.end_lineno
+    if end_lineno != lineno or node.end_col_offset is None:
+        return ""
+    return lines[lineno - 1][node.col_offset : node.end_col_offset].decode("utf-8", "replace")
 
 
 def _bounded(value: Fraction, text: str, max_abs: int) -> Fraction:
