@@ -3,6 +3,11 @@
 No silent change of a user's action: the only reshape is ``(n,)`` to
 ``(n, 1)`` for a 1-dim Box (it keeps every element), the only rescale is
 ``to_range=(lo, hi)`` from ``(-1, 1)``, and only when asked.
+
+Without an ``action`` map, the model's outputs must have the width the action
+space takes (see :class:`ActionFormat`); a model of another width raises at
+the first step, naming both, rather than when a policy happens to pick an
+action outside the space.
 """
 
 from __future__ import annotations
@@ -33,16 +38,31 @@ class ActionFormat:
     """What one slot's action looks like, read from the env's action space.
 
     * ``Discrete(n, start)``: integer ``(k,)`` actions in ``[start, start + n)``;
-      the default ``action`` is ``argmax(-1)``.
+      the default ``action`` takes ``n`` logits: ``start + argmax(-1)``.
     * anything with a ``shape`` (Box, MultiDiscrete, MultiBinary, dm_control
       action specs): ``(k, *shape)``, integer when the space's dtype is;
-      floating actions are sent as float32. The default ``action`` passes the
-      outputs through.
+      floating actions are sent as float32. The default ``action``:
+
+      * ``MultiDiscrete(nvec, start)``: ``sum(nvec)`` logits, the
+        concatenated logits of each entry (gymnasium's one-hot order): one
+        ``start + argmax`` per entry;
+      * ``MultiBinary(shape)``: ``prod(shape)`` logits, a bit is 1 where its
+        logit is above 0;
+      * a Box (or an action spec): ``prod(shape)`` outputs, reshaped in C
+        order (``(k, *shape)`` outputs as they are);
+      * integer outputs of the action's shape (a model that outputs
+        MultiDiscrete / MultiBinary actions itself) pass through.
     * no space known (``None``, dict or tuple spaces): actions pass through
       with only the batch dim checked.
 
+    Outputs of another width raise (:meth:`check_width`) when the default
+    action meets them: at the first step.
+
     Args:
         space: the single-slot action space (gymnasium space or look-alike).
+
+    Attributes:
+        width: outputs per slot the default action takes (``None``: no space known).
     """
 
     def __init__(self, space: Any):
@@ -63,12 +83,110 @@ class ActionFormat:
             self.shape = tuple(int(s) for s in shape) if self.known else ()
             dtype = getattr(space, "dtype", None)
             self.integer = dtype is not None and np.issubdtype(np.dtype(dtype), np.integer)
+        self.kind, self.width = self._kind()
+
+    def _kind(self) -> tuple[str, int | None]:
+        """``('discrete' | 'multidiscrete' | 'multibinary' | 'box' | 'unknown', outputs per slot)``."""
+        if self.discrete:
+            return "discrete", self.n
+        if not self.known:
+            return "unknown", None
+        nvec = getattr(self.space, "nvec", None)
+        if nvec is not None:
+            nvec = np.asarray(nvec, dtype=np.int64).reshape(-1)
+            start = np.asarray(getattr(self.space, "start", 0), dtype=np.int64).reshape(-1)
+            self.nvec = nvec.tolist()
+            self._md_start = torch.from_numpy(np.broadcast_to(start, nvec.shape).copy()) if start.any() else None
+            self._md_count, self._md_max = int(nvec.size), int(nvec.max()) if nvec.size else 0
+            # where each entry's logits sit in a (count, max n) grid padded with -inf; equal sizes need no padding
+            self._md_pos = (
+                None
+                if (nvec == self._md_max).all()
+                else torch.from_numpy(
+                    np.concatenate([j * self._md_max + np.arange(n) for j, n in enumerate(nvec.tolist())]).astype(
+                        np.int64
+                    )
+                )
+            )
+            return "multidiscrete", int(nvec.sum())
+        width = int(np.prod(self.shape, dtype=np.int64))
+        if type(self.space).__name__ == "MultiBinary":
+            return "multibinary", width
+        return "box", width
+
+    def check_width(self, outputs: Any) -> None:
+        """Raise unless ``outputs`` (the model's, ``(k, ..)``) have the width the default action takes.
+
+        Raises:
+            InvalidTypeError: outputs that are not a tensor.
+            InvalidValueError: another width, naming the outputs' shape and the space.
+        """
+        if self.kind == "unknown":
+            return
+        if not isinstance(outputs, Tensor):
+            raise InvalidTypeError(
+                f"the model returned {type(outputs).__name__}; without `action=` the action space {self.name} takes "
+                f"a (k, {self.width}) tensor of outputs; pass `action=` to map the model's outputs to actions"
+            )
+        if self.kind == "discrete":
+            ok = outputs.dim() >= 1 and outputs.shape[-1] == self.n
+        elif self.kind == "box":
+            ok = (
+                tuple(outputs.shape[1:]) == self.shape
+                or (outputs.dim() == 2 and outputs.shape[1] == self.width)
+                or (self.shape == (1,) and outputs.dim() == 1)
+            )
+        else:  # multidiscrete / multibinary: logits, or integer actions of the action's shape
+            ok = (outputs.dim() == 2 and outputs.shape[1] == self.width) or (
+                tuple(outputs.shape[1:]) == self.shape and not outputs.is_floating_point()
+            )
+        if ok:
+            return
+        per = outputs.shape[-1] if outputs.dim() else 0
+        if self.kind == "discrete":
+            what = f"{self.width} logits per slot (the action is their argmax)"
+        elif self.kind == "multidiscrete":
+            what = f"{self.width} logits per slot (nvec {self.nvec} concatenated, one argmax per entry)"
+        elif self.kind == "multibinary":
+            what = f"{self.width} logits per slot (a bit is 1 where its logit is above 0)"
+        else:
+            plural = "s" if self.width != 1 else ""
+            what = f"{self.width} output{plural} per slot (the action's values, shape {self.shape})"
+        raise InvalidValueError(
+            f"the model's outputs have shape {tuple(outputs.shape)} ({per} per slot); the action space {self.name} "
+            f"takes {what}; give the model {self.width} output{'s' if self.width != 1 else ''}, or pass `action=` to "
+            "map its outputs to actions"
+        )
 
     def default_action(self, outputs: Any) -> Any:
-        """``argmax(-1)`` for a Discrete space, the outputs themselves otherwise."""
-        if self.discrete:
-            return outputs.argmax(-1)
-        return outputs
+        """The action of each slot from the model's ``(k, width)`` outputs (see the class docstring).
+
+        Raises:
+            InvalidValueError: outputs of another width (:meth:`check_width`).
+        """
+        kind = self.kind
+        if kind == "unknown":
+            return outputs
+        self.check_width(outputs)
+        if kind == "discrete":
+            actions = outputs.argmax(-1)
+            return actions + self.start if self.start else actions
+        k = outputs.shape[0]
+        if kind == "box":
+            return outputs if outputs.dim() != 2 or self.shape == (self.width,) else outputs.reshape(k, *self.shape)
+        if not outputs.is_floating_point() and tuple(outputs.shape[1:]) == self.shape:
+            return outputs  # the model outputs the actions themselves
+        if kind == "multibinary":
+            return (outputs > 0).long().reshape(k, *self.shape)
+        if self._md_pos is None:
+            actions = outputs.reshape(k, self._md_count, self._md_max).argmax(-1)
+        else:
+            grid = outputs.new_full((k, self._md_count * self._md_max), float("-inf"))
+            grid[:, self._md_pos.to(outputs.device)] = outputs
+            actions = grid.view(k, self._md_count, self._md_max).argmax(-1)
+        if self._md_start is not None:
+            actions = actions + self._md_start.to(outputs.device)
+        return actions.reshape(k, *self.shape)
 
     def default_actions(self, outputs: Any, k: int) -> Any:
         """:meth:`default_action` then :meth:`convert` for ``k`` slots, with what they return.

@@ -52,6 +52,7 @@ from populora.interact.sources import (
     every_slot_in_order,
     plain_sync_vector_env,
 )
+from populora.interact.spaces import KeySelection, check_obs_keys
 from populora.interact.vector import VectorSource
 
 __all__ = ["DEFAULT_NUM_ENVS", "EnvSlots", "EnvStepError", "SlotFailure", "build_slots", "is_factory"]
@@ -76,11 +77,17 @@ class EnvSlots:
 
     Args:
         sources: the sources, in slot order (each covers ``[start, stop)``).
-        flatten_obs: observations are one ``(N, D)`` float32 tensor (every
-            leaf of dict / tuple observations concatenated); otherwise they
-            keep their structure, every leaf batched ``(N, ..)`` and float32
-            (booleans kept). The sources were built with the same setting.
+        flatten_obs: observations are one ``(N, D)`` float32 tensor, row
+            ``i`` the values of ``gymnasium.spaces.flatten(space, obs_i)``
+            (``D = gymnasium.spaces.flatdim(space)``; see
+            :mod:`populora.interact.spaces`); otherwise they keep their
+            structure, every leaf batched ``(N, ..)`` and float32 (booleans
+            kept). The sources were built with the same setting.
         created: environments this object made (from a factory) and closes.
+
+    Attributes:
+        obs_space: the observation space of one slot after the key selection
+            (a gymnasium space; ``None`` for envs without one, e.g. dm_control).
     """
 
     def __init__(self, sources: list[SlotSource], *, flatten_obs: bool = True, created: Sequence[Any] = ()):
@@ -94,6 +101,7 @@ class EnvSlots:
         self._pending: tuple[np.ndarray, Any] | None = None
         self.source_of = np.concatenate([np.full(s.num, k, dtype=np.int64) for k, s in enumerate(sources)])
         self.action_space = sources[0].action_space
+        self.obs_space = sources[0].layout.space
         self._only = sources[0] if len(sources) == 1 else None  # the common case: its local slots are the slots
         # sources reset as a whole (no seeded per-slot reset): the interactor then plays rounds of episodes
         self.whole_sources = [k for k, s in enumerate(sources) if s.whole]
@@ -242,7 +250,7 @@ def _take_rows(actions: Any, pick: np.ndarray) -> Any:
     return tree_map(lambda t: t.index_select(0, index) if isinstance(t, Tensor) else t[pick], actions)
 
 
-def _sources(raw: Sequence[Any], flatten: bool) -> list[SlotSource]:
+def _sources(raw: Sequence[Any], flatten: bool, keys: KeySelection) -> list[SlotSource]:
     """One source per vector env, one per run of consecutive single envs, in slot order."""
     from env_ssl_wrapper.standardize.helpers import is_vectorized
 
@@ -254,16 +262,24 @@ def _sources(raw: Sequence[Any], flatten: bool) -> list[SlotSource]:
             singles.append(env)
             continue
         if singles:
-            sources.append(SingleEnvs(singles, start, flatten))
+            sources.append(SingleEnvs(singles, start, flatten, keys))
             start, singles = start + len(singles), []
         if env is not None:
-            src = SubEnvSource(env, start, flatten) if plain_sync_vector_env(env) else VectorSource(env, start, flatten)
+            kind = SubEnvSource if plain_sync_vector_env(env) else VectorSource
+            src = kind(env, start, flatten, keys)
             sources.append(src)
             start += src.num
     return sources
 
 
-def build_slots(envs: Any, *, num_envs: int | None = None, flatten_obs: bool = True) -> EnvSlots:
+def build_slots(
+    envs: Any,
+    *,
+    num_envs: int | None = None,
+    flatten_obs: bool = True,
+    obs_keys: Sequence[str] | None = None,
+    drop_obs_keys: Sequence[str] | None = None,
+) -> EnvSlots:
     """Adapt ``envs`` into :class:`EnvSlots`.
 
     Args:
@@ -275,14 +291,32 @@ def build_slots(envs: Any, *, num_envs: int | None = None, flatten_obs: bool = T
             copied is one slot (with a warning).
         num_envs: number of envs a factory makes (default
             :data:`DEFAULT_NUM_ENVS`, 16; refused for anything but a factory).
-        flatten_obs: concatenate dict / tuple observations into one vector.
+        flatten_obs: each observation becomes the values of
+            ``gymnasium.spaces.flatten(space, obs)`` as float32 (a
+            ``Discrete(n)`` observation a one-hot of ``n``; a Dict its entries
+            in the space's key order), so a model sized by
+            ``gymnasium.spaces.flatdim(space)`` fits; an env without a
+            gymnasium space (dm_control) has every leaf of its observation
+            concatenated in the order it lists them.
+        obs_keys: for Dict observations, the keys to keep (the others never
+            reach the model); they stay in the space's key order.
+        drop_obs_keys: for Dict observations, the keys to drop (MiniGrid's
+            text ``mission``: ``drop_obs_keys=['mission']``). At most one of
+            ``obs_keys`` and ``drop_obs_keys``.
 
     Raises:
         InvalidValueError: an empty list, ``num_envs < 1`` or ``num_envs``
-            with something that is not a factory.
+            with something that is not a factory; an observation space with
+            a part that has no numeric form (``Text``, ``Graph``,
+            ``Sequence``, MiniGrid's ``MissionSpace``: the error names it and
+            how to drop it); an ``obs_keys`` / ``drop_obs_keys`` key the
+            observations do not have (their keys listed), both given, or
+            given for observations that are not a Dict.
         InvalidTypeError: a list entry that is a factory rather than an env,
-            a ``num_envs`` that is not an int.
+            a ``num_envs`` that is not an int, keys that are not a list of
+            strings; a vector env form that is not supported (named).
     """
+    keys = check_obs_keys(obs_keys, drop_obs_keys)
     created: list[Any] = []
     if isinstance(envs, (list, tuple)):
         if len(envs) == 0:
@@ -317,7 +351,7 @@ def build_slots(envs: Any, *, num_envs: int | None = None, flatten_obs: bool = T
         raw = [envs]
 
     try:
-        sources = _sources(raw, flatten_obs)
+        sources = _sources(raw, flatten_obs, keys)
     except BaseException:
         _close_all(created)
         raise

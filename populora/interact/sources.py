@@ -31,16 +31,16 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 from populora.errors import InvalidTypeError, InvalidValueError
+from populora.interact.spaces import KeySelection, ObsLayout
 
 __all__ = [
     "SingleEnvs",
     "SlotFailure",
     "SlotSource",
     "SubEnvSource",
-    "as_batch",
     "describe_env",
     "every_slot_in_order",
     "plain_sync_vector_env",
@@ -68,69 +68,19 @@ def every_slot_in_order(slots: np.ndarray, num: int) -> bool:
     return slots.size == num and bool((slots[1:] > slots[:-1]).all())
 
 
-# ---------------------------------------------------------------------- batching observations
+def _spec_keys(env: Any) -> list[str] | None:
+    """The Dict observation keys an env without a gymnasium space tells (dm_control's ``observation_spec()``)."""
+    spec = getattr(env, "observation_spec", None)
+    if not callable(spec):
+        return None
+    try:
+        spec = spec()
+    except Exception:  # no spec to read: the keys are checked at the first observation
+        return None
+    return [key for key in spec if isinstance(key, str)] if isinstance(spec, dict) else None
 
 
-def _as_float(t: Tensor) -> Tensor:
-    """float32 for every observation leaf but booleans, as env-ssl-wrapper's TensorWrapper does."""
-    return t if t.dtype in (torch.float32, torch.bool) else t.to(torch.float32)
-
-
-def _leaf_array(leaf: Any) -> np.ndarray:
-    if isinstance(leaf, Tensor):
-        return leaf.detach().cpu().numpy()
-    return np.asarray(leaf)
-
-
-def as_batch(obs: Any, rows: int, flatten: bool) -> Any:
-    """A batched observation (array, tensor or pytree of them, ``rows`` first) as torch tensors.
-
-    ``flatten``: one ``(rows, D)`` float32 tensor of every leaf; otherwise the
-    structure is kept, every leaf float32 (booleans kept).
-    """
-    if (
-        flatten and isinstance(obs, np.ndarray) and obs.ndim and obs.shape[0] == rows and obs.dtype.kind in "fiub"
-    ):  # a sub-env batch (fresh, writable): no copy for float32
-        t = torch.from_numpy(obs)
-        t = t if t.dim() == 2 else t.reshape(rows, -1)
-        return t if t.dtype == torch.float32 else t.to(torch.float32)
-    if not flatten:
-        return tree_map(lambda t: _as_float(t if isinstance(t, Tensor) else torch.as_tensor(np.asarray(t))), obs)
-    if isinstance(obs, Tensor) and obs.dim() == 2 and obs.dtype == torch.float32:
-        return obs
-    parts = []
-    for leaf in tree_flatten(obs)[0]:
-        t = leaf if isinstance(leaf, Tensor) else torch.as_tensor(np.asarray(leaf))
-        if t.dim() == 0 or t.shape[0] != rows:
-            raise InvalidValueError(
-                f"observation leaf of shape {tuple(t.shape)} has no leading batch dim of {rows}; pass "
-                "`flatten_obs=False` and a model that takes the raw observation"
-            )
-        parts.append(t.reshape(rows, -1).to(torch.float32))
-    if not parts:
-        raise InvalidTypeError(f"observation {obs!r:.80} holds no arrays to flatten")
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-
-
-def _stack(rows: list[Any], flatten: bool) -> Any:
-    """Single-env observations stacked into a batch (flattened to ``(n, D)`` if asked)."""
-    if not flatten:
-        return tree_map(lambda *xs: _as_float(torch.as_tensor(np.stack([_leaf_array(x) for x in xs]))), *rows)
-    flat = []
-    for obs in rows:
-        if isinstance(obs, np.ndarray):
-            flat.append(obs.reshape(-1))
-            continue
-        leaves = [_leaf_array(leaf).reshape(-1) for leaf in tree_flatten(obs)[0]]
-        if not leaves:
-            raise InvalidTypeError(f"observation {obs!r:.80} holds no arrays to flatten")
-        flat.append(leaves[0] if len(leaves) == 1 else np.concatenate(leaves))
-    sizes = {a.size for a in flat}
-    if len(sizes) > 1:
-        raise InvalidValueError(
-            f"slots returned observations of different sizes {sorted(sizes)}; every slot must run the same environment"
-        )
-    return torch.from_numpy(np.stack(flat).astype(np.float32, copy=False))
+# ---------------------------------------------------------------------- resets
 
 
 def _reset_each(
@@ -156,16 +106,24 @@ class SlotSource:
         start, stop, num: the slots covered.
         action_space: the action space of one slot (as env-ssl-wrapper's adapter reports it).
         whole: resets only as a whole (:meth:`reset_all`), never one slot with a seed.
-        flatten: observations come back as one ``(k, D)`` float32 tensor.
+        flatten: observations come back as one ``(k, D)`` float32 tensor
+            (``gymnasium.spaces.flatten`` of each slot's observation).
+        keys: the Dict observation entries that stay.
+        layout: how the observations become the model's input (made by the
+            subclass from its observation space, see
+            :class:`~populora.interact.spaces.ObsLayout`).
     """
 
     whole = False
 
-    def __init__(self, start: int, num: int, flatten: bool):
+    layout: ObsLayout
+
+    def __init__(self, start: int, num: int, flatten: bool, keys: KeySelection | None = None):
         self.start = start
         self.num = num
         self.stop = start + num
         self.flatten = flatten
+        self.keys = keys if keys is not None else KeySelection()
 
     def raw_env(self, local: int) -> Any:
         """The env object the user passed for local slot ``local``."""
@@ -198,12 +156,19 @@ class SingleEnvs(SlotSource):
     the slots stepped.
     """
 
-    def __init__(self, envs: Sequence[Any], start: int, flatten: bool):
+    def __init__(self, envs: Sequence[Any], start: int, flatten: bool, keys: KeySelection | None = None):
         from env_ssl_wrapper import compose_env, get_adapter
 
-        super().__init__(start, len(envs), flatten)
+        super().__init__(start, len(envs), flatten, keys)
         self.raws = list(envs)
         adapters = [get_adapter(env) for env in self.raws]
+        self.layout = ObsLayout(
+            adapters[0].observation_space,
+            flatten,
+            self.keys,
+            describe_env(self.raws[0]),
+            spec_keys=_spec_keys(self.raws[0]) if self.keys.active else None,
+        )
         self.torch_native = [bool(getattr(adapter, "torch_native", False)) for adapter in adapters]
         self.envs = [compose_env(env, pad_episodes=False) for env in self.raws]
         self.action_space = adapters[0].action_space
@@ -215,7 +180,7 @@ class SingleEnvs(SlotSource):
         from env_ssl_wrapper import reset_env
 
         rows = _reset_each(lambda slot, seed: reset_env(self.envs[slot], seed)[0], local, seeds, self.start)
-        return _stack(rows, self.flatten)
+        return self.layout.from_rows(rows)
 
     def step(self, local: np.ndarray, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
         k = local.size
@@ -234,7 +199,7 @@ class SingleEnvs(SlotSource):
             except Exception as error:
                 raise SlotFailure([self.start + slot], "step", error) from error
             rows.append(obs)
-        return _stack(rows, self.flatten), local, rewards, dones
+        return self.layout.from_rows(rows), local, rewards, dones
 
     def _step_one(self, slot: int, action: Any) -> tuple[Any, float, bool]:
         if self.torch_native[slot] and isinstance(action, np.ndarray):
@@ -273,17 +238,19 @@ class SubEnvSource(SlotSource):
     it is not slower even when every slot is busy.
     """
 
-    def __init__(self, env: Any, start: int, flatten: bool):
+    def __init__(self, env: Any, start: int, flatten: bool, keys: KeySelection | None = None):
         from env_ssl_wrapper import get_adapter
         from gymnasium.spaces import Box, Discrete, MultiBinary, MultiDiscrete
         from gymnasium.vector.utils import concatenate, create_empty_array, iterate
 
-        super().__init__(start, len(env.envs), flatten)
+        super().__init__(start, len(env.envs), flatten, keys)
         self.raw = env
         self.envs = list(env.envs)
         self.action_space = get_adapter(env).action_space
         self._step = [sub.step for sub in self.envs]
-        obs_space, batch_actions = env.single_observation_space, env.action_space
+        self.layout = ObsLayout(env.single_observation_space, flatten, self.keys, describe_env(env))
+        # the kept entries only: gymnasium's concatenate of a Dict takes the keys of the space it is given
+        obs_space, batch_actions = self.layout.space, env.action_space
         # gymnasium's own batching (concatenate / iterate); for these spaces it is np.stack into an array of
         # the space's shape and dtype (np.array makes the same array 3x faster), and the iteration over a
         # batch of actions is over its rows
@@ -318,7 +285,7 @@ class SubEnvSource(SlotSource):
     def reset(self, local: np.ndarray, seeds: Sequence[int | None]) -> Any:
         rows = _reset_each(lambda slot, seed: self.envs[slot].reset(seed=seed)[0], local, seeds, self.start)
         try:
-            return as_batch(self._batch(rows), len(rows), self.flatten)
+            return self.layout.from_batch(self._batch(rows), len(rows))
         except Exception as error:
             raise SlotFailure((local + self.start).tolist(), "reset", error) from error
 
@@ -348,7 +315,7 @@ class SubEnvSource(SlotSource):
         done = np.logical_or(terminated, truncated)
         try:
             batch = self._batch(obs)
-            batch = torch.from_numpy(batch) if self._direct else as_batch(batch, k, self.flatten)
+            batch = torch.from_numpy(batch) if self._direct else self.layout.from_batch(batch, k)
         except Exception as error:
             raise SlotFailure((local + self.start).tolist(), "step", error) from error
         return batch, local, reward, done if done.shape == (k,) else done.reshape(k)

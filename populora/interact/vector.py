@@ -22,6 +22,30 @@ are never read). How a slot is reset depends on what the env can do:
   ``options['reset_mask']`` without a seed (gymnasium 1.x's contract for
   that mode) before the next step.
 
+Vector env forms (each tested in ``tests/interact/test_vector_forms.py``):
+
+* gymnasium's ``SyncVectorEnv`` / ``AsyncVectorEnv`` / native vector envs
+  (``gym.make_vec``, every autoreset mode), and any gymnasium ``VectorEnv``;
+* envpool (``envpool.make_gymnasium``) and ale-py's ``AtariVectorEnv``:
+  gymnasium vector envs without a seeded reset of one slot, reset as a whole;
+  envpool fixes its seeds when it is made (``seed=`` of ``make_gymnasium``)
+  and ignores the seed of a reset (it warns), so its rounds do not replay
+  from the run's seeds;
+* pufferlib's ``pufferlib.vector.Serial`` and ``Multiprocessing`` (over
+  ``pufferlib.emulation.GymnasiumPufferEnv``; the ``pufferlib-core`` package):
+  they reset a finished env instead of stepping it at the next step (an
+  autoreset), and take the reset protocol they need (a whole ``reset`` before
+  the first step); a ``Serial`` env resets one slot with a seed through its
+  sub-env, a ``Multiprocessing`` one is reset as a whole. pufferlib packs a
+  structured observation into one ``Box`` of its own layout
+  (``single_observation_space``), which is what the model gets;
+* any env-ssl-wrapper vector env.
+
+Refused with an error naming the form: pufferlib envs with several agents
+per env, a pufferlib ``Multiprocessing`` env whose ``batch_size`` is smaller
+than its envs (each step would return other slots), and stable-baselines3
+``VecEnv`` objects (their ``reset`` takes no seed).
+
 Third-party imports (gymnasium, env-ssl-wrapper) sit in the functions that use them: ``import
 populora`` needs neither, and env-ssl-wrapper takes about 2 s to import.
 """
@@ -37,7 +61,8 @@ from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_map
 
 from populora.errors import InvalidTypeError, InvalidValueError
-from populora.interact.sources import SlotFailure, SlotSource, as_batch, describe_env, every_slot_in_order
+from populora.interact.sources import SlotFailure, SlotSource, describe_env, every_slot_in_order
+from populora.interact.spaces import KeySelection, ObsLayout
 
 __all__ = ["VectorSource"]
 
@@ -75,6 +100,40 @@ def _can_reset_one_slot(env: Any) -> bool:
     return False
 
 
+def _is_pufferlib_vector(env: Any) -> bool:
+    """A ``pufferlib.vector`` env (``Serial``, ``Multiprocessing``, ...): pufferlib's send / recv protocol."""
+    return type(env).__module__.startswith("pufferlib") and all(
+        callable(getattr(env, name, None)) for name in ("async_reset", "send", "recv")
+    )
+
+
+def _check_form(env: Any) -> None:
+    """Refuse the vector env forms this source cannot serve, naming the form and what to pass instead."""
+    name = describe_env(env)
+    if _is_pufferlib_vector(env):
+        driver = getattr(env, "driver_env", None)
+        agents = int(getattr(driver, "num_agents", 1) or 1)
+        if agents != 1:
+            raise InvalidTypeError(
+                f"the pufferlib vector env {name} runs {agents} agents per env; a slot is one env with one agent, "
+                "so multi-agent pufferlib envs are not supported: pass single-agent envs "
+                "(pufferlib.emulation.GymnasiumPufferEnv over a gymnasium env)"
+            )
+        total, batch = getattr(env, "num_agents", None), getattr(env, "agents_per_batch", None)
+        if total is not None and batch is not None and int(total) != int(batch):
+            raise InvalidTypeError(
+                f"the pufferlib vector env {name} returns {batch} of its {total} envs per step (batch_size < "
+                "num_envs), a different set each time; make it with batch_size=num_envs"
+            )
+        return
+    if all(callable(getattr(env, attr, None)) for attr in ("step_async", "step_wait", "env_method")):
+        raise InvalidTypeError(
+            f"{name} is a stable-baselines3 VecEnv, which is not supported (its reset takes no seed, so episodes "
+            "cannot be replayed with common random numbers); pass its env factory, a list of envs, or a gymnasium "
+            "vector env (gym.make_vec(..., vectorization_mode='sync'))"
+        )
+
+
 def _fill(actions: Any, slots: np.ndarray, num: int) -> Any:
     """``(num, ..)`` actions: ``actions`` at ``slots``, a copy of the first action elsewhere."""
     index = torch.from_numpy(slots)
@@ -89,23 +148,31 @@ def _fill(actions: Any, slots: np.ndarray, num: int) -> Any:
 class VectorSource(SlotSource):
     """A vector env covering slots ``[start, start + num)``, through env-ssl-wrapper's TensorWrapper."""
 
-    def __init__(self, env: Any, start: int, flatten: bool):
+    def __init__(self, env: Any, start: int, flatten: bool, keys: KeySelection | None = None):
         from env_ssl_wrapper import compose_env, get_adapter
         from env_ssl_wrapper.standardize.helpers import env_autoresets, env_num_envs
 
-        super().__init__(start, int(env_num_envs(env)), flatten)
+        _check_form(env)
+        super().__init__(start, int(env_num_envs(env)), flatten, keys)
         self.raw = env
+        adapter = get_adapter(env)
+        self.layout = ObsLayout(adapter.observation_space, flatten, self.keys, describe_env(env))
+        # pufferlib resets a finished env at the next step instead of stepping it (its own autoreset), and
+        # steps only after a reset of the whole vector env
+        self.puffer = _is_pufferlib_vector(env)
         # a vector wrapper hides gymnasium's `autoreset_mode` attribute, not the metadata entry it sets
         mode = getattr(env, "metadata", None) or {}
         mode = mode.get("autoreset_mode") if isinstance(mode, dict) else None
         disabled = mode is not None and str(getattr(mode, "value", mode)).lower() == "disabled"
-        self.autoresets = bool(env_autoresets(env)) and not disabled
+        self.autoresets = (bool(env_autoresets(env)) or self.puffer) and not disabled
         self.masked_reset = _masked_reset_capable(env)
         # no seeded reset of one slot: reset as a whole, once per round of episodes (see EnvSlots.reset)
         self.whole = not _can_reset_one_slot(env)
         self._last_obs: Any = None
-        self.env = compose_env(env, ("tensor", dict(device="cpu")), pad_episodes=False)
-        self.action_space = get_adapter(env).action_space
+        # the key selection sits below the TensorWrapper: entries that are no numbers never reach it
+        select = self.layout.wrapper()
+        self.env = compose_env(env, ("tensor", dict(device="cpu")), *([select] if select else []), pad_episodes=False)
+        self.action_space = adapter.action_space
         # slots that ended while nobody used them: reset before the next step unless the env autoresets
         self.stale = np.zeros(self.num, dtype=bool)
         self.started = False
@@ -130,7 +197,7 @@ class VectorSource(SlotSource):
             self.stale[:] = False
             self.started = True
             self._last_obs = obs
-            return as_batch(obs, self.num, self.flatten)
+            return self.layout.from_batch(obs, self.num)
         except Exception as error:
             raise SlotFailure((self.every + self.start).tolist(), "reset", error) from error
 
@@ -173,7 +240,7 @@ class VectorSource(SlotSource):
             TypeError: the env cannot reset one slot with a seed (passed through, not a :class:`SlotFailure`).
         """
         try:
-            return as_batch(self._reset(local, seeds), local.size, self.flatten)
+            return self.layout.from_batch(self._reset(local, seeds), local.size)
         except TypeError as error:
             if "cannot reset one slot" in str(error):
                 raise
@@ -201,6 +268,9 @@ class VectorSource(SlotSource):
                 self.started = True
             index = torch.from_numpy(np.asarray(local, dtype=np.int64))
             return tree_map(lambda t: t.index_select(0, index) if isinstance(t, Tensor) else t, obs)
+        if self.puffer and not self.started:  # pufferlib steps only after a reset of the whole vector env
+            self.env.reset()
+            self.started = True
         rows = []
         for slot, seed in zip(local.tolist(), seeds):
             out = reset_env_at(self.env, slot, seed=seed)
@@ -211,7 +281,8 @@ class VectorSource(SlotSource):
                     "need; pass a gymnasium SyncVectorEnv (gym.make_vec(..., vectorization_mode='sync')), "
                     "a list of envs or a factory instead"
                 )
-            rows.append(tree_map(lambda t: t.unsqueeze(0) if isinstance(t, Tensor) else t, out[0]))
+            # one row per slot (a pufferlib sub-env returns its (1, ..) buffer of one agent)
+            rows.append(tree_map(lambda t: t.unsqueeze(0) if isinstance(t, Tensor) and not self.puffer else t, out[0]))
         return tree_map(lambda *ts: torch.cat(ts, 0), *rows) if len(rows) > 1 else rows[0]
 
     def step(self, local: np.ndarray, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
@@ -219,7 +290,7 @@ class VectorSource(SlotSource):
         every = every_slot_in_order(local, self.num)
         try:
             obs, reward, done = self._step_all(actions if every else _fill(actions, local, self.num))
-            obs = as_batch(obs, self.num, self.flatten)
+            obs = self.layout.from_batch(obs, self.num)
         except Exception as error:
             raise SlotFailure((local + self.start).tolist(), "step", error) from error
         return (obs, self.every, reward, done) if every else (obs, self.every, reward[local], done[local])
