@@ -47,6 +47,7 @@ stands. Run::
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ import torch
 from torch import nn
 
 from populora import evolve_with_env, interact_with_env
+from populora.interact import ES, Budget, EnvOptions, Episodes
 
 REPORT = 7_000_000  # the reporting seeds' run seed offset (play() draws them from its own stream)
 
@@ -67,7 +69,8 @@ class Task:
     episodes: int  # fresh episodes reported
     max_env_steps: int | None
     default: str  # the algorithm run unless --algorithm says otherwise
-    configs: dict[str, tuple[Callable[[], nn.Module], dict[str, Any]]]  # algorithm -> (model, evolve_with_env's)
+    # algorithm -> (model, evolve_with_env's keywords; `algorithm` there is its ES(...) options)
+    configs: dict[str, tuple[Callable[[], nn.Module], dict[str, Any]]]
     play: dict[str, Any] = field(default_factory=dict)  # action / to_range for play()
     num_generations: int = 100_000
 
@@ -80,7 +83,7 @@ class Task:
 
 def _mlp(*sizes: int, out_tanh: bool = False) -> nn.Module:
     layers: list[nn.Module] = []
-    for a, b in zip(sizes[:-1], sizes[1:]):
+    for a, b in itertools.pairwise(sizes):
         layers += [nn.Linear(a, b), nn.Tanh()]
     return nn.Sequential(*(layers if out_tanh else layers[:-1]))
 
@@ -99,7 +102,10 @@ def _identity(out: Any) -> Any:
 
 
 def tasks() -> dict[str, Task]:
-    lander = dict(num_envs=16, normalize_obs=True, horizon=1000)
+    lander = dict(env_options=EnvOptions(num_envs=16, normalize_obs=True), horizon=1000)
+    pendulum = dict(
+        env_options=EnvOptions(num_envs=16, normalize_obs=True, to_range=(-2.0, 2.0)), horizon=200, action=_identity
+    )
     return {
         "cartpole": Task(
             "CartPole-v1",
@@ -108,7 +114,10 @@ def tasks() -> dict[str, Task]:
             None,
             "ga",
             {
-                "ga": (lambda: _mlp(4, 32, 2), dict(pop_size=64, low_rank=4, target_fitness=475.0, num_envs=16)),
+                "ga": (
+                    lambda: _mlp(4, 32, 2),
+                    dict(pop_size=64, low_rank=4, target_fitness=475.0, env_options=EnvOptions(num_envs=16)),
+                ),
             },
             num_generations=30,
         ),
@@ -119,10 +128,13 @@ def tasks() -> dict[str, Task]:
             2_000_000,
             "ga",
             {
-                "ga": (lambda: _mlp(8, 32, 4), dict(pop_size=64, low_rank=4, num_episodes=2, **lander)),
+                "ga": (
+                    lambda: _mlp(8, 32, 4),
+                    dict(pop_size=64, low_rank=4, episodes=Episodes(num_episodes=2), **lander),
+                ),
                 "es": (
                     lambda: _linear(8, 4),
-                    dict(pop_size=128, low_rank=2, **lander, es_kwargs=dict(sigma=0.1, optimizer="clipup", lr=0.03)),
+                    dict(pop_size=128, low_rank=2, **lander, algorithm=ES(sigma=0.1, optimizer="clipup", lr=0.03)),
                 ),
             },
         ),
@@ -135,29 +147,11 @@ def tasks() -> dict[str, Task]:
             {
                 "ga": (
                     lambda: _mlp(3, 32, 32, 1, out_tanh=True),
-                    dict(
-                        pop_size=64,
-                        low_rank=4,
-                        num_episodes=2,
-                        num_envs=16,
-                        normalize_obs=True,
-                        horizon=200,
-                        action=_identity,
-                        to_range=(-2.0, 2.0),
-                    ),
+                    dict(pop_size=64, low_rank=4, episodes=Episodes(num_episodes=2), **pendulum),
                 ),
                 "es": (
                     lambda: _mlp(3, 16, 1, out_tanh=True),
-                    dict(
-                        pop_size=128,
-                        low_rank=2,
-                        num_envs=16,
-                        normalize_obs=True,
-                        horizon=200,
-                        action=_identity,
-                        to_range=(-2.0, 2.0),
-                        es_kwargs=dict(sigma=0.5, optimizer="clipup", lr=0.15),
-                    ),
+                    dict(pop_size=128, low_rank=2, **pendulum, algorithm=ES(sigma=0.5, optimizer="clipup", lr=0.15)),
                 ),
             },
             dict(action=_identity, to_range=(-2.0, 2.0)),
@@ -171,7 +165,7 @@ def tasks() -> dict[str, Task]:
             {
                 "ga": (
                     lambda: _mlp(8, 32, 2, out_tanh=True),
-                    dict(pop_size=64, low_rank=4, num_episodes=2, action=_identity, **lander),
+                    dict(pop_size=64, low_rank=4, episodes=Episodes(num_episodes=2), action=_identity, **lander),
                 ),
                 "es": (
                     lambda: _linear(8, 2),
@@ -180,7 +174,7 @@ def tasks() -> dict[str, Task]:
                         low_rank=2,
                         action=_identity,
                         **lander,
-                        es_kwargs=dict(sigma=0.1, optimizer="clipup", lr=0.03),
+                        algorithm=ES(sigma=0.1, optimizer="clipup", lr=0.03),
                     ),
                 ),
             },
@@ -206,8 +200,8 @@ def run(task_name: str, seed: int, algorithm: str | None, deadline: float) -> di
         low_rank,
         seed=seed,
         num_generations=task.num_generations,
-        max_env_steps=task.step_cap,
-        algorithm=algorithm,
+        budget=Budget(max_env_steps=task.step_cap),
+        algorithm=options.pop("algorithm", algorithm),  # the ES's own options where the config has them
         callback=lambda info: time.perf_counter() > deadline,
         **options,
     )

@@ -3,7 +3,7 @@
 The call is the one a new user would write (issue 11): 16 envs, 64
 individuals, rank-4 adapters, at most 30 generations, ``target_fitness=475``
 and the defaults otherwise. Every individual plays its own training episode
-each generation (``episode_seeding='independent'``); the top candidates
+each generation (``Episodes(seeding='independent')``); the top candidates
 replay the run's fixed validation episodes, the run stops once a VALIDATED
 mean reaches 475, and the policy returned is the best validated individual.
 It must then average at least 475 over 20 episodes it has never seen
@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from populora import evolve_with_env, interact_with_env, is_main_rank
+from populora.interact import EnvOptions
 
 SOLVED = 475.0  # CartPole-v1's reward threshold
 
@@ -60,11 +61,11 @@ def main() -> None:
         model,
         pop_size=64,
         low_rank=4,
-        num_envs=16,
         num_generations=args.generations,
         target_fitness=SOLVED,
         seed=args.seed,
         callback=None if args.quiet else log,
+        env_options=EnvOptions(num_envs=16),
     )
     seconds = time.perf_counter() - start
 

@@ -158,7 +158,7 @@ def main() -> None:
     )
     pop.evolve_(scores, epsilon=args.epsilon)
     t = time.time()
-    scores, out = score()
+    scores, _out = score()
     best = int(torch.argmax(scores))
     print(
         f"generation 1: best {scores.max():.2f} (individual {best}), mean {scores.mean():.2f} "

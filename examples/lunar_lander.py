@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from populora import evolve_with_env, interact_with_env, is_main_rank
+from populora.interact import Budget, EnvOptions, Episodes
 
 
 def main() -> None:
@@ -51,15 +52,14 @@ def main() -> None:
         model,
         pop_size=64,
         low_rank=4,
-        algorithm=args.algorithm,
-        num_envs=16,
         num_generations=args.generations,
-        max_env_steps=args.max_env_steps,
         horizon=1000,
-        num_episodes=2,
-        normalize_obs=True,
         seed=args.seed,
         progress=not args.quiet,
+        algorithm=args.algorithm,  # "ga" or "es": each with its defaults
+        episodes=Episodes(num_episodes=2),
+        env_options=EnvOptions(num_envs=16, normalize_obs=True),
+        budget=Budget(max_env_steps=args.max_env_steps),
     )
     seconds = time.perf_counter() - start
 

@@ -2,7 +2,7 @@
 
 The policy is one linear layer 8 -> 2 (main and side engine), starting at
 zero, on normalised observations; the env clips actions to [-1, 1].
-EggRoll ES (``algorithm='es'``) perturbs it with 128 members (64 antithetic
+EggRoll ES (``algorithm=ES(...)``) perturbs it with 128 members (64 antithetic
 pairs, each pair on its own episode, rank-2 noise of scale 0.1), shapes the
 returns by centred ranks and steps with ClipUp (``populora.optim.ClipUp``,
 PGPE's optimiser: a normalised step of 0.03, velocity with momentum 0.9,
@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from populora import evolve_with_env, interact_with_env, is_main_rank
+from populora.interact import ES, Budget, EnvOptions
 
 
 def main() -> None:
@@ -51,16 +52,14 @@ def main() -> None:
         nn.Sequential(model),
         pop_size=128,
         low_rank=2,
-        algorithm="es",
-        es_kwargs=dict(sigma=0.1, optimizer="clipup", lr=0.03),  # ClipUp: max_speed 2 * lr, momentum 0.9
         action=lambda out: out,
-        num_envs=16,
-        horizon=1000,
-        normalize_obs=True,
         num_generations=100_000,
-        max_env_steps=args.max_env_steps,
+        horizon=1000,
         seed=args.seed,
         progress=not args.quiet,
+        algorithm=ES(sigma=0.1, optimizer="clipup", lr=0.03),  # ClipUp: max_speed 2 * lr, momentum 0.9
+        env_options=EnvOptions(num_envs=16, normalize_obs=True),
+        budget=Budget(max_env_steps=args.max_env_steps),
     )
     seconds = time.perf_counter() - start
 

@@ -1,6 +1,6 @@
 """Evolve a Pendulum-v1 swing-up policy: continuous actions, observation normalisation, to_range.
 
-The model ends in ``tanh``; ``to_range=(-2, 2)`` rescales its output to
+The model ends in ``tanh``; ``EnvOptions(to_range=(-2, 2))`` rescales its output to
 Pendulum's torque range (the only rescale populora does, and only when
 asked). Observations are normalised with running statistics that stay
 frozen within a generation. Fitness is the mean return of 3 episodes of 200
@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from populora import evolve_with_env, interact_with_env, is_main_rank
+from populora.interact import GA, EnvOptions, Episodes
 
 
 def main() -> None:
@@ -42,14 +43,13 @@ def main() -> None:
         pop_size=64,
         low_rank=4,
         action=lambda out: out,  # (k, 1) in (-1, 1) ...
-        to_range=(-2.0, 2.0),  # ... rescaled to Pendulum's torque range
         num_generations=args.generations,
         horizon=200,
-        num_episodes=3,
         seed=args.seed,
-        normalize_obs=True,
         progress=not args.quiet,
-        evolve_kwargs=dict(epsilon=0.3),
+        episodes=Episodes(num_episodes=3),
+        env_options=EnvOptions(to_range=(-2.0, 2.0), normalize_obs=True),  # ... rescaled to the torque range
+        algorithm=GA(evolve_kwargs=dict(epsilon=0.3)),
     )
     seconds = time.perf_counter() - start
 

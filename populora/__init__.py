@@ -1,8 +1,13 @@
-"""populora: a population of LoRA-adapted networks that costs about as much as one network."""
+"""populora: a population of LoRA-adapted networks that costs about as much as one network.
 
-from populora.coevolve.coevolve import Coevolve
-from populora.coevolve.hall_of_fame import HallOfFame
-from populora.distributed import is_distributed, is_main_rank, local_device, process_rank, rank, world_size
+The public surface is :data:`__all__`. Errors live in :mod:`populora.errors`, the torcheggroll noise
+utilities in :mod:`populora.es`, the distributed helpers in :mod:`populora.distributed`; the names the seed
+READMEs import from the top (``TorchEggrollES``, ``generate_lora_noise``, ``is_main_rank``, the error
+classes, ...) stay importable from here too.
+"""
+
+from populora.coevolve import Coevolve, HallOfFame
+from populora.distributed import is_distributed, is_main_rank, local_device, process_rank, world_size
 from populora.errors import (
     CheckpointError,
     ConfigMismatchError,
@@ -18,7 +23,6 @@ from populora.errors import (
 )
 from populora.es import (
     EggrollES,
-    ESStats,
     TorchEggrollES,
     compute_es_gradient,
     generate_lora_noise,
@@ -42,56 +46,39 @@ from populora.operators import (
 )
 from populora.optim import ClipUp
 from populora.plotting import plot_history
-from populora.population.population import Population, SelectionResult
+from populora.population import Population, SelectionResult
 from populora.ratings import Ratings
-from populora.selfplay.selfplay import SelfPlay
+from populora.routing import BASE
+from populora.selfplay import SelfPlay
 from populora.stats import GenerationStats
 
-__version__ = "0.3.1"
+ESStats = GenerationStats  # 0.3's name of what EggrollES.tell returns (one record type for a generation)
+
+__version__ = "0.5.0"
 
 __all__ = [
-    "CheckpointError",
+    "BASE",
     "ClipUp",
     "Coevolve",
-    "ConfigMismatchError",
-    "ESStateError",
-    "ESStats",
     "EggrollES",
     "EnvInteractor",
-    "EnvStepError",
     "EvolveResult",
     "Factors",
-    "FitnessError",
     "GenerationInfo",
     "GenerationStats",
     "HallOfFame",
-    "InvalidIndexError",
-    "InvalidTypeError",
-    "InvalidValueError",
     "Population",
     "PopuloraError",
     "Ratings",
-    "RouteError",
     "SelectionResult",
     "SelfPlay",
-    "SpentPopulationError",
-    "TargetNotFoundError",
     "TorchEggrollES",
-    "compute_es_gradient",
     "evolve_with_env",
-    "generate_lora_noise",
-    "generate_noise_for_shapes",
-    "generate_standard_noise",
     "interact_with_env",
-    "is_distributed",
     "is_main_rank",
-    "local_device",
     "plot_history",
-    "process_rank",
-    "rank",
     "register_crossover",
     "register_mutation",
     "register_parent_selection",
     "register_selection",
-    "world_size",
 ]

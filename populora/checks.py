@@ -60,7 +60,12 @@ def is_real(value: Any, *, finite: bool = False) -> bool:
         >>> is_real(0.5), is_real(False), is_real(float("nan"), finite=True)
         (True, False, False)
     """
-    return isinstance(value, numbers.Real) and not _is_bool(value) and (not finite or math.isfinite(value))
+    if not isinstance(value, numbers.Real) or _is_bool(value):
+        return False
+    try:
+        return not finite or math.isfinite(value)
+    except OverflowError:  # an int beyond float64
+        return False
 
 
 def check_int(name: str, value: Any, *, low: int | None = None, high: int | None = None) -> int:
@@ -93,7 +98,12 @@ def check_float(
     value = _scalar(value)
     if _is_bool(value) or not isinstance(value, numbers.Real):
         raise InvalidTypeError(f"`{name}` must be a real number, got {type(value).__name__} {value!r}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond float64
+        raise InvalidValueError(
+            f"`{name}` must be a finite number, got an int of {int(value).bit_length()} bits (beyond float64)"
+        ) from None
     ok = math.isfinite(value)
     if ok and low is not None:
         ok = value > low if low_open else value >= low

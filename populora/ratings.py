@@ -52,6 +52,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -63,13 +64,23 @@ from populora.errors import CheckpointError, InvalidTypeError, InvalidValueError
 from populora.operators.selection import SelectionResult
 from populora.snapshots import Snapshot
 
-__all__ = ["MODELS", "PAIRING_MODES", "INHERIT_MODES", "Ratings"]
+__all__ = ["MAX_MU_OVER_BETA", "MAX_SCALE", "MIN_SCALE", "MODELS", "PAIRING_MODES", "INHERIT_MODES", "Ratings"]
 
 MODELS = ("PlackettLuce", "BradleyTerryFull", "BradleyTerryPart", "ThurstoneMostellerFull", "ThurstoneMostellerPart")
 PAIRING_MODES = ("pfsp", "pfsp_hard", "uniform", "round_robin")
 INHERIT_MODES = ("reset", "mean")
 _FORMAT = "populora.Ratings"
 _VERSION = 1
+
+# What openskill's float arithmetic can take (found by experiment with openskill 6 on every model):
+# every model squares sigma, beta and tau (past ~1e154 the squares overflow; below ~1e-160 sigma ** 2 + beta ** 2
+# underflows to 0 and openskill divides by it), so they stay within [MIN_SCALE, MAX_SCALE] (tau may be 0).
+MIN_SCALE = 1e-100
+MAX_SCALE = 1e100
+# PlackettLuce computes exp(mu / c) of each player's own mu, with c = sqrt(sigma_a^2 + sigma_b^2 + 2 beta^2) >=
+# sqrt(2) beta: exp overflows past |mu| ~ 709 sqrt(2) beta ~ 1003 beta (and underflows to a division by zero
+# below -1054 beta). Its prior stays within half of that, leaving room for the ratings to move.
+MAX_MU_OVER_BETA = 500.0
 
 
 def _openskill_models() -> Any:
@@ -78,7 +89,7 @@ def _openskill_models() -> Any:
         import openskill.models as models
     except ImportError as err:
         raise ImportError(
-            "populora.matchmaking.Ratings needs the `openskill` package: "
+            "populora.ratings.Ratings needs the `openskill` package: "
             "pip install openskill (or pip install 'populora[llm]')"
         ) from err
     return models
@@ -127,9 +138,20 @@ class Ratings(Snapshot):
         beta: performance noise (openskill's default 25/6).
         tau: dynamics added to ``sigma`` before each match (openskill's default 25/300).
 
+    What openskill can rate is checked here: ``prior_sigma`` and ``beta`` in
+    ``[MIN_SCALE, MAX_SCALE]`` (``1e-100``, ``1e100``), ``tau`` in ``[0, MAX_SCALE]``,
+    ``|prior_mu| <= MAX_SCALE``, and with ``"PlackettLuce"`` (which takes the
+    exponential of each player's own ``mu / c``, ``c >= sqrt(2) * beta``)
+    ``|prior_mu| <= MAX_MU_OVER_BETA * beta`` (500 ``beta``: half of where it
+    overflows). Shift the prior (ratings only compare differences) or raise
+    ``beta`` for a larger one. A match openskill still cannot compute (ratings
+    far apart, loaded from a state) raises :class:`InvalidValueError` and rates
+    nothing.
+
     Raises:
         ImportError: ``openskill`` is not installed.
-        InvalidTypeError, InvalidValueError: a bad argument (named).
+        InvalidTypeError, InvalidValueError: a bad argument (named), or one beyond what openskill can take
+            (the bound named).
     """
 
     _checkpoint_kind = "Ratings"
@@ -162,10 +184,18 @@ class Ratings(Snapshot):
                 f"`inherit` must be a str, one of {list(INHERIT_MODES)}, got {type(inherit).__name__}"
             )
         check_one_of("inherit", inherit, INHERIT_MODES)
-        self.prior_mu = check_float("prior_mu", prior_mu)
-        self.prior_sigma = check_float("prior_sigma", prior_sigma, low=0.0, low_open=True)
-        self.beta = check_float("beta", beta, low=0.0, low_open=True)
-        self.tau = check_float("tau", tau, low=0.0)
+        self.prior_mu = check_float("prior_mu", prior_mu, low=-MAX_SCALE, high=MAX_SCALE)
+        self.prior_sigma = check_float("prior_sigma", prior_sigma, low=MIN_SCALE, high=MAX_SCALE)
+        self.beta = check_float("beta", beta, low=MIN_SCALE, high=MAX_SCALE)
+        self.tau = check_float("tau", tau, low=0.0, high=MAX_SCALE)
+        if model == "PlackettLuce" and abs(self.prior_mu) > MAX_MU_OVER_BETA * self.beta:
+            raise InvalidValueError(
+                f"`prior_mu` must be within +-{MAX_MU_OVER_BETA:g} * beta = +-{MAX_MU_OVER_BETA * self.beta:g} "
+                f"with model='PlackettLuce' (it takes exp(mu / c), c >= sqrt(2) * beta = {2**0.5 * self.beta:g}, "
+                f"which overflows past about 1000 * beta), got {self.prior_mu!r}: shift the prior (ratings only "
+                "compare differences), raise `beta`, or take a model that compares differences only "
+                "(e.g. 'ThurstoneMostellerFull')"
+            )
         self.model_name = model
         self.inherit = inherit
         self._model = getattr(_openskill_models(), model)(
@@ -227,7 +257,10 @@ class Ratings(Snapshot):
         return float(self._model.predict_win([[self._rating(*a)], [self._rating(*b)]])[0])
 
     def win_matrix(self, name_a: str, name_b: str) -> Tensor:
-        """``(P_a, P_b)`` float64: entry ``[i, j]`` is ``P((name_a, i) beats (name_b, j))`` (as :meth:`win_probability`)."""
+        """``(P_a, P_b)`` float64: entry ``[i, j]`` is ``P((name_a, i) beats (name_b, j))``.
+
+        As :meth:`win_probability`, for every pair.
+        """
         name_a, name_b = self._name(name_a, "name_a"), self._name(name_b, "name_b")
         ra = [self._rating(name_a, i) for i in range(self._sizes[name_a])]
         rb = [self._rating(name_b, j) for j in range(self._sizes[name_b])]
@@ -254,6 +287,31 @@ class Ratings(Snapshot):
         return na.mu, na.sigma, nb.mu, nb.sigma
 
     def _update(self, a: tuple[str, int], b: tuple[str, int], score: float) -> None:
+        """Rate one checked match; openskill's arithmetic errors and non-finite results raise before any write."""
+        try:
+            new = self._updated(a, b, score)
+        except ArithmeticError as error:  # OverflowError, ZeroDivisionError in openskill's float arithmetic
+            raise self._unratable(a, b, f"{type(error).__name__}: {error}") from error
+        if not all(math.isfinite(v) for v in new) or not (new[1] > 0 and new[3] > 0):
+            raise self._unratable(a, b, f"it gives mu, sigma = {new[:2]} and {new[2:]}")
+        (na, ia), (nb, ib) = a, b
+        self._mu[na][ia], self._sigma[na][ia] = new[0], new[1]
+        self._mu[nb][ib], self._sigma[nb][ib] = new[2], new[3]
+        self._matches[na][ia] += 1
+        self._matches[nb][ib] += 1
+        self._played += 1
+
+    def _unratable(self, a: tuple[str, int], b: tuple[str, int], why: str) -> InvalidValueError:
+        shown = ", ".join(
+            f"{p!r} (mu={float(self._mu[p[0]][p[1]])!r}, sigma={float(self._sigma[p[0]][p[1]])!r})" for p in (a, b)
+        )
+        return InvalidValueError(
+            f"openskill's {self.model_name} cannot rate the match of {shown} with beta={self.beta!r}, "
+            f"tau={self.tau!r}: {why}; nothing was rated"
+        )
+
+    def _updated(self, a: tuple[str, int], b: tuple[str, int], score: float) -> tuple[float, ...]:
+        """``(mu_a, sigma_a, mu_b, sigma_b)`` after the match (nothing written)."""
         ra, rb = self._rating(*a), self._rating(*b)
         if score == 1.0:
             new = self._outcome(ra, rb, [0, 1])
@@ -268,19 +326,14 @@ class Ratings(Snapshot):
             else:
                 lo, hi, t = self._outcome(ra, rb, [1, 0]), draw, 2.0 * score
             new = tuple((1.0 - t) * x + t * y for x, y in zip(lo, hi))
-        (na, ia), (nb, ib) = a, b
-        self._mu[na][ia], self._sigma[na][ia] = new[0], new[1]
-        self._mu[nb][ib], self._sigma[nb][ib] = new[2], new[3]
-        self._matches[na][ia] += 1
-        self._matches[nb][ib] += 1
-        self._played += 1
+        return new
 
     def rate_(self, a: tuple[str, int], b: tuple[str, int], score: float) -> None:
         """Rate one 1v1 match: ``score`` 1 = ``a`` won, 0 = ``b`` won, 0.5 = draw (fractions: module docstring).
 
         Raises:
             InvalidTypeError, InvalidValueError, InvalidIndexError: a bad player
-                or score, or ``a == b``; nothing has changed.
+                or score, ``a == b``, or ratings openskill cannot compute with (named); nothing has changed.
         """
         a, b = self._player(a, "a"), self._player(b, "b")
         score = check_float("score", score, low=0.0, high=1.0)
@@ -300,7 +353,9 @@ class Ratings(Snapshot):
             InvalidTypeError, InvalidValueError, InvalidIndexError: a bad name,
                 id or score (named by position), lengths that differ, or a
                 player paired with itself; every match is checked before any
-                is rated, so nothing has changed.
+                is rated, so nothing has changed. A match openskill cannot
+                compute raises :class:`InvalidValueError` naming its players,
+                and the matches before it are undone: all or nothing.
         """
         name_a, name_b = self._name(name_a, "name_a"), self._name(name_b, "name_b")
         ia = _as_ids("ids_a", ids_a, self._sizes[name_a])
@@ -314,8 +369,17 @@ class Ratings(Snapshot):
             for k, (x, y) in enumerate(zip(ia, ib)):
                 if x == y:
                     raise InvalidValueError(f"match {k} pairs ({name_a!r}, {x}) with itself")
-        for x, y, s in zip(ia, ib, ss):
-            self._update((name_a, x), (name_b, y), s)
+        saved = (self._tables(), self._played)
+        try:
+            for x, y, s in zip(ia, ib, ss):
+                self._update((name_a, x), (name_b, y), s)
+        except BaseException:
+            (self._mu, self._sigma, self._matches), self._played = saved
+            raise
+
+    def _tables(self) -> tuple[dict[str, Tensor], ...]:
+        """Copies of the ``mu``, ``sigma`` and match-count tables."""
+        return tuple({n: t.clone() for n, t in table.items()} for table in (self._mu, self._sigma, self._matches))
 
     def reset_(self, name: str, ids: Any) -> None:
         """Give the individuals ``ids`` of ``name`` the prior rating and a match count of 0."""
@@ -372,7 +436,8 @@ class Ratings(Snapshot):
                 (weight ``(1 - p) ** 2``), ``"uniform"`` or ``"round_robin"``
                 (``(i + offset) % P_b``); see the module docstring. A row whose
                 weights all vanish (every opponent a sure win) falls back to uniform.
-            offset: ``"round_robin"``'s rotation (e.g. the step number), ``>= 0``.
+            offset: ``"round_robin"``'s rotation (e.g. the step number): any int ``>= 0``
+                (it is reduced modulo the table size first, so no size overflows).
                 With ``name_a == name_b`` player ``i`` meets
                 ``(i + 1 + offset % (P - 1)) % P``, never itself.
 
@@ -400,7 +465,7 @@ class Ratings(Snapshot):
         if mode == "round_robin":
             if same:
                 return (ids + 1 + offset % (pa - 1)) % pa
-            return (ids + offset) % pb
+            return (ids + offset % pb) % pb  # (Python's int % first: ids + offset may not fit int64)
         allowed = torch.ones(pa, pb, dtype=torch.bool)
         if same:
             allowed.fill_diagonal_(False)
@@ -484,13 +549,17 @@ class Ratings(Snapshot):
                     raise CheckpointError(
                         f"Ratings state {key}[{name!r}] must be a {dtype} tensor of shape ({size},), got {got}"
                     )
-                bad = (
-                    (t < 0).any()
-                    if key == "matches"
-                    else ~torch.isfinite(t).all() | ((t <= 0).any() if key == "sigma" else False)
-                )
+                if key == "matches":
+                    bad, expect = (t < 0).any(), ">= 0"
+                elif key == "mu":
+                    bad, expect = ~(t.abs() <= MAX_SCALE).all(), f"finite, within +-{MAX_SCALE:g}"
+                else:
+                    bad, expect = ~((t >= MIN_SCALE) & (t <= MAX_SCALE)).all(), f"in [{MIN_SCALE:g}, {MAX_SCALE:g}]"
                 if bool(bad):
-                    raise CheckpointError(f"Ratings state {key}[{name!r}] has invalid values {t.tolist()}")
+                    raise CheckpointError(
+                        f"Ratings state {key}[{name!r}] has invalid values {t.tolist()}: expected {expect} "
+                        "(what openskill can rate)"
+                    )
                 new[key][name] = t.detach().to("cpu").clone()
         self._mu, self._sigma, self._matches = new["mu"], new["sigma"], new["matches"]
         self._played = played

@@ -4,26 +4,34 @@
 storage with the live object), ``load_state_dict(state)`` checks everything
 before it writes anything, and ``save(path)`` / ``load(path)`` are the file
 helpers around them (:func:`populora.checkpoint.atomic_save` /
-:func:`~populora.checkpoint.load_checkpoint`). ``state()`` / ``load_state()``
-are the 0.1 names, deprecated. ``Population`` is a module and follows torch's
-``state_dict`` instead (see :mod:`populora.population_state`).
+:func:`~populora.checkpoint.load_checkpoint`). ``Population`` is a module and
+follows torch's ``state_dict`` instead (see :mod:`populora.population.checkpointing`).
 """
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from populora.checkpoint import atomic_save, load_checkpoint
-from populora.population.checkpointing import naming
+from populora.errors import CheckpointError
 
-__all__: list[str] = []
+__all__ = ["Snapshot", "naming"]
+
+
+@contextlib.contextmanager
+def naming(path: str | Path) -> Iterator[None]:
+    """Re-raise a CheckpointError about a loaded state with the file it came from."""
+    try:
+        yield
+    except CheckpointError as err:
+        raise CheckpointError(f"checkpoint {str(path)!r}: {err}") from err
 
 
 class Snapshot:
-    """``save`` / ``load`` over a subclass's ``state_dict`` / ``load_state_dict``; the 0.1 aliases.
+    """``save`` / ``load`` over a subclass's ``state_dict`` / ``load_state_dict``.
 
     Subclasses set ``_checkpoint_kind`` (the kind written into the file's
     header and checked on load) and define ``state_dict`` and
@@ -58,19 +66,3 @@ class Snapshot:
         state = load_checkpoint(path, kind=self._checkpoint_kind)
         with naming(path):
             self.load_state_dict(state)
-
-    def state(self) -> dict[str, Any]:
-        """Deprecated: use :meth:`state_dict`."""
-        warnings.warn(
-            f"`{type(self).__name__}.state()` is deprecated; use `state_dict()`", DeprecationWarning, stacklevel=2
-        )
-        return self.state_dict()
-
-    def load_state(self, state: Mapping[str, Any]) -> None:
-        """Deprecated: use :meth:`load_state_dict`."""
-        warnings.warn(
-            f"`{type(self).__name__}.load_state()` is deprecated; use `load_state_dict()`",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        self.load_state_dict(state)

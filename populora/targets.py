@@ -181,9 +181,10 @@ def tied_weights(model: nn.Module) -> dict[str, list[str]]:
 
 
 def _tied_message(path: str, others: list[str]) -> str:
+    owners = ", ".join(repr(o.rpartition(".")[0] or o) for o in others)
     return (
         f"'{path}.weight' is the same tensor as {', '.join(repr(o) for o in others)} (tied weights): "
-        f"merging an adapter of '{path}' would also change {', '.join(repr(o.rpartition('.')[0] or o) for o in others)}, "
+        f"merging an adapter of '{path}' would also change {owners}, "
         "so the merged model would not be the routed individual"
     )
 

@@ -53,3 +53,10 @@ class TinyTransformer(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln(x))
+
+
+def routed_call(model, router, adapters, num, args, kwargs, device=None, **routing):
+    """One routed forward through the routing front end: ``parse_route`` then ``run_route``."""
+    from populora.routing import RoutingTarget, parse_route, run_route
+
+    return run_route(RoutingTarget(model, router, adapters, num, device), parse_route(num, **routing), args, kwargs)

@@ -8,12 +8,12 @@ from torch import nn
 import populora
 from populora import adapters, operators
 from populora.adapters import Adapter, Factors, to_adapter, to_factors, weight_adapter
-from populora.routing import front as routing
+from populora.routing import delta as routing_delta
 
 
 def test_one_class_each_everywhere():
     assert operators.Factors is Factors is populora.Factors
-    assert routing.Adapter is Adapter
+    assert routing_delta.Adapter is Adapter
     from populora.es import factors as es_factors
 
     assert es_factors.Adapter is Adapter

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import time
 
 import numpy as np
 import pytest
@@ -280,11 +279,14 @@ class TestEvaluateTwoRanks:
 
 @pytest.mark.distributed
 def test_raising_rank_ends_the_run_with_its_error(tmp_path):
-    """An uncaught fitness error stops both processes quickly and shows the message."""
-    start = time.monotonic()
+    """An uncaught fitness error stops both processes (no rank hangs in a collective) and shows the message."""
+    context = mp.spawn(_raising_worker, args=(str(tmp_path / "store"),), nprocs=WORLD, join=False)
     with pytest.raises(mp.ProcessRaisedException, match="boom in rank 1"):
-        mp.spawn(_raising_worker, args=(str(tmp_path / "store"),), nprocs=WORLD, join=True)
-    assert time.monotonic() - start < 30
+        for _ in range(1200):  # a hang fails after this many waits; a slow machine just waits longer
+            if context.join(timeout=0.5):
+                break
+        else:
+            pytest.fail("the ranks did not end: one is blocked")
 
 
 # ---------------------------------------------------------------------------- precision and types (issue 10, 9 and 12)
@@ -474,19 +476,3 @@ class TestValidateFitnesses:
             validate_fitnesses(nan, 3, allow_inf=True)
         with pytest.raises(InvalidValueError, match="`nan_policy` must be one of"):
             validate_fitnesses(nan, 3, nan_policy="ignore")
-
-    def test_population_alias_warns_and_agrees(self):
-        pop = population(nan_policy="worst")
-        f = CLOSE.clone()
-        f[2] = float("nan")
-        with pytest.warns(DeprecationWarning, match="validate_fitnesses"):
-            old = pop.check_fitnesses(f)
-        assert torch.equal(old, pop.validate_fitnesses(f))
-
-    def test_shaping_alias_warns_and_agrees(self):
-        from populora.operators import shaping
-
-        f = torch.tensor([[1.0, 2.0]], dtype=torch.float64)
-        with pytest.warns(DeprecationWarning, match="check_real_tensor"):
-            old = shaping.check_fitnesses(f)
-        assert torch.equal(old, shaping.check_real_tensor(f))

@@ -11,6 +11,7 @@ from torch import nn
 
 from populora import EggrollES, evolve_with_env
 from populora.errors import InvalidTypeError, InvalidValueError
+from populora.interact import ES, Validation
 from populora.interact.es_env import make_es
 from populora.optim import ClipUp
 
@@ -134,7 +135,7 @@ def test_eggroll_es_takes_clipup_and_moves_by_at_most_max_speed():
     es.close()
 
 
-def test_evolve_with_env_names_clipup_in_es_kwargs():
+def test_evolve_with_env_names_clipup_in_es_options():
     es = make_es(nn.Linear(4, 2), 4, 1, 0, None, None, {"optimizer": "clipup", "lr": 0.02, "max_speed": 0.03})
     group = es.optimizer.param_groups[0]
     assert isinstance(es.optimizer, ClipUp) and (group["lr"], group["max_speed"], group["momentum"]) == (
@@ -146,9 +147,9 @@ def test_evolve_with_env_names_clipup_in_es_kwargs():
     es = make_es(nn.Linear(4, 2), 4, 1, 0, None, None, {"optimizer": "sgd", "lr": 0.02})
     assert type(es.optimizer) is torch.optim.SGD
     es.close()
-    with pytest.raises(InvalidValueError, match=r"es_kwargs\['optimizer'\].*'rmsprop'"):
+    with pytest.raises(InvalidValueError, match=r"`ES\.optimizer`.*'rmsprop'"):
         make_es(nn.Linear(4, 2), 4, 1, 0, None, None, {"optimizer": "rmsprop"})
-    with pytest.raises(InvalidValueError, match=r"\['max_speed'\] are ClipUp's options, but `optimizer` is 'adam'"):
+    with pytest.raises(InvalidValueError, match=r"\['max_speed'\] are ClipUp's, but `ES\.optimizer` is 'adam'"):
         make_es(nn.Linear(4, 2), 4, 1, 0, None, None, {"max_speed": 0.1})
     torch.manual_seed(0)
     policy, history = evolve_with_env(
@@ -156,10 +157,9 @@ def test_evolve_with_env_names_clipup_in_es_kwargs():
         nn.Linear(4, 2),
         4,
         1,
-        algorithm="es",
+        algorithm=ES(optimizer="clipup", lr=0.05, sigma=0.1),
         num_generations=2,
         horizon=30,
-        validation_episodes=1,
-        es_kwargs={"optimizer": "clipup", "lr": 0.05, "sigma": 0.1},
+        validation=Validation(episodes=1),
     )
     assert len(history) == 2 and history[-1].env_steps > 0

@@ -26,11 +26,10 @@ through ``coevolve.hall_of_fame``.
 from __future__ import annotations
 
 import keyword
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from populora import distributed as pd
@@ -50,7 +49,7 @@ from populora.coevolve.specs import (
     topological,
 )
 from populora.errors import CheckpointError, FitnessError, InvalidTypeError, InvalidValueError
-from populora.population.population import Population
+from populora.population.population import Population, evaluating
 from populora.snapshots import Snapshot
 from populora.stats import GenerationStats
 
@@ -199,7 +198,6 @@ class Coevolve(Snapshot):
         self.hall_of_fame = hall_of_fame
         self.history: dict[str, list[GenerationStats]] = {name: [] for name in names}
         self.generation = 0
-        self._evolve_checked = False  # evolve_kwargs accepted once: later steps need no rollback snapshot
         self._synced = False  # distributed: rank 0's populations broadcast once
 
     # ------------------------------------------------------------------ access
@@ -276,11 +274,11 @@ class Coevolve(Snapshot):
         with self._evaluating():
             outputs = self._probe_distributed() if use_dist else self._probe_local()
             fitnesses = {name: self._fitness(name, outputs) for name in self._members}
-        champions = self.hall_of_fame._capture_all(fitnesses) if self.hall_of_fame is not None else []
+        champions = self.hall_of_fame.capture_all(fitnesses) if self.hall_of_fame is not None else []
         evaluated = {name: m.population.generation for name, m in self._members.items()}
         self._evolve_all(fitnesses)
         for champion in champions:
-            self.hall_of_fame._append(champion)
+            self.hall_of_fame.append(champion)
         for name, f in fitnesses.items():
             self.history[name].append(
                 GenerationStats(evaluated[name], float(f.max()), float(f.mean()), float(f.std(correction=0)))
@@ -326,7 +324,8 @@ class Coevolve(Snapshot):
             raise FitnessError(f"fitness of population {name!r} ({fn_name(m.fitness)}) is invalid: {error}") from error
 
     def _evolve_all(self, fitnesses: Mapping[str, Tensor]) -> None:
-        snapshots = {} if self._evolve_checked else {n: _snapshot(m.population) for n, m in self._members.items()}
+        """Evolve every population, all or nothing: if one raises (at any step), every one is as before."""
+        snapshots = {n: m.population.snapshot() for n, m in self._members.items()}
         try:
             for name, m in self._members.items():
                 m.population.evolve_(fitnesses[name], **self.evolve_kwargs.get(name, {}))
@@ -334,7 +333,6 @@ class Coevolve(Snapshot):
             for name, state in snapshots.items():
                 self._members[name].population.load_state_dict(state)
             raise
-        self._evolve_checked = True
 
     # ------------------------------------------------------------------ state
 
@@ -350,7 +348,7 @@ class Coevolve(Snapshot):
             "format": _FORMAT,
             "names": list(self._members),
             "generation": self.generation,
-            "populations": {name: _snapshot(m.population, cpu=True) for name, m in self._members.items()},
+            "populations": {name: m.population.snapshot("cpu") for name, m in self._members.items()},
             "history": {name: [list(s)[:4] for s in h] for name, h in self.history.items()},
             "hall_of_fame": None if self.hall_of_fame is None else self.hall_of_fame.state_dict(),
         }
@@ -388,42 +386,26 @@ class Coevolve(Snapshot):
             raise CheckpointError(
                 f"the coevolution state's 'generation' must be an int >= 0, got {state['generation']!r}"
             )
-        hall = None if self.hall_of_fame is None else self.hall_of_fame._check_state(state["hall_of_fame"])
+        hall = None if self.hall_of_fame is None else self.hall_of_fame.check_state(state["hall_of_fame"])
         populations = state["populations"]
         if not isinstance(populations, Mapping) or list(populations) != list(self._members):
             got = list(populations) if isinstance(populations, Mapping) else type(populations).__name__
             raise CheckpointError(
                 f"the coevolution state's 'populations' must be keyed by {list(self._members)}, got {got}"
             )
-        checked = {name: m.population._check_state_dict(populations[name]) for name, m in self._members.items()}
+        checked = {name: m.population.check_state_dict(populations[name]) for name, m in self._members.items()}
         for name, m in self._members.items():
-            m.population._write_state(checked[name])
+            m.population.load_checked_state_dict(checked[name])
         if hall is not None:
-            self.hall_of_fame._write(hall)
+            self.hall_of_fame.load_checked(hall)
         self.history = history
         self.generation = int(state["generation"])
-        self._evolve_checked = False
 
 
 # ---------------------------------------------------------------------------- helpers
 
 
 @contextmanager
-def evaluating(populations: Iterable[Population]) -> Iterator[None]:
-    """Every population's model in eval mode under ``torch.no_grad()``; each module's training flag restored."""
-    populations = list(populations)
-    modules = [mod for pop in populations for mod in pop.modules()]
-    flags = [mod.training for mod in modules]
-    try:
-        for pop in populations:
-            pop.eval()
-        with torch.no_grad():
-            yield
-    finally:
-        for mod, flag in zip(modules, flags):
-            mod.training = flag
-
-
 def _check_name(name: Any) -> None:
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
         raise InvalidValueError(
@@ -443,14 +425,6 @@ def _check_name(name: Any) -> None:
 
 
 _INSTANCE_ATTRIBUTES = frozenset({"order", "evolve_kwargs", "hall_of_fame", "history", "generation"})
-
-
-def _snapshot(population: Population, cpu: bool = False) -> dict[str, Any]:
-    """A copy of a population's adapters and counters that does not alias the live tensors."""
-    return {
-        k: (v.detach().to("cpu", copy=True) if cpu else v.detach().clone()) if isinstance(v, Tensor) else v
-        for k, v in population.state_dict(include_model=False).items()
-    }
 
 
 def _check_history(history: Any, names: list[str]) -> dict[str, list[GenerationStats]]:

@@ -153,7 +153,7 @@ class HallOfFame(Snapshot):
         name = self._name(population)
         generation = check_int("generation", generation, low=0)
         champion = self._capture(name, self.populations[name].validate_fitnesses(fitnesses), generation)
-        self._append(champion)
+        self.append(champion)
         return champion
 
     def _capture(self, name: str, fitnesses: Tensor, generation: int) -> Champion:
@@ -163,10 +163,10 @@ class HallOfFame(Snapshot):
         )
         return Champion(name, int(generation), i, float(fitnesses[i]), factors)
 
-    def _capture_all(self, fitnesses: Mapping[str, Tensor]) -> list[Champion]:
+    def capture_all(self, fitnesses: Mapping[str, Tensor]) -> list[Champion]:
         return [self._capture(n, fitnesses[n], self.populations[n].generation) for n in self.populations]
 
-    def _append(self, champion: Champion) -> None:
+    def append(self, champion: Champion) -> None:
         archive = self._archive[champion.population]
         archive.append(champion)
         if self.capacity is not None and len(archive) > self.capacity:
@@ -278,9 +278,9 @@ class HallOfFame(Snapshot):
         Raises:
             CheckpointError: naming the missing or wrong key; the hall is unchanged.
         """
-        self._write(self._check_state(state))
+        self.load_checked(self.check_state(state))
 
-    def _check_state(self, state: Any) -> tuple[torch.Generator, int | None, int, dict[str, list[Champion]]]:
+    def check_state(self, state: Any) -> tuple[torch.Generator, int | None, int, dict[str, list[Champion]]]:
         """``state`` checked and parsed into (generator, capacity, seed, archive); nothing written."""
         if not isinstance(state, Mapping) or state.get("format") != _FORMAT:
             got = state.get("format") if isinstance(state, Mapping) else type(state).__name__
@@ -339,7 +339,7 @@ class HallOfFame(Snapshot):
         )
         return Champion(name, int(e["generation"]), int(e["individual"]), float(e["fitness"]), factors)
 
-    def _write(self, checked: tuple[torch.Generator, int | None, int, dict[str, list[Champion]]]) -> None:
+    def load_checked(self, checked: tuple[torch.Generator, int | None, int, dict[str, list[Champion]]]) -> None:
         self.generator, self.capacity, self.seed, self._archive = checked
 
 

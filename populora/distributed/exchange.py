@@ -1,9 +1,8 @@
-"""Ranks, id partitioning, the fitness exchange and weight sync over ``torch.distributed``.
+"""The fitness exchange over ``torch.distributed``: one collective of ``(p,)`` values per generation.
 
-Helpers that any layer may call, in three modules re-exported here (import
-this one): :mod:`populora.process_group` (ranks, devices, launch,
-:func:`partition`), :mod:`populora.broadcasts` (weights and objects from one
-rank) and, in this module, the fitness exchange and the population sync. Every function works with and without an
+Built on :mod:`~populora.distributed.process_group` (ranks, devices,
+launch, :func:`~populora.distributed.process_group.partition`) and :mod:`~populora.distributed.broadcasts`
+(weights and objects from one rank). Every function works with and without an
 initialised process group: without one (or with a world of one) the
 collectives are no-ops and the rank queries fall back to the environment
 variables torchrun sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``), so
@@ -29,62 +28,17 @@ Failures never hang a run:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from populora.checks import check_int
-from populora.distributed.broadcasts import (
-    broadcast_object,
-    broadcast_tensor_raw,
-    broadcast_tensors_,
-    checksum,
-    sync_if_different_,
-)
-from populora.distributed.process_group import (
-    DEFAULT_TIMEOUT_S,
-    comm_device,
-    default_timeout,
-    init_from_env,
-    is_distributed,
-    is_main_rank,
-    local_device,
-    local_rank,
-    partition,
-    process_rank,
-    rank,
-    resolve_device,
-    world_size,
-)
+from populora.distributed.broadcasts import broadcast_object
+from populora.distributed.process_group import comm_device, is_distributed, process_rank, world_size
 from populora.errors import InvalidTypeError, InvalidValueError
-from populora.stats import GenerationStats
 
-__all__ = [
-    "DEFAULT_TIMEOUT_S",
-    "all_gather_values",
-    "broadcast_object",
-    "broadcast_tensor_raw",
-    "broadcast_tensors_",
-    "bytes_communicated",
-    "checksum",
-    "comm_device",
-    "gather_shares",
-    "default_timeout",
-    "init_from_env",
-    "is_distributed",
-    "is_main_rank",
-    "local_device",
-    "local_rank",
-    "partition",
-    "process_rank",
-    "rank",
-    "resolve_device",
-    "sync_if_different_",
-    "sync_population_",
-    "world_size",
-]
+__all__ = ["all_gather_values", "bytes_communicated", "gather_shares"]
 
 bytes_communicated: int = 0
 """Bytes this rank has handed to the fitness exchange (:func:`all_gather_values`).
@@ -265,49 +219,3 @@ def gather_shares(
 
 
 # ------------------------------------------------------------------ population sync
-
-
-def sync_population_(population: Any, sync_base_model: bool = False, *, name: str | None = None) -> None:
-    """Make every rank hold rank 0's population (once; a no-op without a distributed group).
-
-    Broadcasts the adapters, generator state, generation, eval seed,
-    weight scales and history from rank 0; the base model is compared by checksum and,
-    where ranks differ (e.g. each process seeded differently), rank 0's
-    weights are broadcast with a warning. ``sync_base_model=True``
-    broadcasts the base model without checking; ``name`` labels the
-    population in warnings and errors. ``Population.sync_from_main_rank_``
-    calls it (and through it ``evaluate_distributed`` and the layers built on it).
-
-    Args:
-        population: a live :class:`~populora.Population`.
-        sync_base_model: broadcast the base model unchecked.
-        name: the population's name in messages.
-    """
-    if population._synced or not is_distributed():
-        return
-    of = f" of population {name!r}" if name else ""
-    with torch.no_grad():
-        broadcast_tensors_(
-            [p for stack in population._stacks() for p in stack],
-            what=f"adapters{of} (pop_size, low_rank and lora_targets must match on every rank)",
-        )
-        base = [*population.model.parameters(), *population.model.buffers()]
-        if sync_base_model:
-            broadcast_tensors_(base, what=f"base model parameters{of}")
-        else:
-            sync_if_different_(base, f"base model parameters{of}")
-    # weight scales come from the base weights at construction: rank 0's, like the weights
-    state = broadcast_object(
-        (
-            population.generation,
-            population.eval_seed,
-            population.generator.get_state(),
-            population.weight_scales,
-            [tuple(h) for h in population.history],
-        )
-    )
-    population.generation, population.eval_seed = state[0], state[1]
-    population.generator.set_state(state[2])
-    population.weight_scales = list(state[3])
-    population.history = [GenerationStats(*t) for t in state[4]]
-    population._synced = True

@@ -12,7 +12,6 @@ from __future__ import annotations
 import atexit
 import datetime
 import os
-import warnings
 
 import torch
 import torch.distributed as dist
@@ -49,12 +48,6 @@ def is_distributed() -> bool:
 
 def process_rank() -> int:
     """This process's global rank: the group's, else ``$RANK``, else 0."""
-    return _this_rank()
-
-
-def rank() -> int:
-    """Deprecated: :func:`process_rank` (``rank`` alone is ambiguous beside the adapters' ranks)."""
-    warnings.warn("`populora.rank()` is deprecated; use `populora.process_rank()`", DeprecationWarning, stacklevel=2)
     return _this_rank()
 
 
@@ -262,5 +255,3 @@ def partition(num: int, rank: int | None = None, world: int | None = None) -> ra
     base, extra = divmod(num, world)
     start = rank * base + min(rank, extra)
     return range(start, start + base + (1 if rank < extra else 0))
-
-

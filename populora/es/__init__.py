@@ -27,9 +27,8 @@ path); ``save_pretrained`` then writes the evolved adapter. Combine with
 ``param_filter`` to narrow it further. ``tests/test_llm_es.py`` shows both.
 """
 
-from populora.es import members as _members
 from populora.es.compat import TorchEggrollES
-from populora.es.core import EggrollES, ESStats
+from populora.es.core import EggrollES
 from populora.es.members import ESStateError, Individuals
 from populora.es.noise import (
     compute_es_gradient,
@@ -43,7 +42,6 @@ from populora.es.shaping import FITNESS_SHAPINGS
 __all__ = [
     "FITNESS_SHAPINGS",
     "ESStateError",
-    "ESStats",
     "EggrollES",
     "Individuals",
     "TorchEggrollES",
@@ -53,9 +51,3 @@ __all__ = [
     "generate_standard_noise",
     "stable_seed",
 ]
-
-
-def __getattr__(name: str) -> object:
-    if name == "Members":  # deprecated alias (warns)
-        return _members.Members
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

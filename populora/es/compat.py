@@ -100,7 +100,7 @@ class TorchEggrollES:
         self.normalize_fitness, self.antithetic = normalize_fitness, antithetic
         self.device = self.es.device
         self.param_names = self.es.param_names
-        self.param_shapes = [tuple(p.param.shape) for p in self.es._params]
+        self.param_shapes = self.es.param_shapes
         self._population: list[dict[str, Tensor]] | None = None
         self._stacked: dict[str, Tensor] | None = None
 

@@ -23,12 +23,13 @@ import math
 import os
 import warnings
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from populora import distributed as pd
+from populora.adapters import Adapter
 from populora.checks import check_bool, check_float, check_int, check_seed
 from populora.errors import InvalidTypeError, InvalidValueError
 from populora.es.factors import MemberFactors, compute_dtype
@@ -37,9 +38,8 @@ from populora.es.members import (
     ESRouter,
     Fallback,
     Individuals,
-    _leading,
-    deprecated_keyword,
     individual_losses,
+    leading_shapes,
     map_tensors,
 )
 from populora.es.noise import PairNoise
@@ -47,28 +47,11 @@ from populora.es.params import ESParam, make_optimizer, select_params
 from populora.es.shaping import FITNESS_SHAPINGS, check_es_fitnesses, group_table, shape_fitness
 from populora.es.state import ESState
 from populora.fitness import evaluate as evaluate_fitness
-from populora.routing.front import Adapter, RoutingTarget, split_rows
+from populora.routing.request import RoutingTarget
+from populora.routing.rows import split_rows
 from populora.stats import GenerationStats
 
-__all__ = ["ESStats", "EggrollES"]
-
-
-class ESStats(NamedTuple):
-    """What :meth:`EggrollES.tell` reports (raw fitnesses; higher is better).
-
-    Attributes:
-        generation: the generation that was evaluated.
-        best: its best fitness.  mean: its mean fitness.  worst: its worst fitness.
-        best_ever: best fitness of any member so far.
-        grad_norm: L2 norm of the ES gradient ``g`` over all selected parameters.
-    """
-
-    generation: int
-    best: float
-    mean: float
-    worst: float
-    best_ever: float
-    grad_norm: float
+__all__ = ["EggrollES"]
 
 
 class EggrollES(MaterialisedIndividuals, ESState):
@@ -259,6 +242,11 @@ class EggrollES(MaterialisedIndividuals, ESState):
         return [p.name for p in self._params]
 
     @property
+    def param_shapes(self) -> list[tuple[int, ...]]:
+        """Shapes of the evolved parameters, in :attr:`param_names` order."""
+        return [tuple(p.param.shape) for p in self._params]
+
+    @property
     def lr(self) -> float:
         """Learning rate of the optimizer's first parameter group."""
         return self.optimizer.param_groups[0]["lr"]
@@ -272,23 +260,6 @@ class EggrollES(MaterialisedIndividuals, ESState):
         torcheggroll's ``epoch`` say; here that is :attr:`generation`.
         """
         return self.generation // self.noise_reuse
-
-    @property
-    def epoch(self) -> int:
-        """Deprecated: the noise epoch :attr:`noise_epoch` (``epoch`` elsewhere is the step count, :attr:`generation`)."""
-        warnings.warn(
-            "EggrollES.epoch is deprecated: it is the noise epoch `generation // noise_reuse`, now "
-            "`noise_epoch`; the step count (TorchEggrollES.epoch) is `generation`",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.noise_epoch
-
-    @property
-    def best_member(self) -> tuple[int, int] | None:
-        """Deprecated name of :attr:`best_individual`."""
-        warnings.warn("EggrollES.best_member is deprecated: use best_individual", DeprecationWarning, stacklevel=2)
-        return self.best_individual
 
     @property
     def router(self) -> ESRouter:
@@ -342,7 +313,6 @@ class EggrollES(MaterialisedIndividuals, ESState):
         *,
         per_individual: bool = False,
         max_rows: int | None = None,
-        per_member: bool | None = None,
     ) -> Tensor:
         """``(N,)`` loss of every member (lower is better), the same on every rank.
 
@@ -362,7 +332,6 @@ class EggrollES(MaterialisedIndividuals, ESState):
             per_individual: see ``inputs``.
             max_rows: at most this many rows per routed forward (at least one
                 member's ``b``): bounds activation memory whatever ``N``.
-            per_member: deprecated name of ``per_individual``.
 
         Returns:
             ``(N,)`` losses, float64 when ``loss_fn`` returns float64 (or Python
@@ -373,7 +342,6 @@ class EggrollES(MaterialisedIndividuals, ESState):
             InvalidValueError: ``max_rows < 1``.
             FitnessError: ``loss_fn`` not returning one number per member.
         """
-        per_individual = deprecated_keyword("per_member", per_member, "per_individual", per_individual)
         if not callable(loss_fn):
             raise InvalidTypeError(f"`loss_fn` must be callable, got {type(loss_fn).__name__}")
         if max_rows is not None:
@@ -388,7 +356,7 @@ class EggrollES(MaterialisedIndividuals, ESState):
         local, failure = torch.empty(0), None
         try:
             if len(ids):
-                shapes = _leading(inputs)
+                shapes = leading_shapes(inputs)
                 b = (shapes[0][1] if per_individual else shapes[0][0]) if shapes and shapes[0] else 1
                 chunk = len(ids) if max_rows is None else max(1, max_rows // max(b, 1))
                 targets = map_tensors(targets, lambda v: v.to(self.device))
@@ -433,15 +401,12 @@ class EggrollES(MaterialisedIndividuals, ESState):
         fitness: Callable[..., Any] | None = None,
         per_individual: bool = False,
         max_rows: int | None = None,
-        per_member: bool | None = None,
-    ) -> ESStats:
+    ) -> GenerationStats:
         """One generation: evaluate every member, then :meth:`tell`.
 
         Either ``inputs`` and ``loss_fn`` (fitness ``= -loss``; ``per_individual``
         and ``max_rows`` as in :meth:`losses`), or ``fitness=fn`` (see :meth:`evaluate`).
-        ``per_member`` is the deprecated name of ``per_individual``.
         """
-        per_individual = deprecated_keyword("per_member", per_member, "per_individual", per_individual)
         if (fitness is None) == (loss_fn is None):
             raise InvalidValueError(
                 "pass either `inputs` and `loss_fn` (fitness = -loss) or `fitness=fn`, not both/neither"
@@ -483,7 +448,7 @@ class EggrollES(MaterialisedIndividuals, ESState):
             for p in self._params
         }
 
-    def tell(self, fitnesses: Any) -> ESStats:
+    def tell(self, fitnesses: Any) -> GenerationStats:
         """Update the parameters from the current generation's fitnesses (higher is better).
 
         Writes ``param.grad = -g`` (:meth:`estimate_gradient`) and steps the
@@ -494,7 +459,8 @@ class EggrollES(MaterialisedIndividuals, ESState):
             fitnesses: ``(N,)`` raw fitnesses (tensor, list or array) in member order.
 
         Returns:
-            :class:`ESStats` of the generation; its best, mean and (population)
+            :class:`~populora.stats.GenerationStats` of the generation (with ``worst``, ``best_ever`` and
+            ``grad_norm``); its best, mean and (population)
             standard deviation are also appended to :attr:`history` as a
             :class:`~populora.GenerationStats`.
 
@@ -509,21 +475,15 @@ class EggrollES(MaterialisedIndividuals, ESState):
                 p.param.grad = -grads[p.name]
         self.optimizer.step()
         best = int(torch.argmax(f))
-        stats = ESStats(
-            self.generation,
-            float(f[best]),
-            float(f.mean()),
-            float(f.min()),
-            max(self.best_fitness, float(f[best])),
-            math.sqrt(sum(float(g.float().square().sum()) for g in grads.values())),
+        row = GenerationStats(self.generation, float(f[best]), float(f.mean()), float(f.std(correction=0)))
+        self.history.append(row)
+        stats = row._replace(
+            worst=float(f.min()),
+            best_ever=max(self.best_fitness, float(f[best])),
+            grad_norm=math.sqrt(sum(float(g.float().square().sum()) for g in grads.values())),
         )
         if float(f[best]) > self.best_fitness:
             self.best_fitness, self.best_individual = float(f[best]), (self.generation, best)
-        self.history.append(
-            GenerationStats(
-                generation=self.generation, best=stats.best, mean=stats.mean, std=float(f.std(correction=0))
-            )
-        )
         self.generation += 1
         self._asked = None
         if self.debug_sync:

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from populora.adapters import Adapter
-from populora.es.noise import PairNoise, _signs, draw_noise
+from populora.es.noise import PairNoise, draw_noise, pair_signs
 from populora.es.params import ESParam
 
 __all__ = ["MemberFactors", "compute_dtype"]
@@ -143,7 +143,7 @@ class MemberFactors:
 
         Computed in :func:`compute_dtype` of the parameter (float64 for a float64 parameter).
         """
-        pair, sign = _signs(self.pop_size, self.antithetic, self.device)
+        pair, sign = pair_signs(self.pop_size, self.antithetic, self.device)
         if members is not None:
             members = members.to(self.device)
             pair, sign = pair[members], sign[members]

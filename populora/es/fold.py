@@ -17,7 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from populora.adapters import Adapter
-from populora.routing.router import Route, gather_budget
+from populora.routing.delta import gather_budget
+from populora.routing.route import Route
 
 __all__ = ["folded_apply", "folded_stack"]
 

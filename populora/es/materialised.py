@@ -8,14 +8,12 @@ float64 parameter (float32 otherwise) and cast to the parameter's dtype.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 from populora.checks import check_index
-from populora.es.members import deprecated_keyword
 
 __all__ = ["MaterialisedIndividuals"]
 
@@ -32,22 +30,15 @@ class MaterialisedIndividuals:
         individual = check_index("individual", individual, self.pop_size)
         return {name: stack[0] for name, stack in self.population_params([individual]).items()}
 
-    def member_params(self, member: int) -> dict[str, Tensor]:
-        """Deprecated name of :meth:`individual_params`."""
-        warnings.warn("EggrollES.member_params is deprecated: use individual_params", DeprecationWarning, stacklevel=2)
-        return self.individual_params(member)
-
     @torch.no_grad()
-    def perturbations(
-        self, individuals: Sequence[int] | None = None, *, members: Sequence[int] | None = None
-    ) -> dict[str, Tensor]:
+    def perturbations(self, individuals: Sequence[int] | None = None) -> dict[str, Tensor]:
         """``{name: (m, *shape)}``: ``sigma * E_i`` of the given individuals (default all ``N``), materialised.
 
         For inspection and tests; the routed forward never forms these.
         Individual ``i + N/2`` is exactly ``-1`` times individual ``i`` when
-        antithetic. ``members=`` is the deprecated name of ``individuals=``.
+        antithetic.
         """
-        ids = self._ids(deprecated_keyword("members", members, "individuals", individuals, None))
+        ids = self._ids(individuals)
         noises, sigma = self._noises(), self._sigma_now()
         return {p.name: self._factors.perturbation(p, noises[p.name], sigma, ids) for p in self._params}
 
@@ -69,9 +60,7 @@ class MaterialisedIndividuals:
         return out
 
     @torch.no_grad()
-    def population_params(
-        self, individuals: Sequence[int] | None = None, *, members: Sequence[int] | None = None
-    ) -> dict[str, Tensor]:
+    def population_params(self, individuals: Sequence[int] | None = None) -> dict[str, Tensor]:
         """``{name: (m, *shape)}`` perturbed parameters ``W + sigma * E_i`` (default all ``N`` individuals).
 
         Materialises ``m`` copies of every evolved parameter: for inspection,
@@ -82,7 +71,5 @@ class MaterialisedIndividuals:
         params = {p.name: p.param for p in self._params}
         return {
             name: (params[name].detach().to(delta.dtype) + delta).to(params[name].dtype)
-            for name, delta in self.perturbations(
-                deprecated_keyword("members", members, "individuals", individuals, None)
-            ).items()
+            for name, delta in self.perturbations(individuals).items()
         }

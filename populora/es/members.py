@@ -18,21 +18,15 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from populora.errors import ESStateError, FitnessError, InvalidValueError, RouteError
+from populora.adapters import Adapter
+from populora.errors import ESStateError, FitnessError, RouteError
 from populora.es.fold import folded_apply
 from populora.es.shared import shared_rows_linear
-from populora.routing.front import (
-    Adapter,
-    Route,
-    RoutedModel,
-    Router,
-    RouteRequest,
-    RoutingTarget,
-    _check_range,
-    map_tensors,
-    run_route,
-    split_rows,
-)
+from populora.routing.front import RoutedModel, run_route
+from populora.routing.request import RouteRequest, RoutingTarget
+from populora.routing.route import Route
+from populora.routing.router import Activation, Router
+from populora.routing.rows import check_range, map_tensors, split_rows
 
 __all__ = ["ESRouter", "ESStateError", "Fallback", "Individuals", "individual_losses", "map_tensors"]
 
@@ -54,31 +48,31 @@ class ESRouter(Router):
     share_rows: bool = True
     """Compute the first target layer of a shared-batch forward once for all members (:mod:`populora.es.shared`)."""
 
-    def _forward(self, i: int, inner: Callable, module: nn.Module, input: Tensor) -> Tensor:
-        state = self._state
+    def layer_forward(self, i: int, inner: Callable, module: nn.Module, input: Tensor) -> Tensor:
+        active = self.active
         if (
-            state is not None
+            active is not None
             and self.share_rows
-            and not state[2]
-            and isinstance(state[0], Route)
-            and getattr(state[3], "times", 1) > 1
+            and not active.called
+            and isinstance(active.route, Route)
+            and active.origin.times > 1
         ):  # the forward's first target, rows repeated
-            origin = state[3]
-            out = shared_rows_linear(module, inner, input, state[0], state[1][i], origin.times, origin.rows)
+            origin = active.origin
+            out = shared_rows_linear(module, inner, input, active.route, active.adapters[i], origin.times, origin.rows)
             if out is not None:
-                state[2].add(i)
+                active.called.add(i)
                 return out
-        return super()._forward(i, inner, module, input)
+        return super().layer_forward(i, inner, module, input)
 
-    def _apply(self, i: int, module: nn.Module, x: Tensor, out: Tensor, state: tuple) -> Tensor:
-        route, adapters, called = state[0], state[1], state[2]
+    def add_delta(self, i: int, module: nn.Module, x: Tensor, out: Tensor, activation: Activation) -> Tensor:
+        route, adapters, called = activation.route, activation.adapters, activation.called
         if route is not MEMBER_ROUTE:
             if isinstance(route, Route):  # an nn.Linear whose up and bias noise share one stack: read in place
                 done = folded_apply(module, x, out, route, adapters[i])
                 if done is not None:
                     called.add(i)
                     return done
-            return super()._apply(i, module, x, out, state)
+            return super().add_delta(i, module, x, out, activation)
         called.add(i)
         down, up, bias = adapters[i]
         if isinstance(module, nn.Embedding):
@@ -91,7 +85,7 @@ class ESRouter(Router):
         return out + delta
 
 
-def _leading(obj: Any) -> list[tuple[int, ...]]:
+def leading_shapes(obj: Any) -> list[tuple[int, ...]]:
     shapes: list[tuple[int, ...]] = []
     map_tensors(obj, lambda t: shapes.append(tuple(t.shape)))
     return shapes
@@ -179,7 +173,6 @@ class Individuals(RoutedModel):
         individual: int | None = None,
         per_individual: bool = False,
         split: bool = True,
-        per_member: bool | None = None,
         **kwargs: Any,
     ) -> Any:
         """Run the model once over the individuals' rows.
@@ -197,7 +190,6 @@ class Individuals(RoutedModel):
                 ``(b, ...)``, whatever its size.
             split: outputs ``(m, b, ...)`` (default); ``False`` gives ``(m*b, ...)``
                 rows laid out ``(p b)``, as :class:`~populora.Population` returns them.
-            per_member: deprecated name of ``per_individual``.
 
         Raises:
             ESStateError: (a ``RuntimeError``) if the generation has been told since :meth:`ask`.
@@ -205,7 +197,6 @@ class Individuals(RoutedModel):
                 conflicting arguments, or no ids.
             InvalidIndexError: (an ``IndexError``) an id outside ``[0, N)``.
         """
-        per_individual = deprecated_keyword("per_member", per_member, "per_individual", per_individual)
         self._check_current()
         if isinstance(individuals, range):
             individuals = list(individuals)
@@ -228,27 +219,6 @@ class Individuals(RoutedModel):
         if self._fallback is None:
             return run_route(target, request, args, kwargs)
         return _fallback_call(target, self._fallback, request, args, kwargs)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "Members":
-        warnings.warn(
-            "populora.es.Members is deprecated: it is now populora.es.Individuals (the native API says individuals)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return Individuals
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def deprecated_keyword(old: str, old_value: Any, new: str, new_value: Any, default: Any = False) -> Any:
-    """``new_value``, or ``old_value`` (with a :class:`DeprecationWarning`) when the old keyword was passed."""
-    if old_value is None:
-        return new_value
-    warnings.warn(f"`{old}=` is deprecated: use `{new}=`", DeprecationWarning, stacklevel=3)
-    if new_value is not default:
-        raise InvalidValueError(f"pass `{new}=` only (`{old}=` is its deprecated name), not both")
-    return old_value
 
 
 # ----------------------------------------------------------------------------- the fallback forward
@@ -288,7 +258,7 @@ def _fallback_call(target: RoutingTarget, fallback: Fallback, request: RouteRequ
         return forward(
             values, [Adapter(*(None if t is None else t[0] for t in a)) for a in _select(adapters, ids)], inputs
         )
-    ids = torch.arange(num) if request.all_individuals else torch.from_numpy(_check_range(request.ids, num))
+    ids = torch.arange(num) if request.all_individuals else torch.from_numpy(check_range(request.ids, num))
     m, per = ids.numel(), request.per_individual
     if per:
         split_rows(inputs, m, "inputs")  # checks that every tensor leads with m

@@ -135,7 +135,7 @@ def draw_noise(
     return PairNoise(at=block[:, :, :rows], bt=block[:, :, rows:])
 
 
-def _signs(pop_size: int, antithetic: bool, device: torch.device) -> tuple[Tensor, Tensor]:
+def pair_signs(pop_size: int, antithetic: bool, device: torch.device) -> tuple[Tensor, Tensor]:
     """``(N,)`` pair of each member and ``(N,)`` sign: first half ``+``, second half ``-``."""
     if not antithetic:
         return torch.arange(pop_size, device=device), torch.ones(pop_size, device=device)
@@ -249,7 +249,7 @@ def generate_noise_for_shapes(
         raise InvalidValueError(f"pop_size must be even when using antithetic sampling, got pop_size={pop_size}")
     device = torch.device(device)
     pairs = pop_size // 2 if antithetic else pop_size
-    pair, sign = _signs(pop_size, antithetic, device)
+    pair, sign = pair_signs(pop_size, antithetic, device)
     out = {}
     for name, shape in shapes.items():
         shape = tuple(int(s) for s in shape)

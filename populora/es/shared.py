@@ -29,7 +29,8 @@ from torch import Tensor, nn
 
 from populora.adapters import Adapter
 from populora.es.fold import folded_stack
-from populora.routing.router import Route, gather_budget
+from populora.routing.delta import gather_budget
+from populora.routing.route import Route
 
 __all__ = ["shared_rows_linear"]
 

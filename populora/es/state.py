@@ -134,7 +134,9 @@ class ESState:
         not stored. The noise is a pure function of ``(seed, name, noise epoch)``:
         no generator state is needed. ``'best_member'`` holds
         :attr:`best_individual` (the key files already hold); ``'history'``
-        holds :attr:`history` as ``[generation, best, mean, std]`` rows.
+        holds :attr:`history` as ``[generation, best, mean, std]`` rows;
+        ``'optimizer_class'`` the optimizer's class (``'populora.optim.ClipUp'``),
+        which :meth:`load_state_dict` compares with its own.
         """
         return {
             "format": FORMAT,
@@ -147,14 +149,31 @@ class ESState:
             "history": [[h.generation, h.best, h.mean, h.std] for h in self.history],
             "params": {p.name: p.param.detach().to("cpu", copy=True) for p in self._params},
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "optimizer_class": _class_name(type(self.optimizer)),
         }
 
     def _checked_state(self, state: Any) -> dict[str, Any]:
         """Every field of a :meth:`state_dict`, validated against this ES; nothing is written.
 
         Raises:
-            CheckpointError: naming the first missing or bad key.
+            CheckpointError: naming the first missing or bad key, or, for a state too damaged to be read
+                field by field (an int beyond float64 where a number belongs, a tensor where the config
+                holds a list, ...), the builtin error that reading it met.
         """
+        try:
+            return self._validated_state(state)
+        except PopuloraError:
+            raise
+        except (ArithmeticError, LookupError, TypeError, ValueError, RuntimeError, AttributeError) as error:
+            # validation only reads the state, so any error while reading it is damage, never a half-done load
+            text = str(error)
+            raise CheckpointError(
+                f"EggrollES state is damaged ({type(error).__name__} while checking it: "
+                f"{text if len(text) <= 200 else text[:197] + '...'}); nothing was loaded"
+            ) from None
+
+    def _validated_state(self, state: Any) -> dict[str, Any]:
+        """:meth:`_checked_state`'s field-by-field checks (builtin errors on damaged input are left to it)."""
         if not isinstance(state, dict) or state.get("format") != FORMAT:
             raise CheckpointError(
                 f"not an EggrollES state dict (expected format {FORMAT!r}, got "
@@ -239,6 +258,7 @@ class ESState:
                 f"{[len(g.get('params', ())) if isinstance(g, dict) else None for g in groups]}, "
                 f"this ES's optimizer {[len(o['params']) for o in ours]}"
             )
+        _check_optimizer_class(state, self.optimizer)
         checked["optimizer"] = opt
         return checked
 
@@ -246,14 +266,22 @@ class ESState:
         """Restore :meth:`state_dict`: all or nothing.
 
         The whole state is validated first (every key present and well
-        formed, the configuration and parameter shapes equal to this ES's);
-        only then is anything written. The state is copied in, so it stays
-        usable (loading it twice restores the same point twice).
+        formed, the configuration and parameter shapes equal to this ES's, the
+        optimizer state saved by an optimizer of this ES's class); only then
+        is anything written. The state is copied in, so it stays usable
+        (loading it twice restores the same point twice).
+
+        The optimizer class is compared by its name (``'ClipUp'``: a class
+        that moved to another module still loads). A state saved before the
+        class was recorded is accepted when its parameter groups hold exactly
+        the options this ES's optimizer's groups hold (with the ones its class
+        fills in on load).
 
         Raises:
             CheckpointError: (a ``ValueError``) not an EggrollES state, a
-                missing or bad key, or a configuration or parameter shape that
-                differs from this ES's (the key is named). Nothing has changed.
+                missing or bad key, a configuration or parameter shape that
+                differs from this ES's (the key is named), or an optimizer
+                state of another optimizer class (both named). Nothing has changed.
         """
         checked = self._checked_state(state)
         before = copy.deepcopy(self.optimizer.state_dict())
@@ -318,3 +346,63 @@ def _checked_history(rows: Any) -> list[GenerationStats]:
             )
         history.append(GenerationStats(generation=int(generation), best=float(best), mean=float(mean), std=float(std)))
     return history
+
+
+def _class_name(cls: type) -> str:
+    """``'module.QualName'`` of a class (what a state records of its optimizer)."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _check_optimizer_class(state: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
+    """The state's optimizer state was saved by an optimizer of ``optimizer``'s class; nothing is written.
+
+    A state with ``'optimizer_class'`` names it (compared by class name); one without (saved before it was
+    recorded) must hold, in every parameter group, exactly the options ``optimizer``'s groups hold, counting
+    those its class fills in on load (an Adam state lacks ClipUp's ``max_speed``).
+
+    Raises:
+        CheckpointError: naming both classes (or the options that do not fit).
+    """
+    mine = _class_name(type(optimizer))
+    if "optimizer_class" in state:
+        recorded = state["optimizer_class"]
+        if not isinstance(recorded, str) or not recorded:
+            raise CheckpointError(
+                f"EggrollES state has a bad 'optimizer_class': expected the optimizer's class name (a str such as "
+                f"{mine!r}), got {recorded!r}"
+            )
+        if recorded.rsplit(".", 1)[-1] != type(optimizer).__qualname__.rsplit(".", 1)[-1]:
+            raise CheckpointError(
+                f"EggrollES state holds the state of a {recorded} optimizer, this ES's optimizer is a {mine}: an "
+                "optimizer state loads only into an optimizer of the class that saved it (build the ES with the "
+                "checkpoint's optimizer class)"
+            )
+        return
+    for index, (saved, ours) in enumerate(zip(state["optimizer"]["param_groups"], optimizer.param_groups)):
+        have = _group_options(type(optimizer), saved)
+        need = set(ours) - _NOT_OPTIONS
+        missing, foreign = sorted(need - have), sorted(have - need)
+        if missing or foreign:
+            raise CheckpointError(
+                f"EggrollES state records no optimizer class (it was saved before populora recorded it) and its "
+                f"optimizer state does not fit this ES's {mine}: parameter group {index} "
+                + (f"lacks the option(s) {missing}" if missing else "")
+                + (" and " if missing and foreign else "")
+                + (f"holds the option(s) {foreign} a {type(optimizer).__name__} has not" if foreign else "")
+                + " (a state saved with another optimizer class)"
+            )
+
+
+_NOT_OPTIONS = {"params", "param_names"}
+
+
+def _group_options(cls: type, group: dict[str, Any]) -> set[str]:
+    """The option names of a saved parameter group once ``cls`` has loaded it (its ``__setstate__`` fills in
+    options added since the state was saved), found on a bare probe object (no parameters, nothing written)."""
+    options = {key: value for key, value in group.items() if key not in _NOT_OPTIONS}
+    try:
+        probe = cls.__new__(cls)
+        probe.__setstate__({"defaults": {}, "state": {}, "param_groups": [{**options, "params": []}]})
+        return set(probe.param_groups[0]) - _NOT_OPTIONS
+    except Exception:  # an optimizer whose __setstate__ needs more: the saved options as they are
+        return set(options)

@@ -13,7 +13,8 @@ sub-envs of a ``SyncVectorEnv``, vector envs), ``envs`` (:class:`EnvSlots`
 and :func:`build_slots`), ``rollout`` (the episode loop), ``interactor``
 (:class:`EnvInteractor`), ``champion`` (validation episodes and the
 champion), ``es_env`` (EggrollES individuals playing episodes),
-``generations`` (the GA and ES loops), ``evolve`` (:func:`evolve_with_env`).
+``generations`` (the GA and ES loops), ``options`` (the option objects of
+:func:`evolve_with_env`), ``evolve`` (:func:`evolve_with_env`).
 """
 
 from populora.interact.actions import ActionFormat
@@ -22,9 +23,17 @@ from populora.interact.evolve import EvolveResult, evolve_with_env
 from populora.interact.generations import GenerationInfo
 from populora.interact.interactor import EnvInteractor, episode_seed, episode_seeds, interact_with_env
 from populora.interact.normalize import ObsNormalizer
+from populora.interact.options import ES, GA, Budget, Checkpointing, EnvOptions, Episodes, Validation
 from populora.stats import GenerationStats
 
 __all__ = [
+    "ES",
+    "GA",
+    "Budget",
+    "Checkpointing",
+    "EnvOptions",
+    "Episodes",
+    "Validation",
     "ActionFormat",
     "EnvInteractor",
     "EnvStepError",

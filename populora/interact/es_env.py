@@ -45,7 +45,7 @@ def _named_optimizer(name: str, lr: float, options: dict[str, Any]) -> Any:
 
     extra = {key: options.pop(key) for key in ("max_speed", "momentum") if key in options}
     if extra and name != "clipup":
-        raise InvalidValueError(f"es_kwargs {sorted(extra)} are ClipUp's options, but `optimizer` is {name!r}")
+        raise InvalidValueError(f"ES options {sorted(extra)} are ClipUp's, but `ES.optimizer` is {name!r}")
     if name == "clipup":
         return lambda params: ClipUp(params, lr=lr, **extra)
     if name == "sgd":
@@ -77,14 +77,14 @@ def make_es(
     ``nn.Embedding``.
     """
     options = {**ES_DEFAULTS, **(es_kwargs or {})}
-    lr = check_float("es_kwargs['lr']", options.pop("lr"), low=0.0, low_open=True)
+    lr = check_float("ES.lr", options.pop("lr"), low=0.0, low_open=True)
     chosen = options.get("optimizer")
     if chosen is None or isinstance(chosen, str):
-        name = check_one_of("es_kwargs['optimizer']", "adam" if chosen is None else chosen, ES_OPTIMIZERS)
+        name = check_one_of("ES.optimizer", "adam" if chosen is None else chosen, ES_OPTIMIZERS)
         options["optimizer"] = _named_optimizer(name, lr, options)
     elif "max_speed" in options or "momentum" in options:
         raise InvalidValueError(
-            "es_kwargs 'max_speed' / 'momentum' go with optimizer='clipup'; set them on the optimizer you pass instead"
+            "`ES.max_speed` / `ES.momentum` go with optimizer='clipup'; set them on the optimizer you pass instead"
         )
     if lora_targets is not None:
         names = [lora_targets] if isinstance(lora_targets, str) else list(lora_targets)
@@ -132,7 +132,8 @@ def es_fitnesses(
         action, horizon, num_episodes, to_range: as in :meth:`EnvInteractor.evaluate`.
         episode_seeding: ``'independent'`` (per antithetic pair) or ``'common'``.
     """
-    run = interactor._prepare(action, horizon, num_episodes, to_range)
+    if num_episodes < 1:
+        raise InvalidValueError(f"`num_episodes` must be >= 1, got {num_episodes}")
     interactor.advance_obs_stats(es.generation)
     eval_seed = int(seed) + es.generation
     pairs = es.pop_size // 2 if es.antithetic else es.pop_size
@@ -140,7 +141,9 @@ def es_fitnesses(
     def rollouts(members: Any, individuals: list[int]) -> Tensor:
         ids = list(individuals)
         seeds = training_seeds(eval_seed, [i % pairs for i in ids], num_episodes, episode_seeding)
-        returns = interactor._play(members, ids, seeds=seeds, base_seed=eval_seed, module=es.model, **run)
+        returns = interactor.play_episodes(
+            members, ids, seeds, action=action, horizon=horizon, to_range=to_range, base_seed=eval_seed, module=es.model
+        )
         return returns.mean(dim=1)
 
     return es.evaluate(rollouts).to(torch.float32)

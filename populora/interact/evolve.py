@@ -12,10 +12,11 @@ Higher fitness is better.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
-import warnings
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -23,15 +24,16 @@ import torch
 from torch import nn
 
 from populora.checkpoint import load_checkpoint
-from populora.checks import check_float, check_int, check_one_of
+from populora.checks import check_bool, check_float, check_int, check_one_of
 from populora.distributed import checksum, world_size
 from populora.errors import CheckpointError, InvalidTypeError, InvalidValueError
 from populora.interact.actions import ActionFn
 from populora.interact.champion import Validator
 from populora.interact.envs import DEFAULT_NUM_ENVS, is_factory
 from populora.interact.es_env import make_es
-from populora.interact.generations import GenerationInfo, Run, run_es, run_ga, snapshot_population
+from populora.interact.generations import GenerationInfo, Run, run_es, run_ga
 from populora.interact.interactor import EnvInteractor, interact_with_env
+from populora.interact.options import ES, GA, Budget, Checkpointing, EnvOptions, Episodes, Validation
 from populora.interact.schedule import EPISODE_SEEDINGS
 from populora.population.population import Population
 from populora.stats import GenerationStats
@@ -40,7 +42,6 @@ __all__ = [
     "validation_defaults",
     "ALGORITHMS",
     "CHECKPOINT_NAME",
-    "DEFAULT_EPISODE_SEEDING",
     "DEFAULT_VALIDATION_EPISODES",
     "DEFAULT_VALIDATION_TOP",
     "ENV_EVOLVE_DEFAULTS",
@@ -50,10 +51,8 @@ __all__ = [
 ]
 
 ALGORITHMS = ("ga", "es")
-"""``algorithm``: the genetic algorithm over a LoRA population, or EggRoll ES (:class:`~populora.EggrollES`)."""
+"""``algorithm`` by name: ``GA()`` (the genetic algorithm over a LoRA population) or ``ES()`` (EggRoll ES)."""
 
-DEFAULT_EPISODE_SEEDING = "independent"
-"""Default ``episode_seeding`` (chosen by measurement, see the README's environment results)."""
 
 DEFAULT_VALIDATION_EPISODES = 10
 """Most validation episodes per candidate by default (see :func:`validation_defaults`)."""
@@ -63,13 +62,13 @@ DEFAULT_VALIDATION_TOP = 2
 
 
 def validation_defaults(pop_size: int, num_episodes: int) -> tuple[int, int]:
-    """``(validation_episodes, validation_top)`` when left ``None``, sized by the training episodes ``P * E``.
+    """``Validation(episodes, top)`` when left ``None``, sized by the training episodes ``P * E``.
 
     ``validation_episodes = min(10, max(3, P * E // 6))`` and ``validation_top
     = max(1, min(2, P * E // (3 * validation_episodes)))``: 10 episodes of the
     top 2 for CartPole's 64 individuals (a stop at ``target_fitness`` judged
     on 10 episodes, not 5: measured, 5 let a 462-on-fresh-episodes policy
-    stop at 490 validated), 3 episodes of the top 1 for the seed README's 16
+    stop at 490 validated), 3 episodes of the top 1 for 16 individuals
     (whose 1000-step episodes make every validation episode cost).
 
     Example:
@@ -82,8 +81,8 @@ def validation_defaults(pop_size: int, num_episodes: int) -> tuple[int, int]:
 
 
 ENV_EVOLVE_DEFAULTS: dict[str, Any] = {"epsilon": 0.3}
-"""``Population.evolve_`` options that ``evolve_with_env`` changes by default (``evolve_kwargs`` overrides them):
-mutation scale 0.3 instead of 0.1 (CartPole-v1 with the issue-11 call: 5/5 seeds solved, 3/5 with 0.1)."""
+"""``Population.evolve_`` options that ``evolve_with_env`` changes by default (``GA(evolve_kwargs=)`` overrides
+them): mutation scale 0.3 instead of 0.1 (CartPole-v1 with 64 individuals: 5/5 seeds solved, 3/5 with 0.1)."""
 
 CHECKPOINT_NAME = "evolve_with_env.pt"
 _FORMAT = "populora.evolve_with_env/2"
@@ -117,79 +116,44 @@ def evolve_with_env(
     target_fitness: float | None = None,
     return_history: bool = True,
     lora_targets: str | Sequence[str] | None = None,
-    checkpoint_dir: str | Path | None = None,
-    resume: bool = False,
-    evolve_kwargs: dict[str, Any] | None = None,
     *,
-    num_episodes: int = 1,
-    fitness: Callable[..., Any] | None = None,
-    to_range: tuple[Any, Any] | None = None,
-    normalize_obs: bool = False,
-    flatten_obs: bool = True,
-    num_envs: int | None = None,
-    device: str | torch.device | None = None,
-    population_kwargs: dict[str, Any] | None = None,
-    algorithm: str = "ga",
-    es_kwargs: dict[str, Any] | None = None,
-    episode_seeding: str = DEFAULT_EPISODE_SEEDING,
-    validation_episodes: int | None = None,
-    validation_top: int | None = None,
+    algorithm: GA | ES | str = "ga",
+    episodes: Episodes | None = None,
+    validation: Validation | None = None,
+    env_options: EnvOptions | None = None,
+    checkpointing: Checkpointing | None = None,
+    budget: Budget | None = None,
     callback: Callable[[GenerationInfo], Any] | None = None,
-    max_env_steps: int | None = None,
-) -> EvolveResult:
+) -> EvolveResult | nn.Module:
     """Evolve ``model`` against ``envs`` and return the best validated policy.
 
     Higher fitness is better: the training fitness of an individual is the
-    mean return of its ``num_episodes`` episodes (``episode_seeding``
-    decides whether individuals meet the same episodes). Under torchrun each
-    rank plays its share of individuals on its own envs; every rank evolves
-    in lockstep and returns the same policy.
+    mean return of its episodes (:class:`~populora.interact.options.Episodes`).
+    Under torchrun each rank plays its share of individuals on its own envs;
+    every rank evolves in lockstep and returns the same policy.
 
     **Validated champions.** After each generation's training episodes the
-    ``validation_top`` individuals with the highest training fitness replay
-    ``validation_episodes`` validation episodes: a FIXED set of reset seeds
-    drawn from the run's own stream (reproducible from ``seed``, apart from
-    the training episodes and from the fresh episodes of
+    top candidates (highest training fitness) replay the run's validation
+    episodes (:class:`~populora.interact.options.Validation`): a FIXED set of
+    reset seeds drawn from the run's own stream (reproducible from ``seed``,
+    apart from the training episodes and from the fresh episodes of
     :meth:`~populora.EnvInteractor.play`), the same every generation. The
     returned policy is the best validated individual of the whole run (with
     the observation normaliser of its own generation), and ``target_fitness``
     stops the run on a validated score, never on one lucky training episode:
     a new champion whose validated mean reaches the target replays the
-    validation episodes and ``2 * validation_episodes`` more (fixed seeds of
-    the same stream), and the run stops once the mean of those minus two
-    standard errors still reaches it. Validation steps count in ``env_steps`` and
-    ``max_env_steps``; an individual carried over unchanged is not replayed.
-    With a custom ``fitness=fn`` the same rule applies to what ``fn`` returns
-    with ``population.eval_seed`` set to the run's validation seed (fixed for
-    the run; ``fn`` is then called on the whole population and the top
-    candidates' values are their validated scores). ``validation_episodes=0``
-    turns validation off (the 0.1 rule: the best of the last generation is
-    returned, ``target_fitness`` judges the training best).
+    validation episodes and twice as many more (fixed seeds of the same
+    stream), and the run stops once the mean of those minus two standard
+    errors still reaches it. Validation steps count in ``env_steps`` and in
+    the env-step budget; an individual carried over unchanged is not
+    replayed. With a custom fitness the same rule applies to what it returns
+    with ``population.eval_seed`` set to the run's validation seed.
+    ``Validation(episodes=0)`` turns validation off (the best of the last
+    generation is returned, ``target_fitness`` judges the training best).
 
-    ``algorithm='es'`` runs EggRoll ES (:class:`~populora.EggrollES`) instead
-    of the genetic algorithm: ``pop_size`` individuals (even: antithetic
-    pairs) perturb the whole model with rank-``low_rank`` noise and play as
-    a population's individuals do; the update uses centred ranks and
-    ``torch.optim.Adam`` (``es_kwargs``: ``sigma=0.3``, ``lr=0.05``,
-    ``optimizer=`` (e.g. ``'clipup'``), any other EggrollES argument). The validated individual
-    is the ES's centre (its unperturbed model), and the policy returned is
-    the best validated centre.
-
-    The arguments, by group (the first twelve are the 0.1 signature, in order):
-
-    * what to evolve: ``envs``, ``model``, ``pop_size``, ``low_rank``,
-      ``lora_targets``, ``seed``, and ``population_kwargs`` for the rest of
-      the Population's arguments;
-    * how long: ``num_generations``, ``target_fitness``;
-    * which algorithm: ``algorithm`` (``'ga'``, ``'es'``), ``es_kwargs``;
-    * how long: ``max_env_steps``, ``callback`` (custom stopping);
-    * the episodes: ``action``, ``horizon``, ``num_episodes``,
-      ``episode_seeding``, ``to_range``, or a custom ``fitness`` instead;
-    * validation: ``validation_episodes``, ``validation_top``;
-    * the environments: ``num_envs``, ``flatten_obs``, ``normalize_obs``, ``device``;
-    * the evolution step: ``evolve_kwargs``;
-    * checkpoints: ``checkpoint_dir``, ``resume``;
-    * reporting: ``progress``, ``return_history``.
+    The first twelve parameters take values as in the examples; the rest are keyword
+    option objects (:mod:`populora.interact.options`), each defaulting to
+    what ``None`` gives.
 
     Args:
         envs: one env, a list, a vector env, or a factory (see
@@ -204,71 +168,28 @@ def evolve_with_env(
         seed: seeds the population (adapters, operators, episode seeds).
         progress: tqdm bar over generations with best / mean fitness (main rank).
         target_fitness: stop after the first generation whose champion's
-            confirmed score (mean minus two standard errors over ``3 *
-            validation_episodes`` fixed episodes) reaches it; the training
-            best with ``validation_episodes=0``.
-        return_history: ``True`` (the default): the result is
-            ``EvolveResult(policy, history)``. Deprecated ``False`` returns the
-            policy alone, with a ``DeprecationWarning``; from the next release
-            the result is always an ``EvolveResult`` (take ``.policy``).
+            confirmed score reaches it (see above).
+        return_history: ``True`` (the default): ``EvolveResult(policy,
+            history)``; ``False``: the policy alone.
         lora_targets: target layers; ``None`` targets every ``nn.Linear``.
-        checkpoint_dir: write ``evolve_with_env.pt`` there atomically after
-            every generation (main rank only; on resume every rank reads it,
-            so it must be visible to all of them).
-        resume: continue from the checkpoint in ``checkpoint_dir`` if there is
-            one: the run goes on exactly as if never stopped (same model
-            needed: it is checked by checksum).
-        evolve_kwargs: keyword arguments of ``Population.evolve_``
-            (``survive_frac``, ``elite_frac``, ``mutation_type``, ``epsilon``, ...);
-            ``epsilon`` defaults to 0.3 here (:data:`ENV_EVOLVE_DEFAULTS`).
-        num_episodes: training episodes per individual and generation.
-        fitness: custom fitness instead of the episode return, in any of the
-            three signatures (``fn(population, individuals=...)``,
-            ``fn(population, idx)``, ``fn(population)``).
-        to_range: ``(lo, hi)``: rescale Box actions from ``(-1, 1)``.
-        normalize_obs: running observation normalisation (frozen within a
-            generation); the returned policy includes the normaliser.
-        flatten_obs: flatten dict observations into one vector.
-        num_envs: envs a factory makes; default one per individual this
-            rank plays (``ceil(pop_size / world_size)``), at most
-            :data:`~populora.interact.envs.DEFAULT_NUM_ENVS` (16).
-        device: device of the population (default: the model's, or the local
-            GPU under torchrun).
-        population_kwargs: more Population arguments (``init_scale``,
-            default 1.0 here so that individuals act differently from the
-            start; ``nan_policy``; ``dtype``; ...).
-        algorithm: ``'ga'`` (the default: the genetic algorithm over a LoRA
-            population) or ``'es'`` (EggRoll ES, see above).
-        es_kwargs: with ``algorithm='es'``: ``sigma`` (0.3), ``lr`` (0.05,
-            the optimizer's), ``optimizer`` (``'adam'``, the default;
-            ``'clipup'``: :class:`~populora.optim.ClipUp`, PGPE's optimiser,
-            with ``max_speed`` (``2 * lr``) and ``momentum`` (0.9) also in
-            ``es_kwargs``; ``'sgd'``; or a ``torch.optim`` optimizer or
-            ``params -> Optimizer``), ``fitness_shaping``
-            (``'centered_rank'``) and any other :class:`~populora.EggrollES`
-            argument. LunarLanderContinuous-v3 is solved with a zero-started
-            linear policy and ``es_kwargs=dict(sigma=0.1, optimizer='clipup',
-            lr=0.03)``, 128 members (``examples/lunar_lander_continuous.py``).
-        episode_seeding: ``'independent'`` (the default: every individual
-            meets its own training episodes; with ES each antithetic pair its
-            own) or ``'common'`` (common random numbers: all individuals of a
-            generation meet the same ones). Chosen by measurement (README).
-        validation_episodes: validation episodes per candidate (``0``: no
-            validation); default from :func:`validation_defaults`: 10 for 64
-            individuals, 3 for 16.
-        validation_top: the most candidates validated per generation (the
-            ES validates its centre); default from :func:`validation_defaults`:
-            2 for 64 individuals, 1 for 16. A candidate is validated only while
-            its training fitness is at least the champion's validated score
-            (one below it is unlikely to beat it), and an unchanged one is not
-            replayed.
+        algorithm: :class:`~populora.interact.options.GA` (the default, also
+            ``'ga'``) or :class:`~populora.interact.options.ES` (also ``'es'``,
+            with its defaults).
+        episodes: :class:`~populora.interact.options.Episodes`: episodes per
+            individual, seeding, or a custom fitness.
+        validation: :class:`~populora.interact.options.Validation`: validation
+            episodes and candidates.
+        env_options: :class:`~populora.interact.options.EnvOptions`: envs made
+            by a factory, device, observation flattening and normalisation,
+            action range.
+        checkpointing: :class:`~populora.interact.options.Checkpointing`:
+            checkpoint folder and resume.
+        budget: :class:`~populora.interact.options.Budget`: env-step budget.
         callback: ``callback(info)`` after every generation, ``info`` a
             :class:`~populora.interact.generations.GenerationInfo` (stats,
             history, fitnesses, champion score, the population or ES, the
             interactor): for logging, custom stopping (return ``True`` to
             stop) or periodic checkpoints. Called on every rank.
-        max_env_steps: stop after the first generation at which the run has
-            taken this many env steps (all ranks, validation included).
 
     Returns:
         ``EvolveResult(policy, history)``: a named tuple, so
@@ -277,77 +198,56 @@ def evolve_with_env(
         env_steps)`` per evaluated generation: training best / mean / std
         (``correction=0``), the generation's best validated score (``None``
         without validation) and the run's env steps so far (all ranks,
-        validation included).
+        validation included). The policy alone with ``return_history=False``.
 
     Raises:
-        InvalidValueError / InvalidTypeError: bad arguments, including
-            ``evolve_kwargs`` (an unknown key, operator or value), before any
-            episode runs.
-        CheckpointError: ``resume=True`` on a damaged file, a file of another
-            kind, or one written with another model (the file is named).
+        InvalidValueError / InvalidTypeError: bad arguments, including an
+            option object of the wrong type or with a bad value (named), before
+            any episode runs.
+        CheckpointError: resuming from a damaged file, a file of another kind,
+            or one written with another model (the file is named).
 
     On any error the model comes back unwrapped, its ``requires_grad`` flags
     restored.
     """
-    if not return_history:
-        warnings.warn(
-            "`evolve_with_env(return_history=False)` is deprecated: it returns the policy alone for now, "
-            "and from the next release the result is always EvolveResult(policy, history); use "
-            "`evolve_with_env(...).policy`",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-    algorithm = check_one_of("algorithm", algorithm, ALGORITHMS)
+    algorithm = _algorithm(algorithm)
+    episodes = _option("episodes", episodes, Episodes)
+    validation = _option("validation", validation, Validation)
+    env_options = _option("env_options", env_options, EnvOptions)
+    checkpointing = _option("checkpointing", checkpointing, Checkpointing)
+    budget = _option("budget", budget, Budget)
+    _check_env_options(env_options)
+    pop_size = check_int("pop_size", pop_size, low=1)
     run = _check_options(
-        num_generations,
-        target_fitness,
-        progress,
-        checkpoint_dir,
-        resume,
-        evolve_kwargs,
-        population_kwargs,
-        dict(action=action, horizon=horizon, num_episodes=num_episodes, fitness=fitness, to_range=to_range),
-        dict(
-            seed=seed,
-            episode_seeding=episode_seeding,
-            validation_episodes=validation_episodes,
-            pop_size=check_int("pop_size", pop_size, low=1),
-            num_episodes=num_episodes if isinstance(num_episodes, int) else 1,
-            validation_top=validation_top,
-            callback=callback,
-            max_env_steps=max_env_steps,
-        ),
-    )
-    if algorithm == "es":
-        bad = [
-            name
-            for name, value in (
-                ("fitness", fitness),
-                ("evolve_kwargs", evolve_kwargs),
-                ("population_kwargs", population_kwargs),
-            )
-            if value is not None
-        ]
-        if bad:
-            raise InvalidValueError(
-                f"`algorithm='es'` plays episodes with EggrollES and does not take `{bad[0]}` "
-                "(ES options go in `es_kwargs`; a custom fitness goes to EggrollES.step(fitness=fn))"
-            )
-    elif es_kwargs is not None:
-        raise InvalidValueError("`es_kwargs` needs `algorithm='es'`")
+        num_generations, target_fitness, progress, algorithm, episodes, validation, checkpointing, budget, callback,
+        seed, pop_size, dict(action=action, horizon=horizon, to_range=env_options.to_range),
+    )  # fmt: skip
+    if isinstance(algorithm, ES) and episodes.fitness is not None:
+        raise InvalidValueError(
+            "`algorithm=ES(...)` plays episodes with EggrollES and does not take `Episodes(fitness=...)` "
+            "(a custom fitness goes to EggrollES.step(fitness=fn))"
+        )
+    num_envs = env_options.num_envs
     if num_envs is None and is_factory(envs):
-        share = -(-check_int("pop_size", pop_size, low=1) // max(1, world_size()))
-        num_envs = min(share, DEFAULT_NUM_ENVS)
+        num_envs = min(-(-pop_size // max(1, world_size())), DEFAULT_NUM_ENVS)
 
     interactor = interact_with_env(
-        envs, device, num_envs=num_envs, flatten_obs=flatten_obs, normalize_obs=normalize_obs
+        envs,
+        env_options.device,
+        num_envs=num_envs,
+        flatten_obs=env_options.flatten_obs,
+        normalize_obs=env_options.normalize_obs,
+        obs_keys=env_options.obs_keys,
+        drop_obs_keys=env_options.drop_obs_keys,
     )
     try:
-        if algorithm == "es":
-            merged, history = _evolve_es(model, pop_size, low_rank, lora_targets, device, es_kwargs, interactor, run)
+        if isinstance(algorithm, ES):
+            merged, history = _evolve_es(
+                model, pop_size, low_rank, lora_targets, env_options.device, algorithm, interactor, run
+            )
         else:
             population = interactor.population(
-                model, pop_size, low_rank, lora_targets, seed=seed, **(population_kwargs or {})
+                model, pop_size, low_rank, lora_targets, seed=seed, **dict(algorithm.population_kwargs)
             )
             try:
                 merged, history = _evolve(population, interactor, run)
@@ -360,54 +260,112 @@ def evolve_with_env(
     return EvolveResult(policy, history) if return_history else policy
 
 
+def _option(name: str, value: Any, kind: type) -> Any:
+    """``value`` (an option object of ``kind``), or ``kind()`` for ``None``."""
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        raise InvalidTypeError(
+            f"`{name}` must be a populora.interact.options.{kind.__name__} (or None for its defaults), got "
+            f"{type(value).__name__} {value!r:.80}"
+        )
+    return value
+
+
+def _check_env_options(options: EnvOptions) -> None:
+    """The fields of ``EnvOptions`` checked before any env is made."""
+    if options.num_envs is not None:
+        check_int("EnvOptions.num_envs", options.num_envs, low=1)
+    for name in ("flatten_obs", "normalize_obs"):
+        check_bool(f"EnvOptions.{name}", getattr(options, name))
+    if options.device is not None:
+        try:
+            torch.device(options.device)
+        except (RuntimeError, TypeError, ValueError):
+            raise InvalidValueError(
+                f"`EnvOptions.device` must be None, a torch.device or a device string such as 'cpu' or 'cuda:0', "
+                f"got {options.device!r:.80}"
+            ) from None
+
+
+def _algorithm(value: Any) -> GA | ES:
+    """``algorithm``: a GA / ES option object, or ``'ga'`` / ``'es'`` for their defaults."""
+    if isinstance(value, (GA, ES)):
+        return value
+    if isinstance(value, str):
+        name = check_one_of("algorithm", value, ALGORITHMS)
+        return GA() if name == "ga" else ES()
+    raise InvalidTypeError(
+        f"`algorithm` must be populora.interact.options.GA(...) or ES(...) (or 'ga' / 'es'), got "
+        f"{type(value).__name__} {value!r:.80}"
+    )
+
+
 def _check_options(
     num_generations: Any,
     target_fitness: Any,
     progress: Any,
-    checkpoint_dir: Any,
-    resume: Any,
-    evolve_kwargs: Any,
-    population_kwargs: Any,
-    episodes: dict[str, Any],
-    more: dict[str, Any],
+    algorithm: GA | ES,
+    episodes: Episodes,
+    validation: Validation,
+    checkpointing: Checkpointing,
+    budget: Budget,
+    callback: Any,
+    seed: Any,
+    pop_size: int,
+    playing: dict[str, Any],
 ) -> Run:
     """The options that need no population checked (before any env is made), as a :class:`Run`."""
     num_generations = check_int("num_generations", num_generations, low=1)
-    if evolve_kwargs is not None and not isinstance(evolve_kwargs, dict):
-        raise InvalidTypeError(f"`evolve_kwargs` must be a dict of Population.evolve_ arguments, got {evolve_kwargs!r}")
-    if population_kwargs is not None and not isinstance(population_kwargs, dict):
-        raise InvalidTypeError(f"`population_kwargs` must be a dict of Population arguments, got {population_kwargs!r}")
     if target_fitness is not None:
         target_fitness = check_float("target_fitness", target_fitness)
-    if resume and checkpoint_dir is None:
-        raise InvalidValueError("`resume=True` needs `checkpoint_dir`")
-    evolve = {**ENV_EVOLVE_DEFAULTS, **(evolve_kwargs or {})}
-    _check_evolve_keys(evolve)
-    path = Path(checkpoint_dir) / CHECKPOINT_NAME if checkpoint_dir is not None else None
-    seeding = check_one_of("episode_seeding", more["episode_seeding"], EPISODE_SEEDINGS)
-    auto_episodes, auto_top = validation_defaults(more["pop_size"], max(1, more["num_episodes"]))
-    v_episodes, v_top = more["validation_episodes"], more["validation_top"]
-    v_episodes = auto_episodes if v_episodes is None else check_int("validation_episodes", v_episodes, low=0)
-    v_top = auto_top if v_top is None else check_int("validation_top", v_top, low=1)
-    if more["callback"] is not None and not callable(more["callback"]):
-        raise InvalidTypeError(f"`callback` must be callable as callback(info), got {more['callback']!r}")
-    budget = more["max_env_steps"]
-    budget = None if budget is None else check_int("max_env_steps", budget, low=1)
-    seed = check_int("seed", more["seed"])
+    evolve: dict[str, Any] = {}
+    if isinstance(algorithm, GA):
+        for name in ("evolve_kwargs", "population_kwargs"):
+            if not isinstance(getattr(algorithm, name), Mapping):
+                raise InvalidTypeError(f"`GA.{name}` must be a dict, got {getattr(algorithm, name)!r:.80}")
+        evolve = {**ENV_EVOLVE_DEFAULTS, **dict(algorithm.evolve_kwargs)}
+        _check_evolve_keys(evolve)
+    elif not isinstance(algorithm.extra, Mapping):
+        raise InvalidTypeError(f"`ES.extra` must be a dict of EggrollES arguments, got {algorithm.extra!r:.80}")
+    else:
+        own = sorted(set(algorithm.extra) & {f.name for f in dataclasses.fields(ES)})
+        if own:
+            raise InvalidValueError(f"`ES.extra` names {own}, which are ES's own fields: pass ES({own[0]}=...) instead")
+    num_episodes = check_int("Episodes.num_episodes", episodes.num_episodes, low=1)
+    seeding = check_one_of("Episodes.seeding", episodes.seeding, EPISODE_SEEDINGS)
+    if episodes.fitness is not None and not callable(episodes.fitness):
+        raise InvalidTypeError(f"`Episodes.fitness` must be callable, got {episodes.fitness!r:.80}")
+    if checkpointing.dir is not None and not isinstance(checkpointing.dir, (str, os.PathLike)):
+        raise InvalidTypeError(
+            f"`Checkpointing.dir` must be a folder path (str or Path), got {checkpointing.dir!r:.80}"
+        )
+    if checkpointing.resume and checkpointing.dir is None:
+        raise InvalidValueError("`Checkpointing(resume=True)` needs `dir`")
+    path = Path(checkpointing.dir) / CHECKPOINT_NAME if checkpointing.dir is not None else None
+    auto_episodes, auto_top = validation_defaults(pop_size, num_episodes)
+    v_episodes = (
+        auto_episodes if validation.episodes is None else check_int("Validation.episodes", validation.episodes, low=0)
+    )
+    v_top = auto_top if validation.top is None else check_int("Validation.top", validation.top, low=1)
+    if callback is not None and not callable(callback):
+        raise InvalidTypeError(f"`callback` must be callable as callback(info), got {callback!r}")
+    max_steps = budget.max_env_steps
+    max_steps = None if max_steps is None else check_int("Budget.max_env_steps", max_steps, low=1)
     return Run(
         num_generations,
         target_fitness,
         bool(progress),
-        episodes,
+        {**playing, "num_episodes": num_episodes, "fitness": episodes.fitness},
         seeding,
         evolve,
         path,
-        bool(resume),
-        seed,
+        bool(checkpointing.resume),
+        check_int("seed", seed),
         v_episodes,
         v_top,
-        more["callback"],
-        budget,
+        callback,
+        max_steps,
     )
 
 
@@ -425,7 +383,7 @@ def _evolve(population: Population, interactor: EnvInteractor, run: Run) -> tupl
     _check_evolve_values(population, run.evolve)  # before the first episode
 
     def save() -> dict[str, Any]:
-        return _checkpoint("ga", snapshot_population(population), interactor, history, base_sum, validator)
+        return _checkpoint("ga", population.snapshot("cpu"), interactor, history, base_sum, validator)
 
     steps_before = _steps_of(history)
     return run_ga(population, interactor, run, history, validator, steps_before, save), history
@@ -437,15 +395,13 @@ def _evolve_es(
     low_rank: int,
     lora_targets: Any,
     device: Any,
-    es_kwargs: dict[str, Any] | None,
+    options: ES,
     interactor: EnvInteractor,
     run: Run,
 ) -> tuple[nn.Module, list[GenerationStats]]:
     """The ES run of :func:`evolve_with_env`: the champion centre and the history."""
-    if es_kwargs is not None and not isinstance(es_kwargs, dict):
-        raise InvalidTypeError(f"`es_kwargs` must be a dict of EggrollES arguments, got {es_kwargs!r}")
     base_sum = checksum([*model.parameters(), *model.buffers()]).tolist()
-    es = make_es(model, pop_size, low_rank, run.seed, lora_targets, device or interactor.device, es_kwargs)
+    es = make_es(model, pop_size, low_rank, run.seed, lora_targets, device or interactor.device, options.es_kwargs())
     try:
         history: list[GenerationStats] = []
         validator = Validator(run.seed, run.validation_episodes, 1)
@@ -479,7 +435,7 @@ def _checkpoint(
         "algorithm": algorithm,
         "population": state,  # the population's snapshot, or the ES's state_dict
         "interactor": interactor.state_dict(),
-        "history": [tuple(h) for h in history],
+        "history": [tuple(h)[:6] for h in history],  # the fields a run records (ES tell's extras are not kept)
         "base_checksum": base_sum,
         "validator": validator.state_dict(),
     }
@@ -515,7 +471,7 @@ def _check_evolve_values(population: Population, options: dict[str, Any]) -> Non
     """
     if options == ENV_EVOLVE_DEFAULTS:  # the defaults are valid by construction
         return
-    saved = snapshot_population(population)
+    saved = population.snapshot()
     fitnesses = torch.arange(population.pop_size, dtype=torch.float32, device=population.device)
     try:
         population.evolve_(fitnesses, **options)
@@ -573,7 +529,7 @@ def _resume(
 
 
 def _history_entry(entry: Sequence[Any]) -> GenerationStats:
-    """``(generation, best, mean)`` (0.1) up to ``(generation, best, mean, std, validated, env_steps)``.
+    """``(generation, best, mean)`` up to ``(generation, best, mean, std, validated, env_steps)``.
 
     The optional entries may be ``None``.
     """

@@ -12,7 +12,6 @@ individual of the last generation.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from populora.distributed import is_main_rank
 from populora.interact.champion import Validator, fingerprint, top_candidates
 from populora.interact.es_env import es_fitnesses
 from populora.interact.interactor import EnvInteractor
-from populora.interact.normalize import _sum_over_ranks
+from populora.interact.normalize import sum_over_ranks
 from populora.population.population import Population
 from populora.stats import GenerationStats
 
@@ -75,7 +74,7 @@ class GenerationInfo(NamedTuple):
 def total_env_steps(interactor: EnvInteractor) -> int:
     """Env steps taken by the run so far, summed over ranks (every rank must call it)."""
     local = torch.tensor([float(interactor.counters["env_steps"])], dtype=torch.float64)
-    return int(_sum_over_ranks(local)[0])
+    return int(sum_over_ranks(local)[0])
 
 
 class Loop:
@@ -124,7 +123,7 @@ class Loop:
             self.bar.set_postfix(**post)
         run = self.run
         validating = run.validation_episodes > 0 and run.validation_top > 0
-        score = lower if validating else stats.best  # without validation: the training best (the 0.1 rule)
+        score = lower if validating else stats.best  # without validation: the training best
         stop = run.target_fitness is not None and score is not None and score >= run.target_fitness
         stop = stop or (run.max_env_steps is not None and steps >= run.max_env_steps)
         if run.callback is not None:
@@ -140,14 +139,6 @@ class Loop:
 
 
 # ---------------------------------------------------------------------- the genetic algorithm
-
-
-def snapshot_population(population: Population) -> dict[str, Any]:
-    """The population's adapters and counters (no base model), as CPU copies."""
-    return {
-        k: v.detach().to("cpu", copy=True) if isinstance(v, Tensor) else copy.deepcopy(v)
-        for k, v in population.state_dict(include_model=False).items()
-    }
 
 
 def validate_ga(
@@ -184,7 +175,7 @@ def validate_ga(
 
         scores = validator.scores(keys, play)
     best = validator.offer(
-        population.generation, ids, scores, lambda: (snapshot_population(population), interactor.state_dict())
+        population.generation, ids, scores, lambda: (population.snapshot("cpu"), interactor.state_dict())
     )
     if fitness is None and validator.champion is not None:
         champion = validator.champion
@@ -198,7 +189,7 @@ def validate_ga(
             others = [sc for i, sc in zip(ids, scores) if i != champion.index]
             best = max([confirmed, *others])
             validator.reconsider(
-                population.generation, ids, scores, lambda: (snapshot_population(population), interactor.state_dict())
+                population.generation, ids, scores, lambda: (population.snapshot("cpu"), interactor.state_dict())
             )
     return best
 
@@ -240,9 +231,7 @@ def run_ga(
         return population.select_and_merge_best_(fitnesses)
     population.load_state_dict(champion.state)
     interactor.load_state_dict(champion.interactor)
-    one_hot = torch.zeros(population.pop_size, device=population.device)
-    one_hot[champion.index] = 1.0
-    return population.select_and_merge_best_(one_hot)
+    return population.merge_(champion.index)
 
 
 # ---------------------------------------------------------------------- ES
@@ -260,18 +249,17 @@ def validate_es(es: Any, interactor: EnvInteractor, run: Run, validator: Validat
     extra = interactor.state_dict()["obs_stats"]
     extra = None if extra is None else (extra["normalizer"]["count"].item(), extra["generation"])
     key = fingerprint({k: v.unsqueeze(0) for k, v in state.items()}, 0, 1, extra)
-    options = {k: v for k, v in run.episodes.items() if k not in ("fitness", "num_episodes")}
-    run_opts = interactor._prepare(options.get("action"), options.get("horizon"), 1, options.get("to_range"))
+    options = {k: v for k, v in run.episodes.items() if k in ("action", "horizon", "to_range")}
 
     def play(positions: list[int]) -> list[float]:
-        returns = interactor._play(es.model, [0], seeds=validator.seeds, base_seed=run.seed, **run_opts)
+        returns = interactor.play_episodes(es.model, [0], validator.seeds, base_seed=run.seed, **options)
         return [float(returns[0].mean())]
 
     scores = validator.scores([key], play)
     best = validator.offer(es.generation, [0], scores, lambda: (state, interactor.state_dict()))
 
     def confirm(seeds: list[int]) -> list[float]:
-        return interactor._play(es.model, [0], seeds=seeds, base_seed=run.seed, **run_opts)[0].tolist()
+        return interactor.play_episodes(es.model, [0], seeds, base_seed=run.seed, **options)[0].tolist()
 
     confirmed = validator.confirm(es.generation, run.target_fitness, key, confirm)
     if confirmed is None:

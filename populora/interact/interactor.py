@@ -43,7 +43,6 @@ step is ever taken inside an episode.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -210,24 +209,6 @@ class EnvInteractor:
         if saved is not None:
             self._stats.load_state_dict(saved)  # checked first, then written
 
-    def normalizer_state(self) -> dict[str, Any] | None:
-        """Deprecated: ``state_dict()['obs_stats']``."""
-        warnings.warn(
-            "`EnvInteractor.normalizer_state()` is deprecated; use `state_dict()['obs_stats']`",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.state_dict()["obs_stats"]
-
-    def load_normalizer_state(self, state: dict[str, Any] | None) -> None:
-        """Deprecated: ``load_state_dict({'obs_stats': state})``."""
-        warnings.warn(
-            "`EnvInteractor.load_normalizer_state(s)` is deprecated; use `load_state_dict({'obs_stats': s})`",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        self.load_state_dict({"obs_stats": state})
-
     def wrap_policy(self, model: nn.Module) -> nn.Module:
         """``model`` itself, or ``nn.Sequential(frozen normaliser copy, model)`` when normalising."""
         if self._stats is None:
@@ -392,6 +373,50 @@ class EnvInteractor:
 
     # ------------------------------------------------------------------ rollouts
 
+    def play_episodes(
+        self,
+        model: Any,
+        individuals: Sequence[int],
+        seeds: Sequence[int] | np.ndarray,
+        *,
+        action: ActionFn | None = None,
+        horizon: int | None = None,
+        to_range: tuple[Any, Any] | None = None,
+        base_seed: int = 0,
+        normalize: bool = True,
+        module: nn.Module | None = None,
+    ) -> Tensor:
+        """Play each ``(individual, episode seed)`` item; the returns, ``(k, E)`` float64 (NaN: a NaN reward).
+
+        The building block of :meth:`evaluate`, the validation of
+        :func:`~populora.evolve_with_env` and the ES loop: individual
+        ``individuals[j]`` plays the episodes reset with ``seeds[e]`` (or
+        ``seeds[j, e]`` for a ``(k, E)`` array: its own episodes), all items on
+        the interactor's slots, one routed forward per timestep.
+
+        Args:
+            model: a routed model (a :class:`~populora.Population`, an ES
+                generation's individuals) or a plain policy (``individuals=[0]``).
+            individuals: ``(k,)`` ids of ``model``.
+            seeds: ``(E,)`` reset seeds shared by the individuals, or ``(k, E)``.
+            action, horizon, to_range: as in :meth:`evaluate`.
+            base_seed: seeds the slots' action sampling and the envs a seed cannot reach.
+            normalize: observations through the interactor's normaliser (if any).
+            module: the ``nn.Module`` behind ``model`` when it is not one (ES individuals).
+        """
+        run = self._prepare(action, horizon, 1, to_range)
+        return self._play(
+            model,
+            individuals,
+            seeds=seeds,
+            base_seed=base_seed,
+            action=run["action"],
+            horizon=run["horizon"],
+            to_range=run["to_range"],
+            normalize=normalize and run["normalize"],
+            module=module,
+        )
+
     def _prepare(self, action: Any, horizon: Any, num_episodes: Any, to_range: Any) -> dict[str, Any]:
         if action is not None and not callable(action):
             raise InvalidTypeError(f"`action` must be a callable mapping model outputs to env actions, got {action!r}")
@@ -472,6 +497,8 @@ def interact_with_env(
     flatten_obs: bool = True,
     normalize_obs: bool = False,
     obs_clip: float = 10.0,
+    obs_keys: Sequence[str] | None = None,
+    drop_obs_keys: Sequence[str] | None = None,
 ) -> EnvInteractor:
     """Build an :class:`EnvInteractor` over ``envs``.
 
@@ -491,12 +518,16 @@ def interact_with_env(
         num_envs: how many envs a factory makes (default
             :data:`~populora.interact.envs.DEFAULT_NUM_ENVS`, 16; refused for
             anything but a factory).
-        flatten_obs: concatenate dict / tuple observations into one float
-            vector (dm_control's ``position`` + ``velocity`` -> 5 numbers).
+        flatten_obs: each observation as ``gymnasium.spaces.flatten(space, obs)``
+            gives it (one float32 vector; a ``Discrete(n)`` is a one-hot of
+            ``n``); observations without a gymnasium space (dm_control) are
+            their entries concatenated in their own order.
         normalize_obs: normalise observations with running statistics,
             frozen within a generation and updated between generations
             (synchronised across ranks).
         obs_clip: bound of normalised observations.
+        obs_keys: the Dict observation keys to keep (in the space's order), or
+        drop_obs_keys: the keys to drop (e.g. MiniGrid's ``["mission"]`` text).
 
     Returns:
         the interactor (``num_slots`` episodes run at once).
@@ -508,7 +539,9 @@ def interact_with_env(
     """
     if normalize_obs and not flatten_obs:
         raise InvalidValueError("`normalize_obs=True` needs `flatten_obs=True` (it normalises one observation vector)")
-    slots = build_slots(envs, num_envs=num_envs, flatten_obs=flatten_obs)
+    slots = build_slots(
+        envs, num_envs=num_envs, flatten_obs=flatten_obs, obs_keys=obs_keys, drop_obs_keys=drop_obs_keys
+    )
     try:
         return EnvInteractor(slots, device=device, normalize_obs=normalize_obs, obs_clip=obs_clip)
     except BaseException:

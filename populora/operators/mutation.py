@@ -1,4 +1,5 @@
-"""Mutation (spec/operators.md, "Mutation"; M1-M5 are PopuLoRA's labels, arXiv 2605.16727).
+"""Mutation (spec/operators.md, "Mutation"). M1-M4 are the paper's four mutations (PopuLoRA, arXiv
+2605.16727); ``neftune_style`` is our extension, not one of the paper's.
 
 A mutation receives only the individuals to mutate and returns new factors of
 identical shapes and dtypes (inputs are never modified):
@@ -57,7 +58,6 @@ that still takes ``floors`` keeps working for one release (see
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 
 import torch
@@ -65,7 +65,7 @@ from torch import Tensor
 
 from populora.errors import InvalidTypeError, InvalidValueError
 from populora.operators.base import Factors, check_number, check_stacks, normal, register_mutation, uniform
-from populora.operators.linalg import _svd_compute, compute_dtype, effective_rank, rebuild_balanced
+from populora.operators.linalg import compute_dtype, effective_rank, rebuild_balanced, svd_compute
 
 
 def check_epsilon(epsilon) -> float:
@@ -137,11 +137,6 @@ def _layer_selective_options(fraction: float = 1 / 3) -> float:
 
 def _masking_options(rho: float = 0.3) -> float:
     return check_number("rho", rho, lambda v: 0 <= v <= 1, "in [0, 1]")
-
-
-def _neftune_options(alpha: float | None = None) -> None:
-    if alpha is not None:
-        check_number("alpha", alpha, lambda v: v >= 0, ">= 0")
 
 
 def full_gaussian(
@@ -259,7 +254,7 @@ def svd_structured(
     out = []
     for down, up in factors:
         m, r, rank = down.shape[0], down.shape[-1], effective_rank(down, up)
-        u, s, v = _svd_compute(down, up)  # (m, d, r), (m, r), (m, e, r)
+        u, s, v = svd_compute(down, up)  # (m, d, r), (m, r), (m, e, r)
         s = s * torch.exp(epsilon * normal(s.shape, generator=generator, device=s.device, dtype=s.dtype))
         u = u @ _rotation(m, r, rank, epsilon, generator, u.device, u.dtype)
         v = v @ _rotation(m, r, rank, epsilon, generator, v.device, v.dtype)
@@ -300,7 +295,7 @@ def component_masking(
     for down, up in factors:
         rank = effective_rank(down, up)
         count = math.ceil(round(rho * rank, 9))  # round: 0.3 * 10 is 3.0000000000000004
-        u, s, v = _svd_compute(down, up)  # (m, d, r), (m, r), (m, e, r)
+        u, s, v = svd_compute(down, up)  # (m, d, r), (m, r), (m, e, r)
         keys = uniform(s.shape, generator=generator, device=s.device)
         keys = torch.where(_columns(s, rank), keys, -1.0)  # surplus components are never picked
         drop = torch.zeros_like(s, dtype=torch.bool).scatter_(1, keys.topk(count, dim=1).indices, True)
@@ -314,9 +309,8 @@ def neftune_style(
     epsilon: float,
     weight_scales: Sequence[float],
     generator: torch.Generator,
-    alpha: float | None = None,
 ) -> list[Factors]:
-    """M5: NEFTune-style uniform noise on the input-side factor ``down``; ``epsilon`` = relative output change.
+    """NEFTune-style uniform noise on the input-side factor ``down``; ``epsilon`` = relative output change.
 
     Per individual and target, ``down += U(-b, b)`` with the bound ``b`` for
     which ``E[rms(dW' - dW)] = epsilon * weight_scales[t]`` (the target
@@ -333,50 +327,30 @@ def neftune_style(
         epsilon: expected relative change of each target layer's output, ``>= 0``.
         weight_scales: per target reference weight RMS ``w_t >= 0``.
         generator: the source of randomness.
-        alpha: deprecated (the pre-0.2 absolute strength, ``>= 0``): when
-            given, ``down += U(-b, b)`` with ``b = alpha / sqrt(d * r_eff)``
-            and ``epsilon`` is ignored, as before, with a ``DeprecationWarning``.
 
     Returns:
         Per target new ``Factors`` of the same shapes, dtype and device.
     """
     epsilon, scales = _check(factors, epsilon, weight_scales, "neftune_style")
-    if alpha is not None:
-        alpha = check_number("alpha", alpha, lambda v: v >= 0, ">= 0")
-        warnings.warn(
-            "`alpha` of neftune_style is deprecated: its strength is now `epsilon`, the expected "
-            "relative change of each layer's output (see populora.operators.mutation)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
     out = []
     for (down, up), w in zip(factors, scales):
         rank = effective_rank(down, up)
         dtype = compute_dtype(down, up)
         df, uf = down.to(dtype), up.to(dtype)
-        if alpha is not None:
-            bound_down = torch.full(
-                (down.shape[0], 1, 1), alpha / math.sqrt(down.shape[1] * rank), dtype=dtype, device=down.device
-            )
-            bound_up = torch.zeros_like(bound_down)
-        else:
-            a2, u2 = _mean_square(df, rank), _mean_square(uf, rank)  # (m, 1, 1)
-            c = (epsilon * w) ** 2 / rank  # wanted E[rms(dW' - dW)^2] / k
-            zero = 1e-4 * w / math.sqrt(rank)  # (1% of the balanced factor scale)^2
-            tiny = torch.finfo(dtype).tiny
-            down_only, up_only = u2 > zero, (u2 <= zero) & (a2 > zero)
-            both = _noise_rms(a2, u2, (epsilon * w) ** 2, rank)
-            sd = torch.where(down_only, (c / u2.clamp_min(tiny)).sqrt(), torch.where(up_only, 0.0, both))
-            su = torch.where(up_only, (c / a2.clamp_min(tiny)).sqrt(), torch.where(down_only, 0.0, both))
-            bound_down, bound_up = math.sqrt(3) * sd, math.sqrt(3) * su  # U(-b, b) has RMS b / sqrt(3)
+        a2, u2 = _mean_square(df, rank), _mean_square(uf, rank)  # (m, 1, 1)
+        c = (epsilon * w) ** 2 / rank  # wanted E[rms(dW' - dW)^2] / k
+        zero = 1e-4 * w / math.sqrt(rank)  # (1% of the balanced factor scale)^2
+        tiny = torch.finfo(dtype).tiny
+        down_only, up_only = u2 > zero, (u2 <= zero) & (a2 > zero)
+        both = _noise_rms(a2, u2, (epsilon * w) ** 2, rank)
+        sd = torch.where(down_only, (c / u2.clamp_min(tiny)).sqrt(), torch.where(up_only, 0.0, both))
+        su = torch.where(up_only, (c / a2.clamp_min(tiny)).sqrt(), torch.where(down_only, 0.0, both))
+        bound_down, bound_up = math.sqrt(3) * sd, math.sqrt(3) * su  # U(-b, b) has RMS b / sqrt(3)
         noise = uniform(down.shape, generator=generator, device=down.device, dtype=dtype)
         new_down = df + (2 * noise - 1) * bound_down * _columns(down, rank)
-        if alpha is None:
-            noise = uniform(up.shape, generator=generator, device=up.device, dtype=dtype)
-            new_up = uf + (2 * noise - 1) * bound_up * _columns(up, rank)
-        else:
-            new_up = uf
-        out.append(Factors(new_down.to(down.dtype), new_up.to(up.dtype) if alpha is None else up.clone()))
+        noise = uniform(up.shape, generator=generator, device=up.device, dtype=dtype)
+        new_up = uf + (2 * noise - 1) * bound_up * _columns(up, rank)
+        out.append(Factors(new_down.to(down.dtype), new_up.to(up.dtype)))
     return out
 
 
@@ -384,4 +358,4 @@ register_mutation("svd_structured", svd_structured)
 register_mutation("layer_selective_gaussian", layer_selective_gaussian, validate=_layer_selective_options)
 register_mutation("component_masking", component_masking, validate=_masking_options)
 register_mutation("full_gaussian", full_gaussian)
-register_mutation("neftune_style", neftune_style, validate=_neftune_options)
+register_mutation("neftune_style", neftune_style)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import warnings
 from collections.abc import Iterator
 
 import torch
@@ -56,17 +55,6 @@ def check_real_tensor(fitnesses: Tensor, name: str = "fitnesses") -> Tensor:
     if _TRUSTED.get() and isinstance(fitnesses, Tensor) and fitnesses.dtype in (torch.float32, torch.float64):
         return fitnesses
     return _validate_tensor(fitnesses, name)
-
-
-def check_fitnesses(fitnesses: Tensor, name: str = "fitnesses") -> Tensor:
-    """Deprecated: renamed :func:`check_real_tensor` (not the population's fitness validation)."""
-    warnings.warn(
-        "`populora.operators.shaping.check_fitnesses` is deprecated; use `check_real_tensor` (operators) "
-        "or `populora.fitness.validate_fitnesses` (a (p,) fitness vector at the boundary)",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return check_real_tensor(fitnesses, name)
 
 
 def _validate_tensor(fitnesses: Tensor, name: str) -> Tensor:

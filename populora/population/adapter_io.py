@@ -18,6 +18,7 @@ from torch import Tensor
 
 from populora.adapters import Factors
 from populora.errors import InvalidTypeError, InvalidValueError
+from populora.population.optimizer_rows import OptimizerRows, check_optimizer_state
 
 __all__ = ["AdapterIO"]
 
@@ -25,13 +26,25 @@ __all__ = ["AdapterIO"]
 class AdapterIO:
     """``set_factors_``, ``to_peft`` and ``load_peft_`` of a population."""
 
-    def set_factors_(self, individual: int, factors: Sequence[tuple[Tensor, Tensor]]) -> None:
+    def set_factors_(
+        self,
+        individual: int,
+        factors: Sequence[tuple[Tensor, Tensor]],
+        *,
+        optimizer: Any = None,
+        optimizer_state: str = "inherit",
+    ) -> None:
         """Overwrite individual ``i``'s adapters with ``factors``: one ``(down (d, r_t), up (e, r_t))`` per target.
 
         The layout of ``[(d[i], u[i]) for d, u in pop.factors()]`` (``r_t`` the
         target's effective rank); values are copied, cast to the adapters'
         dtype and device. Every pair is checked before anything is written, and
         the copy does not enter autograd (as the population's own operators).
+
+        ``optimizer=`` (one or several optimizers over :meth:`adapter_parameters`):
+        with ``optimizer_state="inherit"`` (the default) the slot keeps its
+        optimizer rows (the new adapters inherit the state of the individual
+        they replace); ``"reset"`` zeros them (:mod:`populora.population.optimizer_rows`).
 
         Raises:
             InvalidIndexError: ``individual`` outside ``[0, P)``.
@@ -71,8 +84,13 @@ class AdapterIO:
                     pair[1].to(up.device, up.dtype, copy=True)[None],
                 )
             )
+        optimizer_state = check_optimizer_state(optimizer_state)
+        rows = OptimizerRows(optimizer, self.adapter_parameters())
+        ids = torch.tensor([i], device=self.device)
         with torch.no_grad():
-            self._write(torch.tensor([i], device=self.device), new)
+            self._write(ids, new)
+        if optimizer_state == "reset":
+            rows.replace(ids, None)
 
     def to_peft(self, individual: int, path: str | Path, **kwargs: Any) -> Path:
         """Write individual ``i`` as a PEFT LoRA adapter folder; returns its ``Path``.
@@ -84,8 +102,21 @@ class AdapterIO:
 
         return to_peft(self, individual, path, **kwargs)
 
-    def load_peft_(self, individual: int, path: str | Path, *, strict: bool = True) -> None:
-        """Load a PEFT LoRA adapter folder into individual ``i``; see :func:`populora.llm.load_peft_`."""
+    def load_peft_(
+        self,
+        individual: int,
+        path: str | Path,
+        *,
+        strict: bool = True,
+        optimizer: Any = None,
+        optimizer_state: str = "inherit",
+    ) -> None:
+        """Load a PEFT LoRA adapter folder into individual ``i``; see :func:`populora.llm.load_peft_`.
+
+        ``optimizer`` / ``optimizer_state``: as :meth:`set_factors_`.
+        """
         from populora.llm.peft import load_peft_
 
-        load_peft_(self, individual, path, strict=strict)
+        check_optimizer_state(optimizer_state)
+        OptimizerRows(optimizer, self.adapter_parameters())  # checked before the folder is read
+        load_peft_(self, individual, path, strict=strict, optimizer=optimizer, optimizer_state=optimizer_state)

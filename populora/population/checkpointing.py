@@ -16,12 +16,13 @@ The functions check plain values and tensors and need no population;
 
 from __future__ import annotations
 
-import contextlib
+import copy
 import hashlib
+import math
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -34,11 +35,13 @@ from populora.checkpoint import (
     load_safetensors_checkpoint,
 )
 from populora.checks import check_float, check_one_of, check_seed, is_int, is_real
-from populora.errors import CheckpointError, PopuloraError
+from populora.errors import CheckpointError, InvalidTypeError, PopuloraError
 from populora.fitness import NAN_POLICIES
+from populora.snapshots import naming
 from populora.stats import GenerationStats
 
 if TYPE_CHECKING:
+    from populora.population.host import PopulationHost
     from populora.population.population import Population
 
 __all__: list[str] = []
@@ -50,15 +53,6 @@ _EXTRA_KEYS = ("config", "generator", "generation", "eval_seed")
 _CONFIG_KEYS = ("pop_size", "low_rank", "lora_targets")
 _GENERATOR_KEY = EXTRA_KEY + ".generator"  # the generator state's tensor in a safetensors checkpoint
 _CUDA_GENERATOR_STATE_BYTES = 16  # Philox: seed (8 bytes) and offset (8 bytes)
-
-
-@contextlib.contextmanager
-def naming(path: str | Path) -> Iterator[None]:
-    """Re-raise a CheckpointError about a loaded state with the file it came from."""
-    try:
-        yield
-    except CheckpointError as err:
-        raise CheckpointError(f"checkpoint {str(path)!r}: {err}") from err
 
 
 def public_shape(kind: str, shape: torch.Size | tuple[int, ...], embedding: bool) -> tuple[int, ...]:
@@ -88,25 +82,57 @@ def as_state_dict(state: Any) -> Mapping[str, Any]:
     return state
 
 
-def to_legacy(extra: Mapping[str, Any], downs: Iterable[Tensor], ups: Iterable[Tensor]) -> dict[str, Any]:
-    """The legacy layout of 0.1's ``Population.state()``: CPU copies of the stacks beside the counters."""
-    return {
-        "format": FORMAT,
-        "config": extra["config"],
-        "downs": [d.detach().to("cpu", copy=True) for d in downs],
-        "ups": [u.detach().to("cpu", copy=True) for u in ups],
-        **{key: extra[key] for key in ("generator", "generation", "eval_seed")},
-    }
+def check_keys(
+    state_dict: Mapping[str, Any],
+    own: Mapping[str, Any],
+    strict: bool,
+    required: bool = False,
+    targets: Sequence[str] = (),
+) -> None:
+    """Under ``strict``, the keys of ``own`` exactly; with ``required``, at least them.
 
-
-def check_keys(state_dict: Mapping[str, Any], own: Mapping[str, Any], strict: bool, required: bool = False) -> None:
-    """Under ``strict``, the keys of ``own`` exactly; with ``required``, at least them."""
+    ``targets``: the population's target paths, to name adapter stacks by target rather than by key.
+    """
     missing = [k for k in own if k not in state_dict]
     unexpected = [k for k in state_dict if k not in own]
+    stacks = [k for k in state_dict if k.startswith(("_downs.", "_ups."))]
+    held = {k.split(".", 1)[1] for k in stacks}
+    if targets and (strict or required) and held and len(held) != len(targets):
+        raise CheckpointError(
+            f"the population state holds adapters for {len(held)} target(s), this population has "
+            f"{len(targets)}: {list(targets)} (a checkpoint of another lora_targets set; the state's adapters are "
+            f"{_held(state_dict, stacks, held)})"
+        )
     if missing and (strict or required):
-        raise CheckpointError(f"the population state lacks the key(s) {missing}")
+        raise CheckpointError(f"the population state lacks the key(s) {_named(missing, targets)}")
     if unexpected and strict:
-        raise CheckpointError(f"the population state has unexpected key(s) {unexpected}")
+        raise CheckpointError(f"the population state has unexpected key(s) {_named(unexpected, targets)}")
+
+
+def _held(state_dict: Mapping[str, Any], stacks: list[str], held: set[str]) -> str:
+    """What a state tells of the targets its adapter stacks belong to: its config's paths if it has them, else the
+    target indices of its keys."""
+    extra = state_dict.get(EXTRA_KEY)
+    config = extra.get("config") if isinstance(extra, Mapping) else None
+    paths = config.get("lora_targets") if isinstance(config, Mapping) else None
+    indices = sorted(held, key=lambda i: (not i.isdigit(), int(i) if i.isdigit() else 0, i))
+    shown = [int(i) if i.isdigit() else i for i in indices]
+    keys = sorted(stacks, key=lambda k: (indices.index(k.split(".", 1)[1]), k.startswith("_ups.")))
+    if isinstance(paths, (list, tuple)):
+        return f"at target indices {shown} in keys {keys}, while its config names {len(paths)}: {list(paths)}"
+    return f"at target indices {shown} in keys {keys}, and it holds no extra state to name their paths"
+
+
+def _named(keys: list[str], targets: Sequence[str]) -> str:
+    """``keys``, each adapter stack followed by the target path it belongs to."""
+    named = []
+    for key in keys:
+        kind, _, index = key.partition(".")
+        if kind in ("_downs", "_ups") and index.isdigit() and int(index) < len(targets):
+            named.append(f"{key!r} ({kind[1:-1]} adapter of {targets[int(index)]!r})")
+        else:
+            named.append(repr(key))
+    return "[" + ", ".join(named) + "]"
 
 
 def check_tensors(
@@ -223,7 +249,7 @@ def check_extra(extra: Any, mine: Mapping[str, Any] | None = None) -> None:
     missing = [key for key in _CONFIG_KEYS if key not in config]
     if missing:
         raise CheckpointError(f"the state's 'config' lacks the key(s) {missing}")
-    for key, low in (("pop_size", 2), ("low_rank", 1)):
+    for key, low in (("pop_size", 1), ("low_rank", 1)):
         if not is_int(config[key]) or config[key] < low:
             raise CheckpointError(f"the state's config {key!r} must be an int >= {low}, got {config[key]!r}")
     targets = config["lora_targets"]
@@ -349,14 +375,32 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     }
 
 
+class CheckedState(NamedTuple):
+    """A population state checked by :meth:`Checkpointing.check_state_dict` (nothing written yet).
+
+    Attributes:
+        tensors: the module tensors to load (adapters, and the base model's when given).
+        extra: the checked extra state (config, generator rebuilt, counters, history), or ``None``.
+        layout: ``(pop_size, low_rank, target paths)`` of the population it was checked against.
+    """
+
+    tensors: dict[str, Tensor]
+    extra: dict[str, Any] | None
+    layout: tuple
+
+
+def _layout(population: PopulationHost) -> tuple:
+    return (population.pop_size, population.low_rank, tuple(population.target_names))
+
+
 class Checkpointing:
     """:class:`~populora.Population`'s checkpoint protocol (a mixin ahead of ``nn.Module``).
 
     torch's ``state_dict`` / ``load_state_dict`` with the generator, counters
-    and history as extra state, the all-or-nothing load, the file helpers and
-    the deprecated 0.1 names. Uses the population's ``pop_size``,
-    ``low_rank``, ``target_names``, ``_embedding``, ``device``,
-    ``_downs`` / ``_ups`` and counters.
+    and history as extra state; the all-or-nothing load in two public halves
+    (:meth:`check_state_dict`, :meth:`load_checked_state_dict`); snapshots and
+    the file helpers. Reads the population through
+    :class:`~populora.population.host.PopulationHost`.
     """
 
     def get_extra_state(self) -> dict[str, Any]:
@@ -427,63 +471,93 @@ class Checkpointing:
                 what was expected (shapes in the public layout of
                 :meth:`factors`); the population is unchanged.
         """
-        return self._write_state(self._check_state_dict(state_dict, strict), assign)
+        return self.load_checked_state_dict(self.check_state_dict(state_dict, strict), assign)
 
-    def _check_state_dict(self, state_dict: Any, strict: bool = True) -> tuple[dict[str, Tensor], dict | None]:
-        """``state_dict`` checked against this population: ``(tensors, checked extra state or None)``.
+    def check_state_dict(self: PopulationHost, state_dict: Any, strict: bool = True) -> CheckedState:
+        """The first half of :meth:`load_state_dict`: ``state_dict`` checked against this population.
 
-        Nothing is written (``Coevolve`` checks every population's state before it loads any).
+        Nothing is written, so a caller holding several objects can check every
+        state before it loads any (``Coevolve``, ``SelfPlay``); the result goes
+        to :meth:`load_checked_state_dict`.
+
+        Raises:
+            CheckpointError: as :meth:`load_state_dict`.
         """
         self._check_alive()
         state_dict = as_state_dict(state_dict)
         own = self.state_dict(keep_vars=True, include_model=any(k.startswith("model.") for k in state_dict))
-        check_keys(state_dict, own, strict)
+        # the extra state first: a checkpoint of another target set is named by its target paths
         extra = self._check_extra(state_dict[EXTRA_KEY]) if EXTRA_KEY in state_dict else None
+        check_keys(state_dict, own, strict, targets=self.target_names)
         check_tensors(state_dict, own, self.target_names, self._embedding, self.pop_size)
-        return {k: v for k, v in state_dict.items() if k != EXTRA_KEY}, extra
+        tensors = {k: v for k, v in state_dict.items() if k != EXTRA_KEY}
+        return CheckedState(tensors, extra, _layout(self))
 
-    def _write_state(self, checked: tuple[dict[str, Tensor], dict | None], assign: bool = False) -> Any:
-        tensors, extra = checked
-        result = super().load_state_dict(tensors, strict=False, assign=assign)
-        if extra is not None:
-            self._write_extra(extra)
+    def load_checked_state_dict(self: PopulationHost, checked: CheckedState, assign: bool = False) -> Any:
+        """The second half of :meth:`load_state_dict`: write a state :meth:`check_state_dict` returned.
+
+        Raises:
+            InvalidTypeError: ``checked`` is not a :class:`CheckedState`.
+            CheckpointError: it was checked against a population of another layout.
+        """
+        self._check_alive()
+        if not isinstance(checked, CheckedState):
+            raise InvalidTypeError(
+                f"`checked` must be what check_state_dict() returned (a CheckedState), got {type(checked).__name__}"
+            )
+        if checked.layout != _layout(self):
+            raise CheckpointError(
+                f"this state was checked against a population of another layout {checked.layout}, not this "
+                f"one {_layout(self)}: check it with this population's check_state_dict()"
+            )
+        result = nn.Module.load_state_dict(self, checked.tensors, strict=False, assign=assign)
+        if checked.extra is not None:
+            self._write_extra(checked.extra)
         return result
+
+    def snapshot(self: PopulationHost, device: str | torch.device | None = None) -> dict[str, Any]:
+        """A copy of the adapters and counters (``state_dict(include_model=False)``) sharing no storage.
+
+        For rollback (``load_state_dict(snapshot)`` restores it bit for bit)
+        and checkpoints.
+
+        Args:
+            device: where the tensors are copied (``None``: where they are; ``"cpu"`` for a file).
+        """
+        return {
+            k: (v.detach().to(device, copy=True) if device is not None else v.detach().clone())
+            if isinstance(v, Tensor)
+            else copy.deepcopy(v)
+            for k, v in self.state_dict(include_model=False).items()
+        }
 
     def _check_extra(self, extra: Any) -> dict[str, Any]:
         """The extra state checked against this population, with its generator rebuilt (nothing written)."""
         check_extra(
             extra, {"pop_size": self.pop_size, "low_rank": self.low_rank, "lora_targets": list(self.target_names)}
         )
-        return {**extra, "generator": restore_generator(extra["generator"], self.device)}
+        converted: dict[str, Any] = {"generation": int(extra["generation"]), "eval_seed": int(extra["eval_seed"])}
+        try:  # every conversion happens here, before anything is written
+            if extra.get("weight_scales") is not None:
+                converted["weight_scales"] = [float(s) for s in extra["weight_scales"]]
+            if extra.get("history") is not None:
+                converted["history"] = [_stats(s) for s in extra["history"]]
+        except (OverflowError, ValueError) as err:
+            raise CheckpointError(f"the state's weight scales or history hold a number beyond float64: {err}") from None
+        if not all(math.isfinite(s) for s in converted.get("weight_scales", ())):
+            raise CheckpointError(f"the state's 'weight_scales' must be finite, got {extra['weight_scales']!r}")
+        return {**extra, **converted, "generator": restore_generator(extra["generator"], self.device)}
 
     def _write_extra(self, extra: Mapping[str, Any]) -> None:
+        """Write an extra state :meth:`_check_extra` returned (every value already converted)."""
         self.generator = extra["generator"]
-        self.generation = int(extra["generation"])
-        self.eval_seed = int(extra["eval_seed"])
+        self.generation = extra["generation"]
+        self.eval_seed = extra["eval_seed"]
         self.nan_policy = extra["config"].get("nan_policy", self.nan_policy)
         if extra.get("weight_scales") is not None:
-            self.weight_scales = [float(s) for s in extra["weight_scales"]]
+            self.weight_scales = list(extra["weight_scales"])
         if extra.get("history") is not None:
-            self.history = [_stats(s) for s in extra["history"]]
-
-    def state(self) -> dict[str, Any]:
-        """Deprecated: use :meth:`state_dict` (or :meth:`save`); the 0.1 snapshot layout, CPU copies."""
-        warnings.warn(
-            "`Population.state()` is deprecated; use `state_dict()` (or `save(path)` for a file)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        self._check_alive()
-        return to_legacy(self.get_extra_state(), self._downs, self._ups)
-
-    def load_state(self, state: Mapping[str, Any]) -> None:
-        """Deprecated: use :meth:`load_state_dict` (or :meth:`load`), which reads these dicts too."""
-        warnings.warn(
-            "`Population.load_state()` is deprecated; use `load_state_dict()` (or `load(path)`)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        self.load_state_dict(state)
+            self.history = list(extra["history"])
 
     def save(self, path: str | Path, *, format: str | None = None) -> Path:
         """Write the adapters and counters (``state_dict(include_model=False)``) atomically; no base model.

@@ -21,9 +21,7 @@ bit for bit as before).
 
 from __future__ import annotations
 
-import contextlib
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -33,10 +31,11 @@ from populora import fitness as _fitness
 from populora import operators as ops
 from populora.adapters import Factors
 from populora.checks import check_int
-from populora.distributed import sync_population_
+from populora.distributed import broadcast_object, broadcast_tensors_, is_distributed, sync_if_different_
 from populora.errors import InvalidValueError
 from populora.operators.devices import PerDevice
 from populora.operators.selection import SelectionResult
+from populora.population.optimizer_rows import OptimizerRows, check_optimizer_state
 from populora.stats import GenerationStats
 
 __all__ = ["Evolvable"]
@@ -66,50 +65,48 @@ class Evolvable:
         ``nan_policy='worst'``, which maps them below the lowest finite
         fitness; +inf always raises.
 
-        The tensor it returns is recognised when it comes back unchanged (same
-        object, not modified in place since), so a caller that validates
-        first (``Coevolve``, ``evolve_with_env``) and then calls ``evolve_``
-        costs one validation, not two.
-
         Raises:
             FitnessError: not numbers (the type is named), wrong shape (both
                 shapes named), non-finite values.
         """
-        last = self.__dict__.get("_validated")
-        if (
-            last is not None
-            and fitnesses is last[0]
-            and last[1] is not None
-            and _version(fitnesses) == last[1]
-            and fitnesses.device == self.device
-        ):
-            return fitnesses  # this method's own result, untouched since: e.g. Coevolve's, passed on to evolve_
-        f = _fitness.validate_fitnesses(fitnesses, self.pop_size, nan_policy=self.nan_policy, device=self.device)
-        self.__dict__["_validated"] = (f, _version(f))
-        return f
-
-    def check_fitnesses(self, fitnesses: Any) -> Tensor:
-        """Deprecated: renamed :meth:`validate_fitnesses` (same result)."""
-        warnings.warn(
-            "`Population.check_fitnesses` is deprecated; use `Population.validate_fitnesses`",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.validate_fitnesses(fitnesses)
+        return _fitness.validate_fitnesses(fitnesses, self.pop_size, nan_policy=self.nan_policy, device=self.device)
 
     # ------------------------------------------------------------------ evaluation
 
     def sync_from_main_rank_(self, sync_base_model: bool = False, *, name: str | None = None) -> None:
         """Make every rank hold rank 0's population (once; a no-op without torch.distributed).
 
-        See :func:`populora.distributed.sync_population_`: the adapters,
-        generator state, generation, eval seed and weight scales come from
-        rank 0; a differing base model is repaired with a warning
-        (``sync_base_model=True`` broadcasts it unchecked); ``name`` labels
-        the population in warnings and errors.
+        The adapters, generator state, generation, eval seed, weight scales and
+        history come from rank 0; the base model is compared by checksum and,
+        where ranks differ (e.g. each process seeded differently), rank 0's
+        weights are broadcast with a warning (``sync_base_model=True``
+        broadcasts it unchecked); ``name`` labels the population in warnings
+        and errors. ``evaluate_distributed`` calls it, and the layers built on it.
         """
         self._check_alive()
-        sync_population_(self, sync_base_model, name=name)
+        if self._synced or not is_distributed():
+            return
+        of = f" of population {name!r}" if name else ""
+        with torch.no_grad():
+            broadcast_tensors_(
+                self.adapter_parameters(),
+                what=f"adapters{of} (pop_size, low_rank and lora_targets must match on every rank)",
+            )
+            base = [*self.model.parameters(), *self.model.buffers()]
+            if sync_base_model:
+                broadcast_tensors_(base, what=f"base model parameters{of}")
+            else:
+                sync_if_different_(base, f"base model parameters{of}")
+        # weight scales come from the base weights at construction: rank 0's, like the weights
+        history = [tuple(h) for h in self.history]
+        state = broadcast_object(
+            (self.generation, self.eval_seed, self.generator.get_state(), self.weight_scales, history)
+        )
+        self.generation, self.eval_seed = state[0], state[1]
+        self.generator.set_state(state[2])
+        self.weight_scales = list(state[3])
+        self.history = [GenerationStats(*t) for t in state[4]]
+        self._synced = True
 
     def evaluate_distributed(self, fn: Callable[..., Any], sync_base_model: bool = False) -> Tensor:
         """Evaluate every individual, each rank its share of ids; ``(P,)`` fitness on every rank.
@@ -146,6 +143,7 @@ class Evolvable:
         of the selection type go in ``type_kwargs``.
         """
         self._check_alive()
+        _need_two(self, "select")
         fn = ops.get_operator("selection", selection_type)
         ops.check_options("selection", selection_type, type_kwargs)
         f = self.validate_fitnesses(fitnesses)
@@ -172,6 +170,7 @@ class Evolvable:
         (:func:`populora.operators.parents.parents_for_slots`).
         """
         self._check_alive()
+        _need_two(self, "select_parents")
         fn = ops.get_operator("parent_selection", selection_type)
         ops.check_options("parent_selection", selection_type, type_kwargs)
         f = self.validate_fitnesses(fitnesses)
@@ -198,6 +197,9 @@ class Evolvable:
         children: Sequence[int] | Tensor,
         fitnesses: Any = None,
         num_groups: int = 1,
+        *,
+        optimizer: Any = None,
+        optimizer_state: str = "inherit",
         **type_kwargs: Any,
     ) -> None:
         """Write child ``j`` into slot ``children[j]``, bred from ``parents[j]`` (in place).
@@ -207,11 +209,17 @@ class Evolvable:
             children: ``(c,)`` slots to overwrite (distinct).
             fitnesses: ``(P,)``, needed by fitness-aware types (``xes``,
                 ``extrapolative``); higher is better.
+            optimizer: an optimizer (or several) over :meth:`adapter_parameters`
+                whose per-individual state rows follow the children
+                (:mod:`populora.population.optimizer_rows`).
+            optimizer_state: ``"inherit"`` (child ``j`` gets ``parents[j, 0]``'s
+                rows) or ``"reset"`` (zeros).
 
-        All or nothing: if the operator raises, the children's slots and the
-        generator are as they were.
+        All or nothing: if the operator raises, the children's slots, their
+        optimizer rows and the generator are as they were.
         """
         self._check_alive()
+        _need_two(self, "crossover_")
         fn = ops.get_operator("crossover", crossover_type)
         ops.check_options("crossover", crossover_type, type_kwargs)
         parents_t = self._ids(parents, "parents", allow_empty=True, dim=2)
@@ -224,10 +232,13 @@ class Evolvable:
             raise InvalidValueError(f"`children` must be distinct slots, got {child_ids.tolist()}")
         num_groups = ops.check_num_groups(self.pop_size, num_groups)
         f = None if fitnesses is None else self.validate_fitnesses(fitnesses)
+        optimizer_state = check_optimizer_state(optimizer_state)
+        rows = OptimizerRows(optimizer, self.adapter_parameters())
         if child_ids.numel() == 0:
             return
-        with self._undo_on_error(child_ids):
+        with self._undo_on_error(child_ids, rows=rows):
             self._crossover(fn, parents_t, child_ids, f, num_groups, type_kwargs)
+            rows.replace(child_ids, parents_t[:, 0] if optimizer_state == "inherit" else None)
 
     def _crossover(
         self, fn: Callable, parents: Tensor, children: Tensor, fitnesses: Tensor | None, num_groups: int, options: dict
@@ -293,42 +304,6 @@ class Evolvable:
             ),
         )
 
-    def _write(self, ids: Tensor | PerDevice, new: Sequence[Factors]) -> None:
-        """Write ``new[t]`` (``down (n, d, r_t)``, ``up (n, e, r_t)``) into rows ``ids (n,)`` of each target.
-
-        Each target is written on its own device: ``ids`` and the new factors
-        are moved there (no copy when they are already there).
-        """
-        per = ids if isinstance(ids, PerDevice) else PerDevice(ids)
-        for (down, up), (new_down, new_up) in zip(self.factors(), new):
-            # in place (no .data): a graph built before sees the change
-            down[per.on(down.device)] = new_down.to(down.device, down.dtype)
-            up[per.on(up.device)] = new_up.to(up.device, up.dtype)
-
-    @contextlib.contextmanager
-    def _undo_on_error(self, ids: Tensor, generator_state: Tensor | None = None) -> Iterator[None]:
-        """If the body raises, put back the adapters of ``ids``, the generator and the counters.
-
-        ``generator_state``: the state to roll back to (default: the state on entry).
-        """
-        if generator_state is None:
-            generator_state = self.generator.get_state()
-        counters = (self.generation, self.eval_seed)
-        per = PerDevice(ids)  # each target's rows are saved and put back on that target's device
-        saved = [
-            (down[per.on(down.device)].clone(), up[per.on(up.device)].clone()) for down, up in self._full_factors()
-        ]
-        try:
-            yield
-        except BaseException:
-            with torch.no_grad():
-                for (down, up), (old_down, old_up) in zip(self._full_factors(), saved):
-                    down[per.on(down.device)] = old_down
-                    up[per.on(up.device)] = old_up
-            self.generator.set_state(generator_state)
-            self.generation, self.eval_seed = counters
-            raise
-
     @torch.no_grad()
     def evolve_(
         self,
@@ -347,8 +322,15 @@ class Evolvable:
         parent_kwargs: dict | None = None,
         crossover_kwargs: dict | None = None,
         mutation_kwargs: dict | None = None,
+        optimizer: Any = None,
+        optimizer_state: str = "inherit",
     ) -> SelectionResult:
         """One generation: select -> parents -> crossover into the culled -> mutate children.
+
+        With ``optimizer=`` (one or several optimizers over :meth:`adapter_parameters`), the optimizer's
+        per-individual state follows: survivors keep their rows, a child gets its first parent's
+        (``optimizer_state="inherit"``) or zeros (``"reset"``); see
+        :mod:`populora.population.optimizer_rows`.
 
         Higher fitness is better. Elites are never modified; survivors keep
         their ids (ids are slots). Every option is validated before anything
@@ -357,11 +339,14 @@ class Evolvable:
         the NaN policy; ``std`` with ``correction=0``) to :attr:`history`.
 
         All or nothing: if any step raises (a user-registered operator, say),
-        the adapters, the generator, ``generation`` and ``eval_seed`` are
-        exactly as before the call, so a retry (or an untouched twin) gives
-        the same generation bit for bit.
+        the adapters, the optimizer rows, the generator, ``generation`` and
+        ``eval_seed`` are exactly as before the call, so a retry (or an
+        untouched twin) gives the same generation bit for bit.
         """
         self._check_alive()
+        _need_two(self, "evolve_")
+        optimizer_state = check_optimizer_state(optimizer_state)
+        rows = OptimizerRows(optimizer, self.adapter_parameters())
         kinds = (
             ("selection", selection_type, selection_kwargs),
             ("parent_selection", parent_selection_type, parent_kwargs),
@@ -392,7 +377,7 @@ class Evolvable:
             self.generator.set_state(generator_state)
             raise
         culled = result.selected_out_indices
-        with self._undo_on_error(culled, generator_state):  # e.g. a crossover needing another parent count
+        with self._undo_on_error(culled, generator_state, rows):  # e.g. a crossover needing another parent count
             parents = self._select_parents(
                 ops.get_operator("parent_selection", parent_selection_type),
                 f,
@@ -412,6 +397,8 @@ class Evolvable:
                     crossover_kwargs or {},
                 )
             self._mutate(ops.get_operator("mutation", mutation_type), culled, epsilon, mutation_kwargs or {})
+            if culled.numel():
+                rows.replace(culled, parents[:, 0] if optimizer_state == "inherit" else None)
         self.history.append(
             GenerationStats(self.generation, float(f.max()), float(f.mean()), float(f.std(correction=0)))
         )
@@ -420,14 +407,15 @@ class Evolvable:
         return result
 
 
-def _version(t: Tensor) -> int | None:
-    """``t``'s in-place version counter (None for an inference tensor, which has none)."""
-    try:
-        return t._version
-    except RuntimeError:
-        return None
-
-
 def _check_epsilon(epsilon: Any) -> float:
     """``epsilon`` as a float >= 0: the same check (and error class) as the mutation operators'."""
     return ops.mutation.check_epsilon(epsilon)
+
+
+def _need_two(population: Any, what: str) -> None:
+    """Selection and crossover need two individuals or more (``pop_size=1`` is a single LoRA)."""
+    if population.pop_size < 2:
+        raise InvalidValueError(
+            f"`{what}` needs a population of 2 or more individuals, this one has pop_size={population.pop_size} "
+            "(a single LoRA: train it, mutate it, merge it; build the population with pop_size >= 2 to evolve it)"
+        )

@@ -10,10 +10,10 @@ Higher fitness is better, everywhere.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
-import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -23,17 +23,21 @@ from populora.adapters import Adapter, Factors, to_adapter, to_factors
 from populora.checks import check_bool, check_float, check_index, check_int, check_one_of, check_seed
 from populora.errors import InvalidIndexError, InvalidTypeError, InvalidValueError, SpentPopulationError
 from populora.fitness import NAN_POLICIES
+from populora.operators.devices import PerDevice
 from populora.operators.selection import SelectionResult
 from populora.population.adapter_io import AdapterIO
 from populora.population.checkpointing import Checkpointing
 from populora.population.genetic import Evolvable
+from populora.population.optimizer_rows import OptimizerRows
 from populora.population.placement import place
 from populora.routing import wrapping
-from populora.routing.front import RoutedModel, Router, RoutingTarget, run_single
+from populora.routing.front import RoutedModel
+from populora.routing.request import RoutingTarget
+from populora.routing.router import Router
 from populora.stats import GenerationStats
 from populora.targets import find_targets, layer_dims
 
-__all__ = ["Population", "SelectionResult"]
+__all__ = ["Population", "SelectionResult", "evaluating"]
 
 
 class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
@@ -44,7 +48,8 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
             (its ``requires_grad`` flags come back on merge or close; with
             several populations on one model, when the last of them is
             merged or closed).
-        pop_size: ``P >= 2`` individuals.
+        pop_size: ``P >= 1`` individuals (``P = 1`` is a single LoRA: it routes, trains, saves and
+            exports, while selection and crossover need two or more).
         low_rank: adapter rank ``r >= 1``; a layer's effective rank is
             ``min(r, d, e)`` (factors keep ``r`` columns, the surplus zero).
         lora_targets: dotted module paths or glob patterns of ``nn.Linear`` /
@@ -77,7 +82,7 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
     Raises:
         InvalidTypeError: an argument of the wrong type (``seed='abc'``,
             ``dtype='float32'``, ``pop_size=4.0``).
-        InvalidValueError: a value out of range (``pop_size=1``, an integer
+        InvalidValueError: a value out of range (``pop_size=0``, an integer
             ``dtype``).
         TargetNotFoundError: see :func:`populora.targets.find_targets`.
 
@@ -135,7 +140,7 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
         # everything is checked before the model is touched (moved, frozen or wrapped)
         if not isinstance(model, nn.Module):
             raise InvalidTypeError(f"`model` must be an nn.Module, got {type(model).__name__}")
-        pop_size = check_int("pop_size", pop_size, low=2)
+        pop_size = check_int("pop_size", pop_size, low=1)
         low_rank = check_int("low_rank", low_rank, low=1)
         seed = check_seed("seed", seed)
         init_scale = check_float("init_scale", init_scale, low=0.0)
@@ -222,7 +227,7 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
         super().__setstate__(state)
         model = self.__dict__.get("_modules", {}).get("model")
         if not self.__dict__.get("_spent", True) and isinstance(model, nn.Module):
-            wrapping.register(self, model)
+            wrapping.register(self, model, self._base_requires_grad)
 
     # ------------------------------------------------------------------ routing
 
@@ -255,15 +260,9 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
             InvalidIndexError: an id out of ``[0, P)``.
         """
         self._check_alive()
-        target = self._routing_target()
-        if len(args) == 1 and not kwargs and broadcast is False and split is False:
-            out = run_single(target, args[0], individual, individuals, all_individuals)
-            if out is not NotImplemented:
-                return out
         return self._route(
             args,
             kwargs,
-            target=target,
             individual=individual,
             individuals=individuals,
             all_individuals=all_individuals,
@@ -273,6 +272,10 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
 
     def _routing_target(self) -> RoutingTarget:
         return RoutingTarget(self.model, self._router, self.adapters(), self.pop_size, self.device)
+
+    def _block_target(self) -> RoutingTarget:
+        self._check_alive()
+        return self._routing_target()
 
     def forward_factors(
         self,
@@ -323,6 +326,50 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
             full = all(r == self.low_rank for r in self.effective_ranks)
             self._full_rank_adapters = [Adapter(d, u) for d, u in zip(self._down_list, self._up_list)] if full else None
         return self._down_list, self._up_list
+
+    def adapter_parameters(self) -> list[nn.Parameter]:
+        """The adapter parameters: per target ``down`` then, after all of them, per target ``up``.
+
+        Each is stacked over the individuals (first dimension ``P``) in the
+        stored layout (Linear ``down (P, r, d)``, Embedding ``down (P, V, r)``,
+        ``up (P, r, e)``; :meth:`factors` gives the public views). With
+        ``requires_grad=True`` a routed forward and one backward give each
+        individual's rows the gradient of its own rows only, so any
+        ``torch.optim`` optimizer over these trains every individual at once.
+        """
+        downs, ups = self._stacks()
+        return [*downs, *ups]
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> Tensor:
+        """Clip each individual's gradient separately: ``torch.nn.utils.clip_grad_norm_`` per individual.
+
+        Individual ``i``'s gradient is row ``i`` of every adapter parameter's ``.grad``; its norm is taken
+        over all of them and, when above ``max_norm``, the rows are scaled by ``max_norm / (norm + 1e-6)``
+        (``torch``'s rule). ``torch.nn.utils.clip_grad_norm_`` over :meth:`adapter_parameters` would take
+        ONE norm over every individual and couple them.
+
+        Returns:
+            ``(P,)`` float32 norms before clipping (``0`` for an individual without gradient).
+
+        Raises:
+            InvalidValueError: ``max_norm`` not > 0, or ``norm_type`` not > 0.
+        """
+        max_norm = check_float("max_norm", max_norm, low=0.0, low_open=True)
+        norm_type = (
+            float(norm_type)
+            if norm_type == float("inf")
+            else check_float("norm_type", norm_type, low=0.0, low_open=True)
+        )
+        grads = [p.grad for p in self.adapter_parameters() if p.grad is not None]
+        if not grads:
+            return torch.zeros(self.pop_size, device=self.device)
+        per = torch.stack([g.detach().flatten(1).float().norm(norm_type, dim=1).to(self.device) for g in grads])
+        norms = per.amax(0) if norm_type == float("inf") else per.norm(norm_type, dim=0)  # (P,)
+        scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+        with torch.no_grad():
+            for g in grads:
+                g.mul_(scale.to(g.device, g.dtype).view(-1, *[1] * (g.dim() - 1)))
+        return norms
 
     def adapters(self) -> list[Adapter]:
         """Every target's stacks in the routing layout, cut to the effective rank."""
@@ -411,7 +458,7 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
         if not self._spent:
             self._router.remove()
             self._spent = True
-            wrapping.release(self, self.model, self._targets.values(), self._base_requires_grad)
+            wrapping.release(self, self.model, self._targets.values())
         return self.model
 
     def select_and_merge_best_(self, fitnesses: Any) -> nn.Module:
@@ -421,6 +468,53 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
         return self.merge_(int(torch.argmax(f)))
 
     # ------------------------------------------------------------------ helpers
+
+    def _write(self, ids: Tensor | PerDevice, new: Sequence[Factors]) -> None:
+        """Write ``new[t]`` (``down (n, d, r_t)``, ``up (n, e, r_t)``) into rows ``ids (n,)`` of each target.
+
+        Each target is written on its own device: ``ids`` and the new factors
+        are moved there (no copy when they are already there).
+        """
+        per = ids if isinstance(ids, PerDevice) else PerDevice(ids)
+        for (down, up), (new_down, new_up) in zip(self.factors(), new):
+            # in place (no .data): a graph built before sees the change
+            down[per.on(down.device)] = new_down.to(down.device, down.dtype)
+            up[per.on(up.device)] = new_up.to(up.device, up.dtype)
+
+    @contextlib.contextmanager
+    def _undo_on_error(
+        self, ids: Tensor, generator_state: Tensor | None = None, rows: OptimizerRows | None = None
+    ) -> Iterator[None]:
+        """If the body raises, put back the adapters of ``ids``, the generator, the counters and (``rows``) the
+        optimizer state rows of ``ids``.
+
+        ``generator_state``: the state to roll back to (default: the state on entry).
+        """
+        if generator_state is None:
+            generator_state = self.generator.get_state()
+        counters = (self.generation, self.eval_seed)
+        per = PerDevice(ids)  # each target's rows are saved and put back on that target's device
+        saved = [
+            (down[per.on(down.device)].clone(), up[per.on(up.device)].clone()) for down, up in self._full_factors()
+        ]
+        saved_rows = rows.save(ids) if rows else None
+        try:
+            yield
+        except BaseException:
+            with torch.no_grad():
+                for (down, up), (old_down, old_up) in zip(self._full_factors(), saved):
+                    down[per.on(down.device)] = old_down
+                    up[per.on(up.device)] = old_up
+            if rows and saved_rows is not None:
+                rows.restore(ids, saved_rows)
+            self.generator.set_state(generator_state)
+            self.generation, self.eval_seed = counters
+            raise
+
+    @property
+    def spent(self) -> bool:
+        """Whether the population was merged (:meth:`merge_`) or closed (:meth:`close`): it cannot be used any more."""
+        return self._spent
 
     def _check_alive(self) -> None:
         if self._spent:
@@ -468,28 +562,6 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
             self.device = device
         return self
 
-    @property
-    def floors(self) -> list[float]:
-        """Deprecated: the per-target factor scale ``sqrt(w / sqrt(r))`` of :attr:`weight_scales`."""
-        warnings.warn(
-            "`Population.floors` is deprecated; use `weight_scales` (the reference weight RMS per "
-            "target; the old floor is sqrt(weight_scale / sqrt(rank)))",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return [math.sqrt(w / math.sqrt(r)) for w, r in zip(self.weight_scales, self.effective_ranks)]
-
-    @property
-    def ranks(self) -> list[int]:
-        """Deprecated: :attr:`effective_ranks` (``min(low_rank, d, e)`` per target)."""
-        warnings.warn(
-            "`Population.ranks` is deprecated; use `effective_ranks` (the effective rank "
-            "min(low_rank, d, e) of each target)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return list(self.effective_ranks)
-
     def __repr__(self) -> str:
         """The public layout: per target the :meth:`factors` shapes ``down (P, d, r_t)``, ``up (P, e, r_t)``.
 
@@ -510,3 +582,19 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
 def _merge_dtype(adapter: torch.dtype, weight: torch.dtype) -> torch.dtype:
     """The dtype a delta is computed in: the widest of the adapter's and the weight's, at least float32."""
     return torch.promote_types(torch.promote_types(adapter, weight), torch.float32)
+
+
+@contextlib.contextmanager
+def evaluating(populations: Iterable[Population]) -> Iterator[None]:
+    """Every population's model in eval mode under ``torch.no_grad()``; each module's training flag restored."""
+    populations = list(populations)
+    modules = [mod for pop in populations for mod in pop.modules()]
+    flags = [mod.training for mod in modules]
+    try:
+        for pop in populations:
+            pop.eval()
+        with torch.no_grad():
+            yield
+    finally:
+        for mod, flag in zip(modules, flags):
+            mod.training = flag

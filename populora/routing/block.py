@@ -1,4 +1,6 @@
-"""Route every forward made inside a block: ``with pop.route(...) as route:`` (see :meth:`RoutedModel.route`).
+"""Route every forward made inside a block: ``with pop.route(...) as route:``.
+
+See :meth:`~populora.routing.front.RoutedModel.route`.
 
 A :class:`RouteBlock` keeps its model's router active from ``__enter__`` to
 ``__exit__``: every forward that reaches a target layer inside the block
@@ -25,8 +27,7 @@ A decode loop that drops or reorders rows says so with
             cache.batch_select_indices(keep)          # and so does the cache (HF DynamicCache)
             out = model(next_tokens[keep], attention_mask=mask[keep], past_key_values=cache)
 
-This module imports no third-party package (it is generic: any model whose
-target layers see the batch first).
+Generic: any model whose target layers see the batch first.
 """
 
 from __future__ import annotations
@@ -38,8 +39,12 @@ import torch
 from torch import Tensor
 
 from populora.errors import InvalidIndexError, InvalidTypeError, InvalidValueError, RouteError
-from populora.routing.front import RouteRequest, RoutingTarget, _check_range, _plan
-from populora.routing.router import Route
+from populora.routing.plan import PLANNER
+from populora.routing.recompute import follow_checkpointing
+from populora.routing.request import RouteRequest, RoutingTarget
+from populora.routing.route import Origin, Route
+from populora.routing.router import Active
+from populora.routing.rows import BASE, check_range
 
 __all__ = ["RouteBlock"]
 
@@ -74,11 +79,10 @@ class RouteBlock:
         elif request.all_individuals:
             self.ids = np.arange(target.num, dtype=np.int64)
         else:
-            self.ids = _check_range(request.ids, target.num)
+            self.ids = check_range(request.ids, target.num)
         self.last_rows: int | None = None
         self._plans: dict[int, Route] = {}
-        self._called: set[int] = set()
-        self._active = False
+        self._active: Active | None = None
 
     # -- the router calls this for each target forward inside the block
     def resolve(self, rows: int, name: str) -> Route:
@@ -98,7 +102,12 @@ class RouteBlock:
             n = self.ids.size
             if rows == 0 and n == 0:
                 plan = Route(n=0, groups=0, chunk=0)
-            elif n == 0 or rows % n or rows == 0:
+            elif n == 0:
+                raise RouteError(
+                    f"target {name!r} received {rows} rows, but this route has no routed rows (`individuals=` "
+                    "was empty, or `route.select_()` kept none): only empty forwards can run inside it"
+                )
+            elif rows % n or rows == 0:
                 raise RouteError(
                     f"target {name!r} received {rows} rows, but this route has {n} routed rows: every forward "
                     f"inside `route(...)` must see k * {n} rows (k = 1, or num_return_sequences / num_beams, "
@@ -106,7 +115,7 @@ class RouteBlock:
                     "`route.select_(rows)` first"
                 )
             else:
-                plan, _ = _plan(np.repeat(self.ids, rows // n), self._target.num, device, keep_order=True)
+                plan, _ = PLANNER.plan(np.repeat(self.ids, rows // n), self._target.num, device, keep_order=True)
         self._plans[rows] = plan
         self.last_rows = rows
         return plan
@@ -166,24 +175,17 @@ class RouteBlock:
     # -- the block
     def __enter__(self) -> RouteBlock:
         router = self._target.router
-        if router._removed:
-            raise RuntimeError("this router was removed from its model (the population was merged or closed)")
-        if router._state is not None:
-            raise RouteError(
-                "a routed forward is already running on this model: route() blocks do not nest, "
-                "and a population cannot be called inside one of its own route() blocks"
-            )
-        from populora.routing.router import _Origin
-
-        self._called = set()
-        router._state = (self, self._target.adapters, self._called, _Origin(0, [], 1, ""))
-        self._active = True
+        self._active = router.activate(self, self._target.adapters, Origin(0, [], 1, ""))
+        if self.individual == BASE:  # every row through the base model: checked, then nothing to add
+            router.check_idle()
+            self._active = None
+            return self
+        if torch.is_grad_enabled() and self._target.model.training:
+            follow_checkpointing(self._target.model, router)
+        self._active.__enter__()
         return self
 
     def __exit__(self, kind: Any, error: Any, trace: Any) -> None:
-        router = self._target.router
-        if router._state is not None and router._state[0] is self:
-            router._state = None
-        self._active = False
-        if kind is None and self._called and len(self._called) < len(router.names):
-            router._warn_skipped(self._called)
+        active, self._active = self._active, None
+        if active is not None:
+            active.__exit__(kind, error, trace)

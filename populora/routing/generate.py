@@ -1,9 +1,11 @@
-"""Routed generation: ONE ``model.generate`` call for a whole population (see :meth:`RoutedModel.generate`).
+"""Routed generation: ONE ``model.generate`` call for a whole population.
+
+See :meth:`~populora.routing.front.RoutedModel.generate`.
 
 The prompts are laid out as the routing arguments say (``individuals=``: one
 id per prompt row; ``all_individuals=True``: every individual gets every
 prompt, rows ``(p b)``), then ``model.generate`` runs inside a
-:class:`~populora.llm.route.RouteBlock`: greedy, sampling, beams and
+:class:`~populora.routing.block.RouteBlock`: greedy, sampling, beams and
 ``num_return_sequences`` all work, because Hugging Face expands the batch as
 ``(b k)`` (each row repeated ``k`` times in place) and never moves rows
 across prompts (beam search reorders beams within a prompt's block, which
@@ -15,7 +17,7 @@ no generator): with ``generator=`` the call forks the RNG
 (``torch.random.fork_rng``) and seeds it from one draw of ``generator``, so
 the tokens are reproducible from its seed and the global RNG is untouched.
 
-No third-party import: ``model`` only needs a ``generate`` method.
+Generic: ``model`` only needs a ``generate`` method.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from torch import Tensor
 
 from populora.errors import InvalidTypeError, InvalidValueError, RouteError
 from populora.routing.block import RouteBlock
-from populora.routing.front import RouteRequest, RoutingTarget, map_tensors
+from populora.routing.request import RouteRequest, RoutingTarget
+from populora.routing.rows import map_tensors
 
 __all__ = ["generate"]
 

@@ -15,21 +15,21 @@ import weakref
 from collections.abc import Iterable
 from functools import partial
 from types import MethodType
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch import nn
 
-from populora.routing.front import Router
+from populora.routing.router import Router
 
-__all__: list[str] = []
-
-# The live (not merged, not closed) populations on each base model.
-_LIVE: weakref.WeakKeyDictionary[nn.Module, weakref.WeakSet] = weakref.WeakKeyDictionary()
+__all__ = ["hold", "register", "release", "unwind"]
 
 
-def live_on(model: nn.Module) -> list[Any]:
-    """The populations wrapping ``model`` that are neither merged nor closed."""
-    return [pop for pop in _LIVE.get(model, ()) if not pop._spent]
+class _Holders(NamedTuple):
+    flags: dict[str, bool]  # the user's requires_grad flags, recorded by the first holder
+    live: weakref.WeakSet  # the populations holding the model (neither merged nor closed)
+
+
+_HELD: weakref.WeakKeyDictionary[nn.Module, _Holders] = weakref.WeakKeyDictionary()
 
 
 def hold(population: Any, model: nn.Module) -> dict[str, bool]:
@@ -38,31 +38,34 @@ def hold(population: Any, model: nn.Module) -> dict[str, bool]:
     The flags are the model's own (``{parameter name: requires_grad}``) when
     no other population holds it, else the ones the first holder recorded.
     """
-    others = live_on(model)
-    flags = (
-        dict(others[0]._base_requires_grad)
-        if others
-        else {name: p.requires_grad for name, p in model.named_parameters()}
-    )
+    held = _HELD.get(model)
+    if held is None or not held.live:
+        held = _HELD[model] = _Holders(
+            {name: p.requires_grad for name, p in model.named_parameters()}, weakref.WeakSet()
+        )
     model.requires_grad_(False)
-    register(population, model)
-    return flags
+    held.live.add(population)
+    return held.flags
 
 
-def register(population: Any, model: nn.Module) -> None:
-    """Count ``population`` among ``model``'s live holders (a deep copy of a live population, say)."""
-    _LIVE.setdefault(model, weakref.WeakSet()).add(population)
+def register(population: Any, model: nn.Module, flags: dict[str, bool]) -> None:
+    """Count ``population`` among ``model``'s live holders (a deep copy of a live population, with its flags)."""
+    held = _HELD.get(model)
+    if held is None or not held.live:
+        held = _HELD[model] = _Holders(dict(flags), weakref.WeakSet())
+    held.live.add(population)
 
 
-def release(population: Any, model: nn.Module, modules: Iterable[nn.Module], flags: dict[str, bool]) -> None:
-    """``population`` lets go of ``model`` (its router already removed); the last holder restores ``flags``."""
+def release(population: Any, model: nn.Module, modules: Iterable[nn.Module]) -> None:
+    """``population`` lets go of ``model`` (its router already removed); the last holder restores the flags."""
     unwind(modules)
-    live = _LIVE.get(model)
-    if live is not None:
-        live.discard(population)
-    if not live_on(model):
+    held = _HELD.get(model)
+    if held is None:
+        return
+    held.live.discard(population)
+    if not held.live:
         for name, param in model.named_parameters():
-            param.requires_grad_(flags.get(name, True))
+            param.requires_grad_(held.flags.get(name, True))
 
 
 def unwind(modules: Iterable[nn.Module]) -> None:
@@ -78,10 +81,10 @@ def unwind(modules: Iterable[nn.Module]) -> None:
             forward = vars(module).get("forward")
             owner = getattr(getattr(forward, "func", None), "__self__", None)
             if not (
-                isinstance(forward, partial) and isinstance(owner, Router) and owner._removed and len(forward.args) >= 2
+                isinstance(forward, partial) and isinstance(owner, Router) and owner.removed and len(forward.args) >= 2
             ):
                 break
-            inner = forward.args[1]  # Router wraps as partial(router._forward, i, inner, module)
+            inner = forward.args[1]  # Router wraps as partial(router.layer_forward, i, inner, module)
             if isinstance(inner, MethodType) and inner.__self__ is module and inner.__func__ is type(module).forward:
                 del module.forward
             else:

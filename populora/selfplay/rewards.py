@@ -17,12 +17,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from populora.checks import check_int, check_one_of
+from populora.checks import check_float, check_int, check_one_of
 from populora.errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["TEACHER_REWARDS", "SelfPlayRecord", "match_scores", "selfplay_fitnesses"]
 
 TEACHER_REWARDS = ("failures", "learnability")
+# the ranges of SelfPlayRecord's fields (checked when a record is read back: SelfPlayRecord.from_dict)
+_RECORD_INTS = ("step", "matches", "tokens")
+_RECORD_FRACTIONS = ("validity", "student_mean", "student_best", "teacher_mean", "teacher_best")
+_RECORD_NONNEGATIVE = ("seconds", "tokens_per_s")
 
 
 def _bool_tensor(name: str, value: Any, dims: int) -> Tensor:
@@ -124,7 +128,7 @@ def selfplay_fitnesses(
     opponents, valid, solved, p_s, anchor_solved = _check_outcomes(
         opponents, valid, solved, num_students, anchor_solved
     )
-    p_t, k, a = solved.shape
+    _, k, a = solved.shape
     rate = solved.double().mean(2)  # (p_t, k)
     if teacher_reward == "failures":
         reward = 1.0 - rate
@@ -208,10 +212,33 @@ class SelfPlayRecord:
 
     @classmethod
     def from_dict(cls, d: Any) -> SelfPlayRecord:
+        """A record from :meth:`as_dict`'s dict, every field checked (a checkpoint's history is read with it).
+
+        Raises:
+            InvalidTypeError, InvalidValueError: not a dict of exactly the record's fields, or a field of the
+                wrong type or out of its range (named): ``step``, ``matches``, ``tokens`` ints ``>= 0``;
+                ``validity``, the fitness means and bests and ``anchor_accuracy`` (or ``None``) in ``[0, 1]``;
+                the rating means and ordinals finite; ``seconds``, ``tokens_per_s`` finite and ``>= 0``.
+        """
         names = [f.name for f in fields(cls)]
-        if not isinstance(d, dict) or sorted(d) != sorted(names):
-            raise ValueError(f"a history entry must be a dict with the keys {names}")
-        return cls(**d)
+        if not isinstance(d, dict):
+            raise InvalidTypeError(f"a history entry must be a dict with the keys {names}, got {type(d).__name__}")
+        if sorted(d, key=str) != sorted(names):
+            raise InvalidValueError(f"a history entry must be a dict with the keys {names}, got {list(d)}")
+        values: dict[str, Any] = {}
+        for name in names:
+            value = d[name]
+            if name in _RECORD_INTS:
+                values[name] = check_int(name, value, low=0)
+            elif name in _RECORD_FRACTIONS or (name == "anchor_accuracy" and value is not None):
+                values[name] = check_float(name, value, low=0.0, high=1.0)
+            elif name in _RECORD_NONNEGATIVE:
+                values[name] = check_float(name, value, low=0.0)
+            elif name != "anchor_accuracy":
+                values[name] = check_float(name, value)
+            else:
+                values[name] = None
+        return cls(**values)
 
     @property
     def deterministic(self) -> tuple:

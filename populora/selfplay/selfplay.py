@@ -14,13 +14,14 @@ Each :meth:`SelfPlay.step`:
    task-sampled problems each (the same for every student), in ONE routed
    ``students.generate`` call (greedy by default; ``attempts`` sampled
    answers per problem when asked);
-5. fitnesses follow :func:`~populora.selfplay_fitness.selfplay_fitnesses`
+5. fitnesses follow :func:`~populora.selfplay.rewards.selfplay_fitnesses`
    (student: fraction of its answers right; teacher: valid problems its
    student failed, or AZR's learnability);
 6. every valid problem is a rated match (teacher wins when the student fails,
-   :func:`~populora.selfplay_fitness.match_scores`);
+   :func:`~populora.selfplay.rewards.match_scores`);
 7. (optional, ``student_pg_lr > 0``) every student takes a policy-gradient step
-   on its own answers (PopuLoRA's hybrid); then each population evolves one
+   on its own answers (PopuLoRA's hybrid, through
+   :func:`populora.train.policy_gradient_step_`); then each population evolves one
    generation (``evolve_kwargs`` per population);
 8. the ratings follow the culled slots (``Ratings.follow_``).
 
@@ -46,17 +47,16 @@ import torch
 from torch import Tensor
 
 from populora import distributed as pd
-from populora.checks import check_bool, check_float, check_int, check_one_of, check_seed, is_int
-from populora.coevolve.coevolve import _snapshot, evaluating
+from populora.checks import check_bool, check_float, check_index, check_int, check_one_of, check_seed, is_int
 from populora.coevolve.specs import check_evolve_kwargs
 from populora.errors import CheckpointError, FitnessError, InvalidTypeError, InvalidValueError
-from populora.population.population import Population
+from populora.population.population import Population, evaluating
 from populora.ratings import PAIRING_MODES, Ratings
-from populora.selfplay.pg import policy_gradient_step_
 from populora.selfplay.rewards import TEACHER_REWARDS, SelfPlayRecord, match_scores, selfplay_fitnesses
 from populora.selfplay.text import chat_text, generate_replies, pad_id
 from populora.snapshots import Snapshot
 from populora.tasks import Problem, Task
+from populora.train import advantages, policy_gradient_step_
 
 __all__ = ["MATCHMAKING", "SelfPlay", "SelfPlayOutcome", "SelfPlayRecord", "selfplay_fitnesses"]
 
@@ -131,7 +131,7 @@ class SelfPlay(Snapshot):
             the teachers, ``parse_proposal`` verifies their proposals,
             ``prompt`` / ``Problem.check`` ask and check the students, and
             ``sample`` draws the anchors.
-        ratings: a :class:`~populora.matchmaking.Ratings` over
+        ratings: a :class:`~populora.ratings.Ratings` over
             ``{'teachers': p_t, 'students': p_s}`` (default: a new one).
         proposals: ``k >= 1`` problems each teacher proposes per step.
         anchors: ``m >= 0`` task-sampled problems every student also answers
@@ -151,10 +151,17 @@ class SelfPlay(Snapshot):
             ``max_new_tokens=24, do_sample=False``: greedy).
         chat: wrap every prompt in the tokenizer's chat template.
         student_pg_lr: ``> 0`` turns on PopuLoRA's hybrid: before ``evolve_``, every
-            student takes one REINFORCE step on its own answers of the step
-            (reward 1 right / 0 wrong, baseline the student's mean reward), of
-            L2 norm ``student_pg_lr`` over its adapter factors
-            (:func:`~populora.selfplay_pg.policy_gradient_step_`). ``0`` (default): evolution only.
+            student takes one plain SGD step (no momentum, so SelfPlay keeps no
+            optimizer state) of learning rate ``student_pg_lr`` on the REINFORCE
+            loss of its own answers of the step:
+            ``-mean_j A_j * mean_t log p(reply_jt)`` over its answers ``j``, with
+            reward 1 right / 0 wrong and advantage ``A_j`` the reward minus the
+            student's mean reward of the step (so a student whose answers all
+            scored alike does not move), in eval mode
+            (:func:`populora.train.policy_gradient_step_` with
+            ``reduction="sequence_mean"``; under ``step(distributed=True)`` each
+            rank differentiates its share of the answers and the gradients are
+            summed). ``0`` (default): evolution only.
         pg_micro_batch: rows per forward / backward of that step.
         evolve_kwargs: ``{'teachers': {...}, 'students': {...}}``, options of each ``evolve_``.
         seed: seeds SelfPlay's generator (matchmaking, sampling seeds, anchors).
@@ -204,7 +211,7 @@ class SelfPlay(Snapshot):
         for name, pop in (("teachers", teachers), ("students", students)):
             if not isinstance(pop, Population):
                 raise InvalidTypeError(f"`{name}` must be a Population, got {type(pop).__name__}")
-            if pop._spent:
+            if pop.spent:
                 raise InvalidValueError(f"`{name}` was merged or closed: it cannot play any more")
         if teachers is students:
             raise InvalidValueError(
@@ -234,7 +241,7 @@ class SelfPlay(Snapshot):
         if ratings is None:
             ratings = Ratings(sizes)
         elif not isinstance(ratings, Ratings):
-            raise InvalidTypeError(f"`ratings` must be a populora.matchmaking.Ratings, got {type(ratings).__name__}")
+            raise InvalidTypeError(f"`ratings` must be a populora.ratings.Ratings, got {type(ratings).__name__}")
         for name, size in sizes.items():
             try:
                 held = int(ratings.mu(name).numel())
@@ -279,7 +286,6 @@ class SelfPlay(Snapshot):
         self.generator = torch.Generator().manual_seed(self.seed)
         self.steps = 0
         self.history: list[SelfPlayRecord] = []
-        self._evolve_checked = False
         self._synced = False
 
     def __repr__(self) -> str:
@@ -304,9 +310,13 @@ class SelfPlay(Snapshot):
         Returns:
             A :class:`SelfPlayOutcome`; its ``record`` is appended to :attr:`history`.
 
-        If a step raises, SelfPlay's generator is restored (a retry draws the
-        same matches and sampling seeds); if ``evolve_`` rejects an option at
-        the first step, the ratings and both populations are restored as well.
+        All or nothing, at every step: if the step raises (a generate call, the
+        verifier, the policy-gradient step, ``evolve_``, the ratings), both
+        populations (adapters, generators, counters, history), the ratings and
+        SelfPlay's generator are restored to where they were before it, so a
+        retry draws the same matches and sampling seeds and gives what the step
+        would have given (``steps`` and ``history`` are only written once the
+        step has succeeded).
 
         Raises:
             FitnessError: a fitness could not be used by ``evolve_`` (nothing evolved).
@@ -315,11 +325,20 @@ class SelfPlay(Snapshot):
         use_dist = bool(distributed) and pd.is_distributed()
         if use_dist and not self._synced:
             self._sync_from_rank0()
-        generator_state = self.generator.get_state()
+        pops = {"teachers": self.teachers, "students": self.students}
+        # every write of a step is undone if it raises (copies: the live adapters are updated in place)
+        saved = (
+            {n: p.snapshot() for n, p in pops.items()},
+            self.ratings.state_dict(),
+            self.generator.get_state(),
+        )
         try:
             return self._step(use_dist)
         except BaseException:
-            self.generator.set_state(generator_state)  # a retry draws the same matches and seeds
+            for n, state in saved[0].items():
+                pops[n].load_state_dict(state)
+            self.ratings.load_state_dict(saved[1])
+            self.generator.set_state(saved[2])  # a retry draws the same matches and seeds
             raise
 
     def _step(self, use_dist: bool) -> SelfPlayOutcome:
@@ -377,41 +396,45 @@ class SelfPlay(Snapshot):
         t_ids, s_ids, scores = match_scores(opponents, valid, solved)
         fitnesses = {name: self._validated(name, f) for name, f in (("teachers", teacher_f), ("students", student_f))}
         pops = {"teachers": t_pop, "students": s_pop}
-        # the first step may still fail in evolve_ (an option it rejects): undo every write then
-        snapshots = (
-            None if self._evolve_checked else ({n: _snapshot(p) for n, p in pops.items()}, self.ratings.state_dict())
-        )
-        try:
-            if q:
-                self.ratings.rate_many_("teachers", t_ids, "students", s_ids, scores)
-            record = self._record(valid, teacher_f, student_f, anchor_solved, q, tokens, seconds)
-            if self.student_pg_lr > 0 and ids:
-                policy_gradient_step_(
-                    s_pop,
-                    ids,
-                    answers.prompt_ids,
-                    answers.reply_ids,
-                    right.flatten().float(),
-                    lr=self.student_pg_lr,
-                    pad=pad_id(self.tokenizer),
-                    micro_batch=self.pg_micro_batch,
-                    distributed=use_dist,
-                )
-            results = {n: p.evolve_(fitnesses[n], **self.evolve_kwargs.get(n, {})) for n, p in pops.items()}
-            for n, result in results.items():
-                self.ratings.follow_(n, result)
-        except BaseException:
-            if snapshots is not None:
-                for n, state in snapshots[0].items():
-                    pops[n].load_state_dict(state)
-                self.ratings.load_state_dict(snapshots[1])
-            raise
-        self._evolve_checked = True
+        # the writes below are undone by step() if anything raises
+        if q:
+            self.ratings.rate_many_("teachers", t_ids, "students", s_ids, scores)
+        record = self._record(valid, teacher_f, student_f, anchor_solved, q, tokens, seconds)
+        if self.student_pg_lr > 0 and ids:
+            self._policy_gradient_step(ids, answers.prompt_ids, answers.reply_ids, right.flatten(), use_dist)
+        results = {n: p.evolve_(fitnesses[n], **self.evolve_kwargs.get(n, {})) for n, p in pops.items()}
+        for n, result in results.items():
+            self.ratings.follow_(n, result)
         self.history.append(record)
         self.steps += 1
         return SelfPlayOutcome(
             opponents, proposals, problems, valid, solved, anchors, anchor_solved, teacher_f, student_f, record, replies
         )
+
+    def _policy_gradient_step(
+        self, ids: list[int], prompts: list[list[int]], replies: list[list[int]], right: Tensor, use_dist: bool
+    ) -> None:
+        """``student_pg_lr``'s step (see the class docstring); distributed, each rank its share of the rows."""
+        adv = advantages(right.double(), groups=ids, method="baseline")
+        rows = list(pd.partition(len(ids), pd.process_rank(), pd.world_size())) if use_dist else list(range(len(ids)))
+        model = self.students.model
+        training = model.training
+        model.eval()  # the answers were generated without dropout
+        try:
+            policy_gradient_step_(
+                self.students,
+                torch.optim.SGD(self.students.adapter_parameters(), lr=self.student_pg_lr),
+                [prompts[j] for j in rows],
+                [replies[j] for j in rows],
+                [ids[j] for j in rows],
+                adv[rows],
+                pad_id=pad_id(self.tokenizer),
+                micro_batch=self.pg_micro_batch,
+                reduction="sequence_mean",
+                distributed=use_dist,
+            )
+        finally:
+            model.train(training)
 
     def _draw_seed(self) -> int:
         return int(torch.randint(0, 2**62, (), generator=self.generator))
@@ -481,7 +504,11 @@ class SelfPlay(Snapshot):
         population = check_one_of("population", population, NAMES)
         pop = self.students if population == "students" else self.teachers
         batch_size = check_int("batch_size", batch_size, low=1)
-        ids = list(range(pop.pop_size)) if individuals is None else [pop._check_id(i) for i in individuals]
+        ids = (
+            list(range(pop.pop_size))
+            if individuals is None
+            else [check_index("individuals", i, pop.pop_size) for i in individuals]
+        )
         problems = list(problems)
         if not all(isinstance(p, Problem) for p in problems):
             raise InvalidTypeError("`problems` must be a sequence of populora.tasks.Problem")
@@ -532,8 +559,8 @@ class SelfPlay(Snapshot):
             "steps": self.steps,
             "seed": self.seed,
             "generator": self.generator.get_state().clone(),
-            "teachers": _snapshot(self.teachers, cpu=True),
-            "students": _snapshot(self.students, cpu=True),
+            "teachers": self.teachers.snapshot("cpu"),
+            "students": self.students.snapshot("cpu"),
             "ratings": self.ratings.state_dict(),
             "history": [r.as_dict() for r in self.history],
         }
@@ -543,8 +570,10 @@ class SelfPlay(Snapshot):
 
         Raises:
             CheckpointError: not a SelfPlay state, a missing key, a bad step count,
-                generator state or history, or a population or ratings state that
-                does not fit (nothing has changed).
+                generator state or history (every field of every record is checked,
+                see :meth:`SelfPlayRecord.from_dict`; their steps must increase and
+                stay below ``steps``), or a population or ratings state that does
+                not fit (nothing has changed).
         """
         if not isinstance(state, Mapping) or state.get("format") != _FORMAT:
             raise CheckpointError(f"not a populora self-play checkpoint (missing format {_FORMAT!r})")
@@ -558,17 +587,39 @@ class SelfPlay(Snapshot):
             probe.set_state(state["generator"])
         except (TypeError, RuntimeError, ValueError) as error:
             raise CheckpointError(f"the self-play state's 'generator' is not a generator state: {error}") from None
-        try:
-            history = [SelfPlayRecord.from_dict(dict(d) if isinstance(d, Mapping) else d) for d in state["history"]]
-        except (TypeError, ValueError) as error:
-            raise CheckpointError(f"the self-play state's 'history' is malformed: {error}") from None
+        history = _checked_history(state["history"], int(state["steps"]))
         checked = {
-            n: p._check_state_dict(state[n]) for n, p in (("teachers", self.teachers), ("students", self.students))
+            n: p.check_state_dict(state[n]) for n, p in (("teachers", self.teachers), ("students", self.students))
         }
         self.ratings.load_state_dict(state["ratings"])  # all or nothing; the last check before any write
-        self.teachers._write_state(checked["teachers"])
-        self.students._write_state(checked["students"])
+        self.teachers.load_checked_state_dict(checked["teachers"])
+        self.students.load_checked_state_dict(checked["students"])
         self.generator.set_state(probe.get_state())
         self.history = history
         self.steps = int(state["steps"])
-        self._evolve_checked = False
+
+
+def _checked_history(rows: Any, steps: int) -> list[SelfPlayRecord]:
+    """A state's ``history`` as records, every field checked; their steps increase and stay below ``steps``.
+
+    Raises:
+        CheckpointError: naming the first bad entry and field.
+    """
+    if not isinstance(rows, (list, tuple)):
+        raise CheckpointError(
+            f"the self-play state's 'history' must be a list of SelfPlayRecord dicts, got {type(rows).__name__}"
+        )
+    history: list[SelfPlayRecord] = []
+    for i, row in enumerate(rows):
+        try:
+            record = SelfPlayRecord.from_dict(dict(row) if isinstance(row, Mapping) else row)
+        except (TypeError, ValueError) as error:
+            raise CheckpointError(f"the self-play state's 'history' entry {i} is malformed: {error}") from None
+        last = history[-1].step if history else -1
+        if not last < record.step < steps:
+            raise CheckpointError(
+                f"the self-play state's 'history' entry {i} has step={record.step}: the steps of the history "
+                f"must increase (the entry before has step={last}) and stay below the state's steps={steps}"
+            )
+        history.append(record)
+    return history

@@ -244,7 +244,7 @@ def test_xes_island_of_parents_only_averages_them():
 
 
 @pytest.mark.parametrize("name", ["xes", "extrapolative"])
-def test_fitness_aware_crossovers_check_fitnesses(name, helpers):
+def test_fitness_aware_crossovers_validate_fitnesses(name, helpers):
     stacks, parents = helpers.random_stacks(P), parents_for(name)
     with pytest.raises(FitnessError, match="`fitnesses` contains NaN"):
         call(name, stacks, parents, fitnesses=torch.full((P,), float("nan")))

@@ -155,17 +155,6 @@ def test_neftune_moves_a_zero_up_through_up():
     assert rms_change(new, old) == pytest.approx(0.02, rel=0.15)
 
 
-def test_neftune_alpha_is_deprecated_and_keeps_its_old_meaning(helpers):
-    factors = helpers.random_stacks(M, shapes=[(64, 9, 4)], dtype=torch.float64)
-    with pytest.warns(DeprecationWarning, match="`alpha` of neftune_style is deprecated"):
-        new = call("neftune_style", factors, alpha=5.0, epsilon=123.0)[0]  # epsilon is ignored
-    bound = 5.0 / math.sqrt(64 * 4)
-    noise = (new.down - factors[0].down).abs()
-    assert noise.max() <= bound and noise.max() > 0.95 * bound
-    assert noise.mean().item() == pytest.approx(bound / 2, rel=0.05)  # uniform on [-b, b]
-    assert torch.equal(new.up, factors[0].up)
-
-
 @pytest.mark.parametrize("fraction,count", [(1 / 3, 2), (0.01, 1), (0.5, 3), (0.75, 5), (1.0, 6)])  # 4.5 rounds up
 def test_layer_selective_touches_the_right_number_of_targets(fraction, count, helpers):
     factors = helpers.random_stacks(200, shapes=[(4, 3, 2)] * 6)

@@ -73,36 +73,18 @@ def test_register_directly_and_as_decorator():
     assert torch.equal(out[0].down, torch.ones(2, 3, 1))
 
 
-def test_mutation_with_the_old_floors_keyword_still_works():
-    """Registered with `floors` (pre-0.2): a DeprecationWarning pointing at the caller, and the
-    population hands it floors = sqrt(weight_scale / sqrt(rank)), what the keyword used to mean."""
-    seen = {}
+def test_mutation_with_floors_instead_of_weight_scales_is_refused():
+    """`floors` is no keyword the population passes: a mutation without `weight_scales` is refused like any."""
 
     def old_style(factors, *, epsilon, floors, generator):
-        seen["floors"] = list(floors)
         return [Factors(f.down * 2, f.up) for f in factors]
 
-    with pytest.warns(DeprecationWarning, match="takes the keyword `floors`, renamed `weight_scales`") as record:
+    message = r"mutation 'old_style' must accept the keyword argument\(s\) \['weight_scales'\]; its signature is"
+    with pytest.raises(InvalidTypeError, match=message):
         register_mutation("old_style", old_style)
-    assert record[0].filename == __file__
-    with pytest.warns(DeprecationWarning) as record:
-        register_mutation("old_style_deco", overwrite=True)(old_style)
-    assert record[0].filename == __file__
-    assert "floors" not in option_names("mutation", "old_style")
-    with pytest.raises(InvalidTypeError, match=r"option\(s\) \['floors'\] are passed by the population itself"):
-        check_options("mutation", "old_style", {"floors": [1.0]})
-
-    from populora import Population
-
-    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Linear(8, 2))
-    pop = Population(model, pop_size=4, low_rank=4, seed=0)
-    before = pop.factors()[0].down.clone()
-    pop.mutate_("old_style", all_individuals=True)
-    assert torch.equal(pop.factors()[0].down, 2 * before)
-    expected = [(w / r**0.5) ** 0.5 for w, r in zip(pop.weight_scales, pop.effective_ranks)]  # effective ranks (4, 2)
-    assert seen["floors"] == pytest.approx(expected)
-    with pytest.warns(DeprecationWarning, match="`Population.floors` is deprecated"):
-        assert pop.floors == pytest.approx(expected)
+    with pytest.raises(InvalidTypeError, match=message):
+        register_mutation("old_style")(old_style)
+    assert "old_style" not in MUTATIONS
 
 
 def test_duplicate_needs_overwrite():
@@ -191,7 +173,6 @@ def test_check_options_with_var_keywords():
     "kind,name,options,error,message",
     [
         ("mutation", "component_masking", {"rho": 2}, InvalidValueError, r"`rho` must be in \[0, 1\], got 2"),
-        ("mutation", "neftune_style", {"alpha": -1.0}, InvalidValueError, "`alpha` must be >= 0, got -1.0"),
         (
             "mutation",
             "layer_selective_gaussian",
