@@ -17,8 +17,20 @@
 # throughput relative to plain inference alone and to plain inference plus the same loss.
 # Progress goes to stderr; the exit status is 0 when both benchmarks ran and their tables were read.
 #
+# EvoX side by side (issue 24; EvoX is never a dependency, only a black box): with EVOX_WHEELS naming a
+# folder that holds EvoX's wheel, prepared where PyPI is reachable (the GPU machine has no network) with
+#   python3 -m pip download --no-deps --only-binary=:all: -d outputs/evox-wheels evox==1.4.0
+# (add numpy's wheel for the GPU machine's Python only if that Python lacks numpy) and carried to the GPU
+# machine (outputs/ is git-ignored: carry it, never commit it), the script installs the wheels into a
+# temporary folder outside the repository (pip --target --no-deps --no-index; unzipped if pip is missing),
+# using the machine's own torch, and runs
+#   benchmarks/es.py --device cuda --pops 512,2048 --repeats 2 --min-time 0.5 --methods ours,evox \
+#       --evox-python PYTHON --json evox.json                       (EvoX's VirtualLoRAES vs EggrollES)
+# adding `EvoX / ours` time and memory rows to the summary. Without EVOX_WHEELS (or without a wheel in
+# it) it says why it skipped EvoX, and that changes neither the table nor the exit status.
+#
 # Environment: PYTHON (interpreter; default the repository's .venv, else python3), GPU_BENCH_OUT,
-# FORWARD_TIMEOUT / ES_TIMEOUT (seconds; defaults 180 / 150 on CUDA).
+# FORWARD_TIMEOUT / ES_TIMEOUT / EVOX_TIMEOUT (seconds; defaults 180 / 150 / 150 on CUDA), EVOX_WHEELS.
 
 set -u
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -38,6 +50,8 @@ if [ -z "$PY" ]; then
 fi
 OUTDIR="${GPU_BENCH_OUT:-${OUT:-$REPO/outputs/gpu}}"
 mkdir -p "$OUTDIR" || exit 2
+EVOX_DIR="${EVOX_WHEELS:-}"
+if [ -n "$EVOX_DIR" ] && [ -d "$EVOX_DIR" ]; then EVOX_DIR="$(cd "$EVOX_DIR" && pwd)"; fi  # before the cd below
 cd "$REPO" || exit 2
 export PYTHONUNBUFFERED=1 PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 
@@ -45,14 +59,18 @@ if [ "$SMOKE" = "1" ]; then
   DEVICE=cpu
   FORWARD_ARGS=(--device cpu --quick --no-loop --min-time 0.01 --skip-memory --match "P=16 |transformer")
   ES_ARGS=(--device cpu --pops 4 --repeats 1 --min-time 0.01 --methods plain,plain_loss,ours,ours_unshared,ours_pm --in-process)
+  EVOX_ARGS=(--device cpu --pops 4 --repeats 1 --min-time 0.01 --methods ours,evox --in-process)
   FORWARD_TIMEOUT="${FORWARD_TIMEOUT:-300}"
   ES_TIMEOUT="${ES_TIMEOUT:-120}"
+  EVOX_TIMEOUT="${EVOX_TIMEOUT:-120}"
 else
   DEVICE=cuda
   FORWARD_ARGS=(--device cuda --min-time 0.1)
   ES_ARGS=(--device cuda --pops 512,2048 --repeats 2 --min-time 0.5 --methods plain,plain_loss,ours,ours_unshared,ours_pm)
+  EVOX_ARGS=(--device cuda --pops 512,2048 --repeats 2 --min-time 0.5 --methods ours,evox)
   FORWARD_TIMEOUT="${FORWARD_TIMEOUT:-180}"
   ES_TIMEOUT="${ES_TIMEOUT:-150}"
+  EVOX_TIMEOUT="${EVOX_TIMEOUT:-150}"
 fi
 
 # what runs where (and, on CUDA, that there is a GPU at all)
@@ -83,13 +101,44 @@ run() {  # run NAME TIMEOUT CMD...: the command's output to NAME.log; its exit s
   echo "gpu.sh: $name: exit $rc after $((SECONDS - begin)) s" >&2
 }
 
-rm -f "$OUTDIR/es.json"
+rm -f "$OUTDIR/es.json" "$OUTDIR/evox.json" "$OUTDIR/evox.rc"
 run forward "$FORWARD_TIMEOUT" "$PY" -u benchmarks/forward.py "${FORWARD_ARGS[@]}"
 run es "$ES_TIMEOUT" "$PY" -u benchmarks/es.py "${ES_ARGS[@]}" --json "$OUTDIR/es.json"
 
+# EvoX side by side, from the wheels in EVOX_WHEELS (see the top): installed outside the repository
+EVOX_SKIP="" EVOX_CMD=""
+if [ -z "$EVOX_DIR" ]; then
+  EVOX_SKIP="EVOX_WHEELS not set"
+elif [ ! -d "$EVOX_DIR" ]; then
+  EVOX_SKIP="EVOX_WHEELS=$EVOX_DIR is not a folder"
+elif ! compgen -G "$EVOX_DIR/evox-*.whl" >/dev/null; then
+  EVOX_SKIP="no evox-*.whl in EVOX_WHEELS=$EVOX_DIR"
+else
+  EVOX_SITE="$(mktemp -d "${TMPDIR:-/tmp}/populora-evox.XXXXXX")" || exit 2
+  trap 'rm -rf "$EVOX_SITE"' EXIT
+  wheels=("$EVOX_DIR"/evox-*.whl)
+  if ! "$PY" -c "import numpy" 2>/dev/null && compgen -G "$EVOX_DIR/numpy-*.whl" >/dev/null; then
+    wheels+=("$EVOX_DIR"/numpy-*.whl)  # evox needs numpy; torch usually brings it
+  fi
+  if "$PY" -m pip --version >/dev/null 2>&1; then
+    "$PY" -m pip install --quiet --disable-pip-version-check --no-index --no-deps --target "$EVOX_SITE" \
+      "${wheels[@]}" >"$OUTDIR/evox-install.log" 2>&1
+  else  # a wheel is a zip archive laid out as site-packages
+    for wheel in "${wheels[@]}"; do "$PY" -m zipfile -e "$wheel" "$EVOX_SITE" || break; done >"$OUTDIR/evox-install.log" 2>&1
+  fi
+  if PYTHONPATH="$EVOX_SITE:$PYTHONPATH" "$PY" -c "import evox" >>"$OUTDIR/evox-install.log" 2>&1; then
+    EVOX_CMD="python benchmarks/es.py $(printf '%q ' "${EVOX_ARGS[@]}")--evox-python PYTHON"
+    run evox "$EVOX_TIMEOUT" env PYTHONPATH="$EVOX_SITE:$PYTHONPATH" "$PY" -u benchmarks/es.py "${EVOX_ARGS[@]}" \
+      --evox-python "$PY" --json "$OUTDIR/evox.json"
+  else
+    EVOX_SKIP="evox from $EVOX_DIR does not import (see $OUTDIR/evox-install.log)"
+  fi
+fi
+[ -z "$EVOX_SKIP" ] || echo "gpu.sh: evox: skipped ($EVOX_SKIP)" >&2
+
 "$PY" - "$OUTDIR" "$FORWARD_TIMEOUT" "$ES_TIMEOUT" "python benchmarks/forward.py $(printf '%q ' "${FORWARD_ARGS[@]}")" \
-  "python benchmarks/es.py $(printf '%q ' "${ES_ARGS[@]}")" <<'PY'
-"""Read forward.log and es.json; print the one summary table (also written to summary.md)."""
+  "python benchmarks/es.py $(printf '%q ' "${ES_ARGS[@]}")" "$EVOX_CMD" "$EVOX_SKIP" <<'PY'
+"""Read forward.log, es.json and evox.json; print the one summary table (also written to summary.md)."""
 import json
 import math
 import re
@@ -98,6 +147,7 @@ from pathlib import Path
 
 out, fwd_limit, es_limit = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 fwd_cmd, es_cmd = sys.argv[4].strip(), sys.argv[5].strip()
+evox_cmd, evox_skip = sys.argv[6].strip(), sys.argv[7]
 rc = {name: (out / f"{name}.rc").read_text().strip() for name in ("forward", "es")}
 notes, rows = [], []
 POINT = re.compile(r"^(?P<label>(?:mlp|transformer) .*?)(?P<star> \*)?\s+(?P<n>\d+)\s+(?P<pure>[\d.]+)\s+"
@@ -166,11 +216,32 @@ for pop in pops or ["-"]:
                                                   "ours_unshared": ", first layer per member"}.get(method, "")
         rows.append((label, f"N={pop}", fmt(ratios.get(f"{method} {kind} N={pop}")), target))
 
+# ---- EvoX side by side: rows only where it ran; a skip or a failure is a line under the table (EvoX is a
+# third party's black box, so neither makes the script fail)
+evox_lines = []
+if evox_skip:
+    evox_lines.append(f"evox: skipped ({evox_skip})")
+elif evox_cmd:
+    report = json.loads((out / "evox.json").read_text()) if (out / "evox.json").exists() else {}
+    found = False
+    for pop in report.get("pops", []):
+        time_ratio = report["ratios"].get(f"evox/ours time N={pop}")
+        if time_ratio is not None:
+            found = True
+            rows.append(("ES step time, EvoX VirtualLoRAES / ours", f"N={pop}", fmt(time_ratio), "reported"))
+            rows.append(("ES step peak memory, EvoX VirtualLoRAES / ours", f"N={pop}",
+                         fmt(report["ratios"][f"evox/ours mem N={pop}"]), "reported"))
+    code = (out / "evox.rc").read_text().strip() if (out / "evox.rc").exists() else "?"
+    if not found:
+        why = "timed out" if code in ("124", "137") else f"exit {code}"
+        evox_lines.append(f"evox: no EvoX / ours ratio ({why}); see {out / 'evox.log'}")
+    evox_lines += [f"evox: {what} failed: {error}" for what, error in report.get("failures", {}).items()]
+
 lines = [f"device: {(out / 'env.txt').read_text().strip()}",
-         f"commands: {fwd_cmd}; {es_cmd}", "",
+         f"commands: {fwd_cmd}; {es_cmd}" + (f"; {evox_cmd}" if evox_cmd else ""), "",
          "| measure | point | value | target |", "| --- | --- | ---: | --- |"]
 lines += [f"| {a} | {b} | {c} | {t} |" for a, b, c, t in rows]
-lines += [""] + [f"note: {n}" for n in notes]
+lines += [""] + evox_lines + [f"note: {n}" for n in notes]
 text = "\n".join(lines).rstrip() + "\n"
 (out / "summary.md").write_text(text)
 print(text, end="")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -53,7 +54,8 @@ def _table(text: str) -> list[list[str]]:
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path_factory.mktemp("gpu")
-    return _run("--cpu-smoke", out=out), out
+    no_wheels = tmp_path_factory.mktemp("evox-wheels")  # a folder without EvoX's wheel: EvoX is skipped
+    return _run("--cpu-smoke", out=out, EVOX_WHEELS=str(no_wheels)), out
 
 
 def test_cpu_smoke_prints_one_summary_table(smoke):
@@ -73,6 +75,10 @@ def test_cpu_smoke_prints_one_summary_table(smoke):
     assert rows["ES step throughput / plain inference + the same loss"][1] == "N=4"
     assert rows["ES step throughput / plain inference + the same loss"][3] == ">= 0.90"
     assert "note:" not in proc.stdout
+    # EvoX skipped with its reason, in the log and under the table, and neither a row nor a failure
+    assert re.search(r"gpu\.sh: evox: skipped \(no evox-\*\.whl in EVOX_WHEELS=\S*evox-wheels", proc.stderr)
+    assert re.search(r"^evox: skipped \(no evox-\*\.whl in EVOX_WHEELS=\S*evox-wheels\S*\)$", proc.stdout, re.M)
+    assert not (out / "evox.json").exists() and not (out / "evox.log").exists()
     assert proc.stdout.splitlines()[0].startswith("device: torch ")
     assert (out / "summary.md").read_text() == proc.stdout  # the table is kept with the logs
 
