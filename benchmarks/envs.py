@@ -42,22 +42,34 @@ stands. Run::
     python benchmarks/envs.py --task lunarlander --seed 0 --budget-seconds 900
     python benchmarks/envs.py --task pendulum --seed 0 --algorithm es
     python benchmarks/envs.py --task lunarlander-continuous --seed 0 1 2 --budget-seconds 3600
+
+``--json PATH`` also writes every run (the table row plus its per-generation history: training best / mean /
+std, validated score, env steps) to ``PATH``, after each seed; rerun the same command to continue, and the seeds
+already in the file are skipped (``benchmarks/plots.py`` draws the learning curves from these files). With
+``--checkpoints DIR`` every run also checkpoints each generation (``Checkpointing(DIR/<task>-<algorithm>-<seed>,
+resume=True)``), so a stopped long run continues inside a seed too (its ``wall`` then counts the last session only).
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
+import platform
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+import populora
 from populora import evolve_with_env, interact_with_env
-from populora.interact import ES, Budget, EnvOptions, Episodes
+from populora.interact import ES, Budget, Checkpointing, EnvOptions, Episodes
 
 REPORT = 7_000_000  # the reporting seeds' run seed offset (play() draws them from its own stream)
 
@@ -183,7 +195,9 @@ def tasks() -> dict[str, Task]:
     }
 
 
-def run(task_name: str, seed: int, algorithm: str | None, deadline: float) -> dict[str, Any]:
+def run(
+    task_name: str, seed: int, algorithm: str | None, deadline: float, checkpoints: Path | None = None
+) -> dict[str, Any]:
     task = tasks()[task_name]
     algorithm = algorithm or task.default
     if algorithm not in task.configs:
@@ -203,6 +217,9 @@ def run(task_name: str, seed: int, algorithm: str | None, deadline: float) -> di
         budget=Budget(max_env_steps=task.step_cap),
         algorithm=options.pop("algorithm", algorithm),  # the ES's own options where the config has them
         callback=lambda info: time.perf_counter() > deadline,
+        checkpointing=Checkpointing()
+        if checkpoints is None
+        else Checkpointing(checkpoints / f"{task_name}-{algorithm}-{seed}", resume=True),
         **options,
     )
     wall = time.perf_counter() - start
@@ -222,7 +239,32 @@ def run(task_name: str, seed: int, algorithm: str | None, deadline: float) -> di
         generations=len(history),
         wall=wall,
         validated=max((h.validated for h in history if h.validated is not None), default=float("nan")),
+        history=[h.as_dict() for h in history],
     )
+
+
+def _commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def _write(path: Path, command: str, rows: list[dict[str, Any]]) -> None:
+    """The runs so far as JSON (written to a temporary file, then renamed: a stopped run leaves a whole file)."""
+    report = {
+        "benchmark": "benchmarks/envs.py",
+        "command": command,
+        "populora": populora.__version__,
+        "commit": _commit(),
+        "torch": torch.__version__,
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch thread(s)",
+        "runs": rows,
+    }
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(report, indent=1, allow_nan=True) + "\n")
+    tmp.replace(path)
 
 
 def main() -> None:
@@ -236,18 +278,32 @@ def main() -> None:
         help="default: the task's best measured one (see the module docstring)",
     )
     parser.add_argument("--budget-seconds", type=float, default=900.0, help="total wall time of all seeds")
+    parser.add_argument("--json", type=Path, default=None, help="also write the runs and their histories here")
+    parser.add_argument("--checkpoints", type=Path, default=None, help="checkpoint every run here (resumable)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     deadline = time.perf_counter() + args.budget_seconds
-    rows = []
+    rows: list[dict[str, Any]] = []
+    done: list[dict[str, Any]] = []
+    if args.json is not None and args.json.exists():  # continue: keep the runs already written
+        done = json.loads(args.json.read_text())["runs"]
+    command = "python benchmarks/envs.py " + " ".join(sys.argv[1:])
     print(
         "| task | algorithm | seed | env-step budget | fresh score (episodes) | target | best validated "
         "| generations | env steps | wall s |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for seed in args.seed:
-        r = run(args.task, seed, args.algorithm, deadline)
+        kept = [
+            r
+            for r in done
+            if r["seed"] == seed and r["task"] == tasks()[args.task].env
+            and r["algorithm"] == (args.algorithm or tasks()[args.task].default)
+        ]  # fmt: skip
+        r = kept[0] if kept else run(args.task, seed, args.algorithm, deadline, args.checkpoints)
         rows.append(r)
+        if args.json is not None:
+            _write(args.json, command, [*[d for d in done if d not in rows], *rows])
         budget = "-" if r["budget"] is None else f"{r['budget']:,}"
         print(
             f"| {r['task']} | {r['algorithm']} | {r['seed']} | {budget} | {r['score']:.1f} ({r['episodes']}) "
