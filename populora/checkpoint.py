@@ -34,6 +34,7 @@ from populora.errors import CheckpointError
 __all__ = [
     "atomic_save",
     "atomic_save_safetensors",
+    "is_plain_torch_save",
     "is_safetensors_file",
     "load_checkpoint",
     "load_safetensors_checkpoint",
@@ -89,18 +90,37 @@ def _read(path: str | Path) -> tuple[bytes, str]:
     return data, where
 
 
-def load_checkpoint(path: str | Path, *, kind: str, map_location: str | torch.device = "cpu") -> Any:
+def is_plain_torch_save(data: bytes) -> bool:
+    """Whether ``data`` (a file's first bytes) is a plain ``torch.save`` file: a zip archive, or a pickle (legacy)."""
+    return data.startswith(b"PK\x03\x04") or (len(data) > 1 and data[0] == 0x80 and 2 <= data[1] <= 5)
+
+
+def load_checkpoint(
+    path: str | Path, *, kind: str, map_location: str | torch.device = "cpu", foreign_hint: str = ""
+) -> Any:
     """Read a checkpoint of ``kind`` written by :func:`atomic_save`.
+
+    Args:
+        path: the file.
+        kind: the kind it must hold (``"Population"``, ...).
+        map_location: where tensors are loaded.
+        foreign_hint: added to the error for a plain ``torch.save`` file (what such a file probably is).
 
     Raises:
         FileNotFoundError: nothing at ``path``.
         CheckpointError: ``path`` is empty, truncated, corrupted, not a
-            populora checkpoint, a checkpoint of another kind (named), has
-            a damaged header, or content nested more than ``MAX_NESTING``
+            populora checkpoint (a plain ``torch.save`` file is named as
+            such and never unpickled), a checkpoint of another kind (named),
+            has a damaged header, or content nested more than ``MAX_NESTING``
             deep (or holding itself).
     """
     data, where = _read(path)
     if not data.startswith(_MAGIC):
+        if is_plain_torch_save(data[:8]):
+            raise CheckpointError(
+                f"{where} is not a populora checkpoint but a plain torch.save file: populora reads only the "
+                f"checkpoints it wrote ({kind}.save()){'; ' + foreign_hint if foreign_hint else ''}"
+            )
         raise CheckpointError(f"{where} is not a populora checkpoint (it starts with {data[:16]!r})")
     end = data.find(b"\n", len(_MAGIC))
     header = _json(data[len(_MAGIC) : end], where, "header") if end > 0 else None
@@ -220,7 +240,8 @@ def _safetensors(action: str) -> Any:
         import safetensors.torch
     except ImportError as err:  # pragma: no cover - safetensors ships with the llm and test extras
         raise ImportError(
-            f"{action} needs the `safetensors` package: pip install 'populora[llm]' (or pip install safetensors)"
+            f"{action} needs the `safetensors` package: pip install safetensors "
+            '(or, in a clone of the populora repository, pip install -e ".[llm]")'
         ) from err
     return safetensors.torch
 

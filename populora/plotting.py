@@ -3,9 +3,11 @@
 Every history in populora is a list of per-generation entries with
 ``generation``, ``best`` and ``mean`` (and, where recorded, ``std``):
 ``Population.history``, ``evolve_with_env``'s history, each list of
-``Coevolve.history`` and the ES histories. :func:`plot_history` draws the
-best fitness as a line and the mean as a dashed line, with a ``mean ± std``
-band where ``std`` is known, per series.
+``Coevolve.history`` and the ES histories; ``SelfPlay.history`` holds one
+record per step with the students' and the teachers' best and mean fitness.
+:func:`plot_history` draws the best fitness as a line and the mean as a
+dashed line, with a ``mean ± std`` band where ``std`` is known, per series
+(a self-play history is two series, students and teachers, over steps).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from populora.errors import InvalidTypeError, InvalidValueError
 __all__ = ["plot_history"]
 
 _FIELDS = ("generation", "best", "mean", "std", "validated")
+# SelfPlay's records (populora.selfplay.rewards.SelfPlayRecord): one step, both populations' fitness
+_SELFPLAY = ("step", "student_best", "student_mean", "teacher_best", "teacher_mean")
 
 
 def plot_history(
@@ -38,9 +42,12 @@ def plot_history(
             ``generation``, ``best``, ``mean`` and optionally ``std``
             attributes or keys, or ``(generation, best, mean[, std])``
             tuples); a dict ``{name: list}`` (``Coevolve.history``), one
-            series per name; or an object with a ``history`` attribute (a
-            ``Population``, a ``Coevolve``, ``evolve_with_env``'s
-            ``EvolveResult``, an ES).
+            series per name; a self-play history (``SelfPlay.history``, its
+            records or their ``as_dict()``), a students' and a teachers'
+            series over steps; or an object with a ``history`` attribute (a
+            ``Population``, a ``Coevolve``, a ``SelfPlay``,
+            ``evolve_with_env``'s ``EvolveResult``, an ES; a
+            ``TorchEggrollES``'s ES).
         ax: a matplotlib ``Axes`` to draw on; by default a new figure's.
         title: the axes' title.
         std: shade ``mean ± std`` where the entries record ``std``; a
@@ -51,7 +58,8 @@ def plot_history(
         The matplotlib ``Axes``.
 
     Raises:
-        ImportError: matplotlib is not installed (``pip install 'populora[examples]'``).
+        ImportError: matplotlib is not installed (``pip install matplotlib``, or in a clone of the
+            repository ``pip install -e ".[examples]"``).
         InvalidTypeError: an entry without ``generation`` / ``best`` / ``mean``.
         InvalidValueError: an empty history.
 
@@ -63,13 +71,13 @@ def plot_history(
         >>> [line.get_label() for line in ax.get_lines()]
         ['best', 'mean']
     """
-    series = _series(history)
+    series, x_label = _series(history)
     try:
         import matplotlib.pyplot as plt  # optional dependency: imported only when a plot is asked for
     except ImportError as err:
         raise ImportError(
             "plot_history needs matplotlib, which populora does not require: install it with "
-            "`pip install matplotlib` or `pip install 'populora[examples]'`"
+            '`pip install matplotlib` (or, in a clone of the populora repository, `pip install -e ".[examples]"`)'
         ) from err
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 4))
@@ -98,7 +106,7 @@ def plot_history(
                 alpha=0.2,
                 linewidth=0,
             )
-    ax.set_xlabel("generation")
+    ax.set_xlabel(x_label)
     ax.set_ylabel("fitness")
     if title is not None:
         ax.set_title(title)
@@ -108,19 +116,62 @@ def plot_history(
     return ax
 
 
-def _series(history: Any) -> dict[str, list[tuple[float, float, float, float | None, float | None]]]:
-    """``{name: [(generation, best, mean, std or None, validated or None), ...]}``; ``''`` names a single series."""
+Rows = list[tuple[float, float, float, float | None, float | None]]
+
+
+def _series(history: Any) -> tuple[dict[str, Rows], str]:
+    """``({name: [(generation, best, mean, std or None, validated or None), ...]}, x label)``.
+
+    ``''`` names a single series.
+    """
+    if not hasattr(history, "history") and hasattr(getattr(history, "es", None), "history"):
+        history = history.es  # TorchEggrollES keeps its history on its EggrollES
     if hasattr(history, "history") and not isinstance(history, Mapping):
         history = history.history
     if isinstance(history, Mapping):
         out = {str(name): _rows(rows, f"history[{name!r}]") for name, rows in history.items()}
         if not out:
             raise InvalidValueError("the history is empty: nothing to plot")
-        return out
-    return {"": _rows(history, "history")}
+        return out, "generation"
+    if _is_selfplay(history):
+        return _selfplay_rows(history), "self-play step"
+    return {"": _rows(history, "history")}, "generation"
 
 
-def _rows(entries: Any, where: str) -> list[tuple[float, float, float, float | None, float | None]]:
+def _has(entry: Any, names: tuple[str, ...]) -> bool:
+    if isinstance(entry, Mapping):
+        return all(n in entry for n in names)
+    return all(hasattr(entry, n) for n in names)
+
+
+def _is_selfplay(entries: Any) -> bool:
+    """A list whose first entry is a self-play record (or its ``as_dict()``)."""
+    return (
+        isinstance(entries, Sequence)
+        and not isinstance(entries, (str, bytes))
+        and len(entries) > 0
+        and _has(entries[0], _SELFPLAY)
+        and not _has(entries[0], _FIELDS[:3])
+    )
+
+
+def _selfplay_rows(entries: Sequence[Any]) -> dict[str, Rows]:
+    """A self-play history as two series, ``students`` and ``teachers``: ``(step, best, mean)`` each."""
+    out: dict[str, Rows] = {"students": [], "teachers": []}
+    for i, entry in enumerate(entries):
+        if not _has(entry, _SELFPLAY):
+            raise InvalidTypeError(
+                f"`history[{i}]` must be a self-play record like history[0] (with {', '.join(_SELFPLAY)}), got "
+                f"{type(entry).__name__} {entry!r:.100}"
+            )
+        get = entry.get if isinstance(entry, Mapping) else lambda name, entry=entry: getattr(entry, name)
+        for name, who in (("students", "student"), ("teachers", "teacher")):
+            row = (get("step"), get(f"{who}_best"), get(f"{who}_mean"))
+            out[name].append(_row(row, f"history[{i}] ({name})"))
+    return out
+
+
+def _rows(entries: Any, where: str) -> Rows:
     if isinstance(entries, (str, bytes)) or not isinstance(entries, Sequence):
         raise InvalidTypeError(
             f"`{where}` must be a list of per-generation entries (generation, best, mean[, std]), "

@@ -90,7 +90,7 @@ def _openskill_models() -> Any:
     except ImportError as err:
         raise ImportError(
             "populora.ratings.Ratings needs the `openskill` package: "
-            "pip install openskill (or pip install 'populora[llm]')"
+            'pip install openskill (or, in a clone of the populora repository, pip install -e ".[llm]")'
         ) from err
     return models
 

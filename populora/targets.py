@@ -2,42 +2,62 @@
 
 A target is an ``nn.Linear`` (``delta(x) = (x @ down) @ up.T``) or an
 ``nn.Embedding`` (row ``t`` of the table moves by ``down[t] @ up.T``).
-``lora_targets`` entries are dotted module paths (``'encoder.0.q'``) or glob
-patterns (``'*.q'``, ``'layers.*.mlp.*'``); ``None`` selects every
-``nn.Linear`` whose own forward runs (routing wraps that forward, see
-:mod:`populora.routing`), so ``nn.MultiheadAttention``'s ``out_proj`` is left out.
+``lora_targets`` is ``None`` (every ``nn.Linear`` whose own forward runs:
+routing wraps that forward, see :mod:`populora.routing`, so
+``nn.MultiheadAttention``'s ``out_proj`` is left out), one entry, or a list of
+entries, each one of these forms (:data:`TARGET_FORMS` says it in one line):
+
+- a full module path, ``'model.layers.0.self_attn.q_proj'`` (a name with a
+  dot, or a number: a ``Sequential`` / ``ModuleList`` index such as ``'0'``);
+- a dot-free name without glob characters, ``'q_proj'``: every module whose
+  path is that name or ends in ``'.q_proj'``, as PEFT's ``target_modules``
+  list matches, so ``["q_proj", "v_proj"]`` is the classic LoRA pair;
+- an ``fnmatch`` glob on the full path, ``'*.self_attn.*_proj'``
+  (``*`` crosses dots);
+- the keyword ``'all-linear'`` (any case, as PEFT): every routable
+  ``nn.Linear`` except the output layer, the module a Hugging Face model's
+  ``get_output_embeddings()`` returns (a model without that method, a plain
+  ``nn.Module``, has none left out: the same layers as ``None``);
+- a compiled ``re.Pattern`` (never a plain string, which is a path, name or
+  glob): the paths it ``fullmatch``-es, as PEFT's string ``target_modules``.
+
+Presets for Llama-family module names are in :mod:`populora.llm.targets`
+(``populora.llm.LLAMA_ATTENTION``, ``LLAMA_MLP``, ``LLAMA_ALL``).
+
+Exclusion: a string entry starting with ``!`` removes the layers it matches
+(a path, a dot-free name or a glob, as above) and the modules below them from
+what the other entries select, whatever the order: ``["*_proj", "!*.mlp.*"]``
+is every projection outside the MLPs, ``["all-linear", "!down_proj"]`` every
+linear but the head and the down projections. A list of only exclusions
+starts from auto-discovery: ``["!lm_head"]`` is every routable ``nn.Linear``
+but ``lm_head``. An exclusion that matches no ``nn.Linear`` /
+``nn.Embedding`` of the model raises (a typo would otherwise exclude
+nothing); an excluded tied layer is not warned about.
 
 Tied weights: a layer whose weight is also a parameter of another module
 (an LM's ``lm_head.weight is embed_tokens.weight``) is never a target. Merging
 its delta would write into the shared tensor, changing the other module too,
 so the merged model would not be the individual that was evaluated.
-Auto-discovery (``None``) and glob patterns skip such layers with one warning
-naming them; an exact path naming one raises :class:`TargetNotFoundError`
-naming both modules.
-
-Exclusion: an entry starting with ``!`` removes the layers it matches (a
-path or a glob) from what the other entries select, whatever the order:
-``["*_proj", "!*.mlp.*"]`` is every projection outside the MLPs. A list of
-only exclusions starts from auto-discovery: ``["!lm_head"]`` is every
-routable ``nn.Linear`` but ``lm_head``. An exclusion that matches no
-``nn.Linear`` / ``nn.Embedding`` of the model raises (a typo would otherwise
-exclude nothing); an excluded tied layer is not warned about. Presets for
-Llama-family module names are in :mod:`populora.llm.targets`.
+Auto-discovery (``None``), ``'all-linear'``, globs, names matching several
+layers and patterns skip such layers with one warning naming them; a path (or
+a name matching that layer alone) raises :class:`TargetNotFoundError` naming
+both modules.
 
 Quantized layers: a module whose weight is not a plain floating-point
 tensor (bitsandbytes ``Linear4bit`` / ``Linear8bitLt``, GGUF- or
 GPTQ-quantized modules, any layer holding a ``Parameter`` subclass or an
 integer weight) cannot carry a routed delta that equals a merge, and is
 refused with :class:`TargetNotFoundError` naming the module and its type,
-by an exact path, by a glob that matches it, and by auto-discovery
-(``None``), so a quantized model is never evolved with part of its layers
-silently left out. Load the model in a float dtype, or target other layers.
+by every form that selects it and by auto-discovery (``None``), so a
+quantized model is never evolved with part of its layers silently left
+out. Load the model in a float dtype, or target other layers.
 """
 
 from __future__ import annotations
 
 import difflib
 import fnmatch
+import re
 import warnings
 from collections.abc import Iterable
 from typing import Any
@@ -49,7 +69,29 @@ from populora.errors import InvalidTypeError, TargetNotFoundError
 
 SUPPORTED = (nn.Linear, nn.Embedding)
 
-__all__ = ["SUPPORTED", "find_targets", "layer_dims", "quantized_reason", "tied_weights", "unroutable_reason"]
+__all__ = [
+    "ALL_LINEAR",
+    "SUPPORTED",
+    "TARGET_FORMS",
+    "find_targets",
+    "layer_dims",
+    "output_layers",
+    "quantized_reason",
+    "tied_weights",
+    "unroutable_reason",
+]
+
+ALL_LINEAR = "all-linear"
+"""The keyword entry for every routable ``nn.Linear`` but the output layer (PEFT's ``"all-linear"``)."""
+
+TARGET_FORMS = (
+    "a `lora_targets` entry is a full module path ('model.layers.0.self_attn.q_proj'), a dot-free name matched "
+    "as a path suffix like PEFT's target_modules ('q_proj' is every '*.q_proj'), an fnmatch glob "
+    "('*.self_attn.*_proj'), 'all-linear' (every nn.Linear but the output layer), or a compiled re.Pattern "
+    "(fullmatch on the path); '!' before a path, name or glob excludes it; presets: "
+    "populora.llm.LLAMA_ATTENTION / LLAMA_MLP / LLAMA_ALL"
+)
+"""One line on the forms of a ``lora_targets`` entry, appended to the errors for a miss."""
 
 # packages whose layers hold quantized weights (a layer of theirs is refused even if its weight looks float)
 _QUANTIZED_PACKAGES = (
@@ -196,30 +238,85 @@ def layer_dims(module: nn.Module) -> tuple[int, int]:
     return module.num_embeddings, module.embedding_dim
 
 
-def find_targets(model: nn.Module, lora_targets: str | Iterable[str] | None) -> dict[str, nn.Module]:
+def output_layers(model: nn.Module) -> list[str]:
+    """Paths of the model's output layer, the one ``'all-linear'`` leaves out (``[]`` when it has none).
+
+    The output layer is what a Hugging Face model's ``get_output_embeddings()`` returns (``lm_head`` of a
+    causal LM), as PEFT decides it; a model without that method (a plain ``nn.Module``) has none.
+
+    Example:
+        >>> class LM(nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.body, self.lm_head = nn.Linear(4, 4), nn.Linear(4, 9)
+        ...     def get_output_embeddings(self):
+        ...         return self.lm_head
+        >>> output_layers(LM()), output_layers(nn.Sequential(nn.Linear(4, 4)))
+        (['lm_head'], [])
+    """
+    getter = getattr(model, "get_output_embeddings", None)
+    head = getter() if callable(getter) else None
+    if not isinstance(head, nn.Module):
+        return []
+    return [p for p, m in model.named_modules(remove_duplicate=False) if m is head]
+
+
+def _kind(entry: str) -> str:
+    """How a string entry (without its ``'!'``) matches: ``'all-linear'``, ``'glob'``, ``'name'`` or ``'path'``."""
+    if entry.lower() == ALL_LINEAR:
+        return "all-linear"
+    if any(ch in entry for ch in "*?["):
+        return "glob"
+    if "." not in entry and not entry.isdigit():  # an index ('0') names a Sequential slot, not a layer kind
+        return "name"
+    return "path"
+
+
+def _matcher(entry: str | re.Pattern) -> Any:
+    """``path -> bool`` for a glob, a name (path suffix) or a regex entry."""
+    if isinstance(entry, re.Pattern):
+        return lambda p: entry.fullmatch(p) is not None
+    if _kind(entry) == "glob":
+        return lambda p: fnmatch.fnmatchcase(p, entry)
+    return lambda p: p == entry or p.endswith("." + entry)
+
+
+def _describe(entry: str | re.Pattern) -> str:
+    if isinstance(entry, re.Pattern):
+        return f"lora target regex {entry.pattern!r}"
+    return f"lora target pattern {entry!r}" if _kind(entry) == "glob" else f"lora target name {entry!r}"
+
+
+def find_targets(
+    model: nn.Module, lora_targets: str | re.Pattern | Iterable[str | re.Pattern] | None
+) -> dict[str, nn.Module]:
     """Resolve ``lora_targets`` to ``{path: module}`` in the model's module order.
 
-    ``lora_targets``: ``None`` (every routable ``nn.Linear``), a path or glob,
-    or a list of them; entries starting with ``!`` exclude what they match
-    (see the module docstring).
+    ``lora_targets``: ``None`` (every routable ``nn.Linear``), one entry or a
+    list of entries: full paths, dot-free names (matched as a path suffix,
+    like PEFT), globs, ``'all-linear'``, compiled ``re.Pattern`` objects, and
+    ``'!'`` exclusions (see the module docstring).
 
     Raises:
         TargetNotFoundError: an entry matches nothing (the closest ``nn.Linear``
-            paths are listed), names a module that is not ``nn.Linear`` /
-            ``nn.Embedding``, names a layer that cannot be routed, names
-            (by exact path) a layer whose weight is tied to another module's,
-            selects a quantized layer (named with its type), or the
-            exclusions leave nothing.
-        InvalidTypeError: an entry is not a string.
+            paths or names are listed, with the forms an entry can take), names
+            a module that is not ``nn.Linear`` / ``nn.Embedding``, names a layer
+            that cannot be routed, names (by path, or a name matching it alone)
+            a layer whose weight is tied to another module's, selects a
+            quantized layer (named with its type), or the exclusions leave nothing.
+        InvalidTypeError: an entry is not a string or a compiled ``re.Pattern``.
 
     Warns:
         UserWarning: once, naming the layers with tied weights that
-            auto-discovery or a glob pattern skipped.
+            auto-discovery, ``'all-linear'`` or a pattern skipped.
 
     Example:
-        >>> model = nn.ModuleDict(dict(q=nn.Linear(4, 4), v=nn.Linear(4, 4), head=nn.Linear(4, 2)))
+        >>> block = nn.ModuleDict(dict(q_proj=nn.Linear(4, 4), v_proj=nn.Linear(4, 4), o_proj=nn.Linear(4, 4)))
+        >>> model = nn.ModuleDict(dict(layers=nn.ModuleList([block, block]), head=nn.Linear(4, 2)))
+        >>> list(find_targets(model, ["q_proj", "v_proj"]))  # PEFT's list form: names match as path suffixes
+        ['layers.0.q_proj', 'layers.0.v_proj']
         >>> list(find_targets(model, ["!head"]))
-        ['q', 'v']
+        ['layers.0.q_proj', 'layers.0.v_proj', 'layers.0.o_proj']
     """
     modules = dict(model.named_modules(remove_duplicate=True))
     supported = {p: m for p, m in modules.items() if isinstance(m, SUPPORTED)}
@@ -229,22 +326,27 @@ def find_targets(model: nn.Module, lora_targets: str | Iterable[str] | None) -> 
     skipped: list[str] = []  # tied layers left out by auto-discovery or a pattern (one warning)
 
     if lora_targets is None:
-        entries: list[str] = []
-    elif not isinstance(lora_targets, (str, Iterable)):
+        entries: list[str | re.Pattern] = []
+    elif not isinstance(lora_targets, (str, re.Pattern, Iterable)):
         raise InvalidTypeError(
-            f"`lora_targets` must be None, a str or a list of str, got {type(lora_targets).__name__} {lora_targets!r}"
+            "`lora_targets` must be None, a str or a list of str (or compiled re.Pattern objects), got "
+            f"{type(lora_targets).__name__} {lora_targets!r}"
         )
     else:
-        entries = [lora_targets] if isinstance(lora_targets, str) else list(lora_targets)
+        entries = [lora_targets] if isinstance(lora_targets, (str, re.Pattern)) else list(lora_targets)
         if not entries:
             raise TargetNotFoundError("`lora_targets` is empty; pass None to target every nn.Linear")
         for entry in entries:
-            if not isinstance(entry, str):
+            if not isinstance(entry, (str, re.Pattern)):
                 raise InvalidTypeError(
-                    f"`lora_targets` entries must be str paths or glob patterns, got {type(entry).__name__} {entry!r}"
+                    "`lora_targets` entries must be str paths, names or glob patterns, or compiled re.Pattern "
+                    f"objects, got {type(entry).__name__} {entry!r}"
                 )
-    excluded = _excluded(model, modules, {**supported, **quantized}, [e[1:] for e in entries if e.startswith("!")])
-    includes = [e for e in entries if not e.startswith("!")]
+            if isinstance(entry, re.Pattern) and not isinstance(entry.pattern, str):
+                raise InvalidTypeError(f"a `lora_targets` regex must be a str pattern, got bytes {entry.pattern!r}")
+    exclusions = [e[1:] for e in entries if isinstance(e, str) and e.startswith("!")]
+    excluded = _excluded(model, modules, {**supported, **quantized}, exclusions)
+    includes = [e for e in entries if not (isinstance(e, str) and e.startswith("!"))]
     kept = {p: why for p, why in quantized.items() if p not in excluded}
 
     if not includes:  # auto-discovery, minus the exclusions
@@ -272,32 +374,35 @@ def find_targets(model: nn.Module, lora_targets: str | Iterable[str] | None) -> 
 
     chosen: set[str] = set()
     for entry in includes:
-        if any(ch in entry for ch in "*?["):
-            hit = {p: why for p, why in kept.items() if fnmatch.fnmatchcase(p, entry)}
+        kind = "regex" if isinstance(entry, re.Pattern) else _kind(entry)
+        if kind == "all-linear":
+            outputs = set(output_layers(model))
+            hit = {p: why for p, why in kept.items() if p not in outputs}
             if hit:
-                raise _quantized_error(hit, f"lora target pattern {entry!r} matches")
-            matches = [p for p in supported if fnmatch.fnmatchcase(p, entry)]
-            if not matches:
+                raise _quantized_error(hit, f"lora target {entry!r} (every nn.Linear but the output layer) finds")
+            found = [
+                p
+                for p, m in supported.items()
+                if isinstance(m, nn.Linear) and p not in unroutable and p not in outputs and p not in excluded
+            ]
+            if not [p for p in found if p not in tied]:
                 raise TargetNotFoundError(
-                    f"lora target pattern {entry!r} matches no nn.Linear or nn.Embedding; {_suggest(entry, supported)}"
+                    f"lora target {entry!r} finds no routable nn.Linear but the output layer "
+                    f"{sorted(outputs) or '(none)'} in {type(model).__name__}"
+                    + (f" (tied weights skipped: {[p for p in found if p in tied]})" if found else "")
                 )
-            matches = [p for p in matches if p not in unroutable]
-            if not matches:
-                raise TargetNotFoundError(
-                    f"lora target pattern {entry!r} matches only unroutable layers: "
-                    + "; ".join(unroutable[p] for p in unroutable if fnmatch.fnmatchcase(p, entry))
-                )
-            if all(p in tied for p in matches):
-                raise TargetNotFoundError(
-                    f"lora target pattern {entry!r} matches only layers with tied weights: "
-                    + "; ".join(_tied_message(p, tied[p]) for p in matches)
-                )
-            skipped += [p for p in matches if p in tied and p not in skipped]
-            chosen.update(p for p in matches if p not in tied)
+            skipped += [p for p in found if p in tied and p not in skipped]
+            chosen.update(p for p in found if p not in tied)
+            continue
+        if kind == "name" and [p for p in modules if p and _matcher(entry)(p)] == [entry]:
+            kind = "path"  # a root-level module of that name and no other: read it as its path (exact errors)
+        if kind != "path":
+            chosen.update(_pattern_matches(model, entry, modules, supported, unroutable, tied, kept, skipped))
             continue
         if entry not in modules:
             raise TargetNotFoundError(
-                f"lora target {entry!r} is not a module of {type(model).__name__}; {_suggest(entry, supported)}"
+                f"lora target {entry!r} is not a module of {type(model).__name__}; "
+                f"{_suggest(entry, supported)}; {TARGET_FORMS}"
             )
         if entry in quantized:
             raise _quantized_error({entry: quantized[entry]}, "lora target")
@@ -311,7 +416,7 @@ def find_targets(model: nn.Module, lora_targets: str | Iterable[str] | None) -> 
         if not isinstance(modules[entry], SUPPORTED):
             raise TargetNotFoundError(
                 f"lora target {entry!r} is {type(modules[entry]).__name__}; expected nn.Linear or "
-                f"nn.Embedding. {_suggest(entry, supported)}"
+                f"nn.Embedding (a glob such as '{entry}.*' selects the layers inside it). {_suggest(entry, supported)}"
             )
         chosen.add(entry)
     chosen -= excluded
@@ -324,14 +429,65 @@ def find_targets(model: nn.Module, lora_targets: str | Iterable[str] | None) -> 
     return {p: m for p, m in supported.items() if p in chosen}
 
 
+def _pattern_matches(
+    model: nn.Module,
+    entry: str | re.Pattern,
+    modules: dict[str, nn.Module],
+    supported: dict[str, nn.Module],
+    unroutable: dict[str, str],
+    tied: dict[str, list[str]],
+    kept: dict[str, str],
+    skipped: list[str],
+) -> list[str]:
+    """The layers a glob, a name (path suffix) or a regex selects; tied ones go to ``skipped``.
+
+    Raises:
+        TargetNotFoundError: it matches a quantized layer, no supported layer, or only unroutable or tied ones.
+    """
+    match, desc = _matcher(entry), _describe(entry)
+    hit = {p: why for p, why in kept.items() if match(p)}
+    if hit:
+        raise _quantized_error(hit, f"{desc} matches")
+    matches = [p for p in supported if match(p)]
+    if not matches:
+        others = [p for p in modules if p and match(p)]
+        if others:
+            kinds = sorted({type(modules[p]).__name__ for p in others})
+            raise TargetNotFoundError(
+                f"{desc} matches {len(others)} module(s) ({', '.join(kinds)}: {others[:3]}) but no nn.Linear or "
+                f"nn.Embedding; a glob such as '*.{others[0].rpartition('.')[2]}.*' selects the layers inside "
+                f"them; {TARGET_FORMS}"
+            )
+        shown = entry.pattern if isinstance(entry, re.Pattern) else entry
+        raise TargetNotFoundError(
+            f"{desc} matches no nn.Linear or nn.Embedding; {_suggest(shown, supported)}; {TARGET_FORMS}"
+        )
+    routable = [p for p in matches if p not in unroutable]
+    if not routable:
+        raise TargetNotFoundError(
+            f"{desc} matches only unroutable layers: " + "; ".join(unroutable[p] for p in unroutable if match(p))
+        )
+    if all(p in tied for p in routable):
+        raise TargetNotFoundError(
+            f"{desc} matches only layers with tied weights: " + "; ".join(_tied_message(p, tied[p]) for p in routable)
+        )
+    skipped += [p for p in routable if p in tied and p not in skipped]
+    return [p for p in routable if p not in tied]
+
+
 def _excluded(model: nn.Module, modules: dict[str, nn.Module], layers: dict[str, Any], patterns: list[str]) -> set[str]:
     """Every module path an exclusion matches, with the modules below it (``'!model.layers.0'`` drops that block)."""
     out: set[str] = set()
     for pattern in patterns:
         if not pattern:
-            raise TargetNotFoundError("a `lora_targets` exclusion is '!' alone; write '!<path or glob>'")
-        glob = any(ch in pattern for ch in "*?[")
-        hit = [p for p in modules if p and (fnmatch.fnmatchcase(p, pattern) if glob else p == pattern)]
+            raise TargetNotFoundError("a `lora_targets` exclusion is '!' alone; write '!<path, name or glob>'")
+        kind = _kind(pattern)
+        if kind == "all-linear":
+            raise TargetNotFoundError(
+                f"'!{pattern}' would exclude every layer; exclusions take a path, a name or a glob ({TARGET_FORMS})"
+            )
+        match = (lambda p, pattern=pattern: p == pattern) if kind == "path" else _matcher(pattern)
+        hit = [p for p in modules if p and match(p)]
         below = [p for p in modules if any(p.startswith(h + ".") for h in hit)]
         if not any(p in layers for p in hit + below):
             supported = {p: m for p, m in modules.items() if isinstance(m, SUPPORTED)}
@@ -353,8 +509,13 @@ def _warn_tied(skipped: list[str], tied: dict[str, list[str]]) -> None:
 
 
 def _suggest(entry: str, supported: dict[str, nn.Module]) -> str:
+    """The closest ``nn.Linear`` paths to ``entry`` (or layer names, for a dot-free name)."""
     linear = [p for p, m in supported.items() if isinstance(m, nn.Linear)] or list(supported)
-    close = difflib.get_close_matches(entry, linear, n=3, cutoff=0.0)
-    if not close:
+    if not linear:
         return "the model has no nn.Linear layers"
+    if "." not in entry and not entry.isdigit() and not any(ch in entry for ch in "*?["):
+        names = list(dict.fromkeys(p.rpartition(".")[2] for p in linear))
+        close = difflib.get_close_matches(entry, names, n=3, cutoff=0.0)
+        return "closest nn.Linear names: " + ", ".join(repr(n) for n in close)
+    close = difflib.get_close_matches(entry, linear, n=3, cutoff=0.0)
     return "closest nn.Linear paths: " + ", ".join(repr(p) for p in close)

@@ -109,5 +109,54 @@ def test_without_matplotlib_the_error_names_the_extra(monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
-    with pytest.raises(ImportError, match=r"plot_history needs matplotlib.*pip install 'populora\[examples\]'"):
+    with pytest.raises(ImportError, match=r'plot_history needs matplotlib.*pip install -e "\.\[examples\]"'):
         plot_history([(0, 1.0, 0.5)])
+
+
+def _selfplay_record(step, student_best, student_mean, teacher_best, teacher_mean):
+    from populora.selfplay.rewards import SelfPlayRecord
+
+    return SelfPlayRecord(
+        step=step,
+        validity=0.5,
+        student_mean=student_mean,
+        student_best=student_best,
+        anchor_accuracy=None,
+        teacher_mean=teacher_mean,
+        teacher_best=teacher_best,
+        teacher_mu=25.0,
+        student_mu=25.0,
+        teacher_ordinal_best=0.0,
+        student_ordinal_best=0.0,
+        matches=4,
+        tokens=100,
+        seconds=1.0,
+        tokens_per_s=100.0,
+    )
+
+
+def test_a_selfplay_history_is_two_series_over_steps():
+    """SelfPlay.history (records), its as_dict() rows, and an object holding it: students and teachers."""
+    records = [_selfplay_record(0, 0.5, 0.25, 1.0, 0.5), _selfplay_record(1, 0.75, 0.5, 0.5, 0.25)]
+    holder = type("SelfPlayLike", (), {"history": records})()
+    for history in (records, [r.as_dict() for r in records], holder):
+        ax = plot_history(history)
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        assert list(lines) == ["students: best", "students: mean", "teachers: best", "teachers: mean"]
+        assert list(lines["students: best"].get_xdata()) == [0, 1]
+        assert list(lines["students: best"].get_ydata()) == [0.5, 0.75]
+        assert list(lines["teachers: mean"].get_ydata()) == [0.5, 0.25]
+        assert ax.get_xlabel() == "self-play step" and len(ax.collections) == 0
+        plt.close("all")
+    with pytest.raises(InvalidTypeError, match=r"`history\[1\]` must be a self-play record like history\[0\]"):
+        plot_history([records[0], GenerationStats(1, 1.0, 0.5)])
+
+
+def test_a_torcheggroll_style_es_history():
+    from populora.es import TorchEggrollES
+
+    tegg = TorchEggrollES(mlp(), pop_size=4, sigma=0.1, lr=0.1, rank=1)
+    for g in range(2):
+        tegg.es.tell(torch.arange(4.0) + g)
+    ax = plot_history(tegg)
+    assert list(ax.get_lines()[0].get_ydata()) == [3.0, 4.0] and ax.get_xlabel() == "generation"

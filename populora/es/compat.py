@@ -26,6 +26,7 @@ from populora.errors import CheckpointError
 from populora.es.core import EggrollES
 from populora.es.members import ESStateError
 from populora.es.params import call_filter
+from populora.es.state import TORCHEGGROLL_FILES
 
 __all__ = ["TorchEggrollES"]
 
@@ -209,12 +210,15 @@ class TorchEggrollES:
     def load(self, path: str | Path) -> None:
         """Resume from a file written by :meth:`save` (all or nothing).
 
+        Only files written by :meth:`save` are read: a plain ``torch.save`` file (torcheggroll's own checkpoints
+        are) is refused without being unpickled, saying that torcheggroll files are not supported.
+
         Raises:
             FileNotFoundError: nothing at ``path``.
-            CheckpointError: empty, truncated, corrupted or foreign file, or a
-                state that does not fit (the file and the key are named).
+            CheckpointError: empty, truncated, corrupted or foreign file (a plain ``torch.save`` file: torcheggroll
+                checkpoints are not supported), or a state that does not fit (the file and the key are named).
         """
-        state = load_checkpoint(path, kind="TorchEggrollES")
+        state = load_checkpoint(path, kind="TorchEggrollES", foreign_hint=TORCHEGGROLL_FILES)
         try:
             self.load_state_dict(state)
         except CheckpointError as error:

@@ -166,6 +166,15 @@ class Individuals(RoutedModel):
     def __len__(self) -> int:
         return self.pop_size
 
+    def __repr__(self) -> str:
+        now = self._current()
+        state = "current" if now == self.generation else f"stale: the ES is at generation {now}, call ask() again"
+        fallback = ", unroutable parameters through the fallback" if self._fallback is not None else ""
+        return (
+            f"Individuals(generation={self.generation}, N={self.pop_size}, "
+            f"{len(self._target.adapters)} routed layers{fallback}, {state})"
+        )
+
     def __call__(
         self,
         *args: Any,

@@ -26,9 +26,15 @@ from populora.checks import check_float, check_index, check_int, check_seed, is_
 from populora.errors import CheckpointError, ConfigMismatchError, PopuloraError
 from populora.stats import GenerationStats
 
-__all__ = ["FORMAT", "ESState"]
+__all__ = ["FORMAT", "TORCHEGGROLL_FILES", "ESState"]
 
 FORMAT = "populora.es/1"
+
+TORCHEGGROLL_FILES = (
+    "this looks like a torcheggroll (or other) checkpoint: torcheggroll files are not supported; start from a "
+    "populora ES (TorchEggrollES keeps torcheggroll's API) and save it with its save()"
+)
+"""What the error for a plain ``torch.save`` file given to an ES's ``load`` adds."""
 
 
 class ESState:
@@ -315,7 +321,7 @@ class ESState:
                 kind, or holds a state that does not fit this ES (the file and
                 the key are named). Nothing has changed.
         """
-        state = load_checkpoint(path, kind=self._KIND)
+        state = load_checkpoint(path, kind=self._KIND, foreign_hint=TORCHEGGROLL_FILES)
         try:
             self.load_state_dict(state)
         except CheckpointError as error:

@@ -166,7 +166,8 @@ def evolve_with_env(
         num_generations: generations evaluated at most.
         horizon: maximum steps of one episode (``None``: until the env ends it).
         seed: seeds the population (adapters, operators, episode seeds).
-        progress: tqdm bar over generations with best / mean fitness (main rank).
+        progress: tqdm bar with best / mean fitness (main rank), over generations, or over the env steps or
+            seconds of a ``Budget`` when that budget is the closest to running out.
         target_fitness: stop after the first generation whose champion's
             confirmed score reaches it (see above).
         return_history: ``True`` (the default): ``EvolveResult(policy,
@@ -184,12 +185,14 @@ def evolve_with_env(
             action range.
         checkpointing: :class:`~populora.interact.options.Checkpointing`:
             checkpoint folder and resume.
-        budget: :class:`~populora.interact.options.Budget`: env-step budget.
+        budget: :class:`~populora.interact.options.Budget`: env-step and wall-clock budgets.
         callback: ``callback(info)`` after every generation, ``info`` a
             :class:`~populora.interact.generations.GenerationInfo` (stats,
             history, fitnesses, champion score, the population or ES, the
-            interactor): for logging, custom stopping (return ``True`` to
-            stop) or periodic checkpoints. Called on every rank.
+            interactor): for logging (``info.as_dict()`` is the generation's
+            numbers: ``writer.add_scalars("evolve", info.as_dict(),
+            info.stats.generation)`` with TensorBoard), custom stopping (return
+            ``True`` to stop) or periodic checkpoints. Called on every rank.
 
     Returns:
         ``EvolveResult(policy, history)``: a named tuple, so
@@ -241,6 +244,12 @@ def evolve_with_env(
         drop_obs_keys=env_options.drop_obs_keys,
     )
     try:
+        if (
+            run.validation_episodes > 0
+            and (run.validation_top > 0 or isinstance(algorithm, ES))
+            and episodes.fitness is None
+        ):
+            interactor.seeded_slots("validation")  # plays its episodes by their seeds: checked before any episode
         if isinstance(algorithm, ES):
             merged, history = _evolve_es(
                 model, pop_size, low_rank, lora_targets, env_options.device, algorithm, interactor, run
@@ -352,6 +361,10 @@ def _check_options(
         raise InvalidTypeError(f"`callback` must be callable as callback(info), got {callback!r}")
     max_steps = budget.max_env_steps
     max_steps = None if max_steps is None else check_int("Budget.max_env_steps", max_steps, low=1)
+    max_seconds = budget.max_seconds
+    max_seconds = (
+        None if max_seconds is None else check_float("Budget.max_seconds", max_seconds, low=0.0, low_open=True)
+    )
     return Run(
         num_generations,
         target_fitness,
@@ -366,6 +379,7 @@ def _check_options(
         v_top,
         callback,
         max_steps,
+        max_seconds,
     )
 
 

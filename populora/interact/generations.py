@@ -12,8 +12,9 @@ individual of the last generation.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -27,7 +28,7 @@ from populora.interact.es_env import es_fitnesses
 from populora.interact.interactor import EnvInteractor
 from populora.interact.normalize import sum_over_ranks
 from populora.population.population import Population
-from populora.stats import GenerationStats
+from populora.stats import BudgetProgress, GenerationStats
 
 __all__ = ["GenerationInfo", "Run", "run_es", "run_ga"]
 
@@ -49,6 +50,8 @@ class Run:
     validation_top: int
     callback: Callable[[GenerationInfo], Any] | None
     max_env_steps: int | None
+    max_seconds: float | None = None
+    started: float = field(default_factory=lambda: time.monotonic())  # Budget.max_seconds counts from the call
 
 
 class GenerationInfo(NamedTuple):
@@ -70,6 +73,17 @@ class GenerationInfo(NamedTuple):
     optimizer: Any
     interactor: EnvInteractor
 
+    def as_dict(self) -> dict[str, float]:
+        """The generation's numbers, ``{name: number}``: :attr:`stats` ``.as_dict()`` and ``champion_score``.
+
+        Numbers only, so logging is one line in a callback, e.g. TensorBoard's
+        ``writer.add_scalars("evolve", info.as_dict(), info.stats.generation)`` or ``wandb.log(info.as_dict())``.
+        """
+        out = self.stats.as_dict()
+        if self.champion_score is not None:
+            out["champion_score"] = float(self.champion_score)
+        return out
+
 
 def total_env_steps(interactor: EnvInteractor) -> int:
     """Env steps taken by the run so far, summed over ranks (every rank must call it)."""
@@ -83,17 +97,25 @@ class Loop:
     def __init__(self, run: Run, interactor: EnvInteractor, history: list[GenerationStats], steps_before: int):
         self.run, self.interactor, self.history = run, interactor, history
         self.steps_before = steps_before  # env steps of the run before this process (a resumed run)
-        self.bar = self._progress_bar()
-
-    def _progress_bar(self) -> Any:
-        if not self.run.progress or not is_main_rank():
-            return None
-        from tqdm.auto import tqdm  # imported when asked: tqdm.auto takes about 0.1 s to import
-
-        bar = tqdm(total=self.run.num_generations, initial=len(self.history), desc="generations", unit="gen")
+        self.budget = BudgetProgress(
+            {"seconds": run.max_seconds, "env steps": run.max_env_steps, "generations": run.num_generations},
+            {"generations": len(history), "env steps": steps_before},
+            show=run.progress and is_main_rank(),
+        )
         if self.history:
-            bar.set_postfix(best=f"{self.history[-1].best:.4g}", mean=f"{self.history[-1].mean:.4g}")
-        return bar
+            self.budget.update({}, dict(best=f"{self.history[-1].best:.4g}", mean=f"{self.history[-1].mean:.4g}"))
+
+    def totals(self) -> tuple[int, float]:
+        """``(env steps of the run, seconds since the call)``: every rank's steps summed, rank 0's clock.
+
+        One all-reduce (every rank must call it), so every rank judges the budgets on the same numbers.
+        """
+        elapsed = time.monotonic() - self.run.started
+        local = torch.tensor(
+            [float(self.interactor.counters["env_steps"]), elapsed if is_main_rank() else 0.0], dtype=torch.float64
+        )
+        summed = sum_over_ranks(local)
+        return self.steps_before + int(summed[0]), float(summed[1])
 
     def record(
         self,
@@ -110,22 +132,23 @@ class Loop:
         two standard errors (the training best without validation).
         """
         f = fitnesses.detach()  # float32, as Population.history's
-        steps = self.steps_before + total_env_steps(self.interactor)
+        steps, elapsed = self.totals()
         stats = GenerationStats(
             generation, float(f.max()), float(f.mean()), float(f.std(correction=0)), validated, steps
         )
         self.history.append(stats)
-        if self.bar is not None:
-            self.bar.update(1)
-            post = dict(best=f"{stats.best:.4g}", mean=f"{stats.mean:.4g}")
-            if validated is not None:
-                post["validated"] = f"{validated:.4g}"
-            self.bar.set_postfix(**post)
+        post = dict(best=f"{stats.best:.4g}", mean=f"{stats.mean:.4g}")
+        if validated is not None:
+            post["validated"] = f"{validated:.4g}"
+        if len(self.budget.limits) > 1:  # the bar may count env steps or seconds: the generation in the postfix
+            post["gen"] = str(len(self.history))
+        self.budget.update({"generations": len(self.history), "env steps": steps, "seconds": elapsed}, post)
         run = self.run
         validating = run.validation_episodes > 0 and run.validation_top > 0
         score = lower if validating else stats.best  # without validation: the training best
         stop = run.target_fitness is not None and score is not None and score >= run.target_fitness
         stop = stop or (run.max_env_steps is not None and steps >= run.max_env_steps)
+        stop = stop or (run.max_seconds is not None and elapsed >= run.max_seconds)
         if run.callback is not None:
             stop = (
                 bool(run.callback(GenerationInfo(stats, self.history, fitnesses, champion, optimizer, self.interactor)))
@@ -134,8 +157,7 @@ class Loop:
         return stop or len(self.history) >= run.num_generations
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        self.budget.close()
 
 
 # ---------------------------------------------------------------------- the genetic algorithm
@@ -252,14 +274,14 @@ def validate_es(es: Any, interactor: EnvInteractor, run: Run, validator: Validat
     options = {k: v for k, v in run.episodes.items() if k in ("action", "horizon", "to_range")}
 
     def play(positions: list[int]) -> list[float]:
-        returns = interactor.play_episodes(es.model, [0], validator.seeds, base_seed=run.seed, **options)
+        returns = interactor.play_episodes(es.model, [0], validator.seeds, base_seed=run.seed, exact=True, **options)
         return [float(returns[0].mean())]
 
     scores = validator.scores([key], play)
     best = validator.offer(es.generation, [0], scores, lambda: (state, interactor.state_dict()))
 
     def confirm(seeds: list[int]) -> list[float]:
-        return interactor.play_episodes(es.model, [0], seeds, base_seed=run.seed, **options)[0].tolist()
+        return interactor.play_episodes(es.model, [0], seeds, base_seed=run.seed, exact=True, **options)[0].tolist()
 
     confirmed = validator.confirm(es.generation, run.target_fitness, key, confirm)
     if confirmed is None:

@@ -11,7 +11,7 @@ comes in one of these, each with the defaults the flat keywords of 0.3 had::
         algorithm=ES(sigma=0.1, lr=0.03, optimizer="clipup"),
         checkpointing=Checkpointing("runs/cartpole", resume=True),
         env_options=EnvOptions(normalize_obs=True),
-        budget=Budget(max_env_steps=2_000_000),
+        budget=Budget(max_env_steps=2_000_000, max_seconds=3600),
     )
 
 They are checked where they are used (before any episode runs), so a bad value raises naming the option.
@@ -103,12 +103,20 @@ class EnvOptions:
 class Budget:
     """When the run stops besides ``num_generations`` and ``target_fitness``.
 
+    Every budget is checked at the end of a generation (a generation is never cut short), and with
+    ``progress=True`` the bar counts in the unit of the budget closest to running out (generations, env
+    steps or seconds), so its total and time left follow the budget that will stop the run.
+
     Attributes:
         max_env_steps: stop after the first generation at which the run has taken this many env steps (all
             ranks, validation included).
+        max_seconds: stop after the first generation that ends this many wall-clock seconds or more after
+            ``evolve_with_env`` was called (rank 0's clock under torchrun, so every rank stops together). A
+            resumed run counts from its own call: the budget is this call's, not the run's.
     """
 
     max_env_steps: int | None = None
+    max_seconds: float | None = None
 
 
 @dataclass(frozen=True)

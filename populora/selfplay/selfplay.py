@@ -38,7 +38,7 @@ size) but not token-equal to a one-process run.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -55,6 +55,7 @@ from populora.ratings import PAIRING_MODES, Ratings
 from populora.selfplay.rewards import TEACHER_REWARDS, SelfPlayRecord, match_scores, selfplay_fitnesses
 from populora.selfplay.text import chat_text, generate_replies, pad_id
 from populora.snapshots import Snapshot
+from populora.stats import BudgetProgress
 from populora.tasks import Problem, Task
 from populora.train import advantages, policy_gradient_step_
 
@@ -340,6 +341,63 @@ class SelfPlay(Snapshot):
             self.ratings.load_state_dict(saved[1])
             self.generator.set_state(saved[2])  # a retry draws the same matches and seeds
             raise
+
+    def run(
+        self,
+        steps: int | None = None,
+        *,
+        max_seconds: float | None = None,
+        callback: Callable[[SelfPlayRecord], Any] | None = None,
+        progress: bool = False,
+        distributed: bool = False,
+    ) -> list[SelfPlayRecord]:
+        """:meth:`step` in a loop: ``steps`` steps, or until ``max_seconds`` have passed, whichever comes first.
+
+        Args:
+            steps: steps to run at most (``None``: until ``max_seconds``).
+            max_seconds: stop after the first step that ends this many wall-clock seconds or more after the
+                call (rank 0's clock under ``distributed``, so every rank stops together); at least one step runs.
+            callback: ``callback(record)`` after every step (the step's :class:`SelfPlayRecord`, also appended to
+                :attr:`history`); returning ``True`` stops the loop. ``record.as_dict()`` is numbers only, so
+                logging is one line, e.g. ``writer.add_scalars("selfplay", record.as_dict(), record.step)``.
+            progress: a tqdm bar (main rank) over the steps or the seconds, whichever budget is closer to
+                running out, with the students' and teachers' mean fitness and the validity rate.
+            distributed: passed to :meth:`step`.
+
+        Returns:
+            The records of this call's steps.
+
+        Raises:
+            InvalidValueError / InvalidTypeError: neither ``steps`` nor ``max_seconds``, a bad value, or a
+                ``callback`` that is not callable (before any step).
+        """
+        if steps is None and max_seconds is None:
+            raise InvalidValueError("SelfPlay.run needs `steps` or `max_seconds` (or both): it would never stop")
+        steps = None if steps is None else check_int("steps", steps, low=1)
+        max_seconds = None if max_seconds is None else check_float("max_seconds", max_seconds, low=0.0, low_open=True)
+        if callback is not None and not callable(callback):
+            raise InvalidTypeError(f"`callback` must be callable as callback(record), got {callback!r:.80}")
+        started = time.monotonic()
+        use_dist = bool(distributed) and pd.is_distributed()
+        bar = BudgetProgress(
+            {"seconds": max_seconds, "steps": steps}, show=bool(progress) and pd.is_main_rank(), desc="self-play"
+        )
+        records: list[SelfPlayRecord] = []
+        try:
+            while True:
+                record = self.step(distributed=distributed).record
+                records.append(record)
+                elapsed = time.monotonic() - started
+                if use_dist and max_seconds is not None:  # every rank judges the time by rank 0's clock
+                    elapsed = float(pd.broadcast_object(elapsed))
+                post = dict(students=f"{record.student_mean:.3g}", teachers=f"{record.teacher_mean:.3g}")
+                post["validity"] = f"{record.validity:.2f}"
+                bar.update({"steps": len(records), "seconds": elapsed}, post)
+                stop = callback is not None and bool(callback(record))
+                if stop or bar.spent():
+                    return records
+        finally:
+            bar.close()
 
     def _step(self, use_dist: bool) -> SelfPlayOutcome:
         t_pop, s_pop = self.teachers, self.students

@@ -40,7 +40,8 @@ def _import_reasoning_gym() -> Any:
         import reasoning_gym
     except ImportError as err:
         raise ImportError(
-            "ReasoningGymTask needs the optional package reasoning-gym: pip install reasoning-gym"
+            "ReasoningGymTask needs the optional package reasoning-gym: pip install reasoning-gym "
+            '(or, in a clone of the populora repository, pip install -e ".[reasoning-gym]")'
         ) from err
     return reasoning_gym
 

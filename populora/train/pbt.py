@@ -67,6 +67,22 @@ class Replacement(NamedTuple):
     crossed: Tensor
     keys: Tensor
 
+    def as_dict(self) -> dict[str, float]:
+        """The replacement's numbers, ``{name: number}``: ``step``, ``replaced`` (children), ``crossovers``, and
+        ``key_best`` / ``key_mean`` / ``key_worst`` of the ranking keys.
+
+        Numbers only, so logging is one line: ``writer.add_scalars("pbt", replacement.as_dict(), step)``.
+        """
+        keys = self.keys.double()
+        return {
+            "step": int(self.step),
+            "replaced": int(self.children.numel()),
+            "crossovers": int(self.crossed.sum()),
+            "key_best": float(keys.max()),
+            "key_mean": float(keys.mean()),
+            "key_worst": float(keys.min()),
+        }
+
 
 def _as_list(value: Any, kind: type, name: str) -> list[Any]:
     if value is None:

@@ -85,6 +85,27 @@ class PolicyGradientStats:
     tokens: Tensor
     kl: Tensor | None
 
+    def as_dict(self) -> dict[str, float]:
+        """The step's numbers, ``{name: number}``: ``loss``, ``grad_norm_mean`` / ``grad_norm_max`` over the
+        individuals, ``tokens`` (their sum) and, with a KL term, ``kl_mean`` (token-weighted: every reply token of
+        every individual counts once).
+
+        Numbers only, so logging is one line: ``writer.add_scalars("pg", stats.as_dict(), step)`` (TensorBoard),
+        ``wandb.log(stats.as_dict())``, a ``csv.DictWriter`` row.
+        """
+        norms = self.grad_norms.double()
+        out = {
+            "loss": float(self.loss),
+            "grad_norm_mean": float(norms.mean()) if norms.numel() else 0.0,
+            "grad_norm_max": float(norms.max()) if norms.numel() else 0.0,
+            "tokens": int(self.tokens.sum()),
+        }
+        if self.kl is not None:
+            weights = self.tokens.double()
+            total = float(weights.sum())
+            out["kl_mean"] = float((self.kl.double() * weights).sum()) / total if total > 0 else 0.0
+        return out
+
 
 # ---------------------------------------------------------------------------------------------- checks
 
@@ -510,8 +531,9 @@ def policy_gradient_step_(
         InvalidIndexError: an id out of ``[0, P)`` (its row named).
         FitnessError: a non-finite advantage (its row named).
         InvalidValueError: lengths that differ, an optimizer holding none of the adapters, a bad option.
-        Every check runs before anything is written: on a bad input no parameter, gradient or optimizer
-        state has changed.
+
+    Every check runs before anything is written: on a bad input no parameter, gradient or optimizer state has
+    changed.
     """
     prompt_rows, reply_rows, ids = _rows(population, prompts, replies, individuals, allow_base=False)
     n, size = len(ids), population.pop_size

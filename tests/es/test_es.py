@@ -523,3 +523,14 @@ def test_loss_defined_in_the_loop_does_not_grow_the_cache():
     for _ in range(5):
         es.step(x, lambda out, target: (out - target).square().mean(), y)  # a new closure each step
     assert len(es._loss_modes) == 1
+
+
+def test_the_individuals_repr_says_generation_size_and_whether_stale():
+    es = EggrollES(mlp(), 6, 0.1, 0.1, 2, seed=0)
+    members = es.ask()
+    assert repr(members) == "Individuals(generation=0, N=6, 2 routed layers, current)"
+    es.tell(torch.arange(6.0))
+    assert repr(members) == (
+        "Individuals(generation=0, N=6, 2 routed layers, stale: the ES is at generation 1, call ask() again)"
+    )
+    assert repr(es.ask()) == "Individuals(generation=1, N=6, 2 routed layers, current)"

@@ -344,3 +344,31 @@ def test_noise_for_shapes_is_the_noise_eggroll_es_uses():
     noise = generate_noise_for_shapes(shapes, {n: 2 for n in shapes}, 8, 0.1, 1, torch.device("cpu"))
     for name, delta in es.perturbations().items():
         torch.testing.assert_close(noise[name], delta)
+
+
+def test_a_torcheggroll_checkpoint_is_refused_saying_torcheggroll_files_are_not_supported(tmp_path):
+    """A plain torch.save of a dict (what torcheggroll writes) is named as such and never unpickled."""
+    from populora.errors import CheckpointError
+    from populora.es import TorchEggrollES
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    foreign = {"epoch": 3, "sigma": 0.02, "lr": 0.05, "params": {k: v.clone() for k, v in model.state_dict().items()}}
+    for legacy in (False, True):  # the zip format and torch's older pickle format
+        path = tmp_path / f"tegg_{legacy}.pt"
+        torch.save(foreign, path, _use_new_zipfile_serialization=not legacy)
+        es = TorchEggrollES(model, pop_size=4, sigma=0.1, lr=0.1, rank=1)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        with pytest.raises(
+            CheckpointError,
+            match=r"is not a populora checkpoint but a plain torch.save file: populora reads only the checkpoints it "
+            r"wrote \(TorchEggrollES.save\(\)\); this looks like a torcheggroll \(or other\) checkpoint: torcheggroll "
+            r"files are not supported",
+        ):
+            es.load(path)
+        assert es.epoch == 0 and all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+        with pytest.raises(CheckpointError, match=r"\(EggrollES.save\(\)\); this looks like a torcheggroll"):
+            es.es.load(path)
+    other = tmp_path / "other.bin"
+    other.write_bytes(b"not a checkpoint at all")
+    with pytest.raises(CheckpointError, match=r"is not a populora checkpoint \(it starts with b'not a chec"):
+        TorchEggrollES(model, pop_size=4, sigma=0.1, lr=0.1, rank=1).load(other)

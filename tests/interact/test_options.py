@@ -231,6 +231,11 @@ BAD_VALUES = {
         InvalidValueError,
         r"`Budget\.max_env_steps` must be an int >= 1, got 0",
     ),
+    "Budget.max_seconds=0": (
+        dict(budget=Budget(max_seconds=0)),
+        InvalidValueError,
+        r"`Budget\.max_seconds` must be a finite number > 0\.0, got 0",
+    ),
     "Budget.max_env_steps str": (
         dict(budget=Budget(max_env_steps="x")),
         InvalidTypeError,
@@ -327,3 +332,83 @@ def test_an_option_object_of_the_wrong_type_raises_naming_the_parameter(name, va
     with pytest.raises(InvalidTypeError, match=expected):
         run(**{name: value})
     assert StepEnv.steps == 0
+
+
+# ----------------------------------------------------------------------------- wall-clock budget and progress
+
+
+class FakeClock:
+    """``time.monotonic`` of populora.interact.generations, moved on by the test (never the real clock)."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self):
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    from populora.interact import generations
+
+    fake = FakeClock()
+    monkeypatch.setattr(generations, "time", fake)
+    return fake
+
+
+def clocked_run(clock, algorithm="ga", seconds_per_generation=100.0, callback=None, **kwargs):
+    """4 individuals, one 6-step episode each, no validation; each generation's callback moves the clock on."""
+
+    def tick(info):
+        clock.now += seconds_per_generation
+        return callback(info) if callback is not None else None
+
+    options = dict(num_generations=10, horizon=6, seed=1, validation=Validation(episodes=0), algorithm=algorithm)
+    return evolve_with_env([StepEnv() for _ in range(2)], net(), 4, 1, callback=tick, **{**options, **kwargs})
+
+
+@pytest.mark.parametrize("algorithm", ["ga", "es"])
+def test_max_seconds_stops_after_the_first_generation_past_it(clock, algorithm):
+    infos = []
+    result = clocked_run(clock, algorithm, budget=Budget(max_seconds=250.0), callback=infos.append)
+    # generations are judged 0, 100, 200, 300 fake seconds after the call: the fourth is the first at or past 250
+    assert len(result.history) == 4 and [i.stats.generation for i in infos] == [0, 1, 2, 3]
+    assert len(clocked_run(clock, algorithm, budget=Budget(max_seconds=200.0)).history) == 3  # 200 >= 200
+
+
+def test_the_clock_counts_from_the_call_and_env_steps_still_bind(clock):
+    clock.now = 5_000.0  # whatever the clock read before the call
+    assert len(clocked_run(clock, budget=Budget(max_seconds=1e6, max_env_steps=30)).history) == 2  # 24, 48 steps
+    # the first generation is judged 0 fake seconds after the call: a budget of 1e-9 s still plays it and the next
+    assert len(clocked_run(clock, budget=Budget(max_seconds=1e-9)).history) == 2
+
+
+def test_the_progress_bar_follows_the_binding_budget(clock, capsys):
+    def last_bar():
+        return capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+
+    clocked_run(clock, budget=Budget(max_seconds=250.0), progress=True)
+    bar = last_bar()
+    assert bar.startswith("seconds:") and "250/250 [" in bar and "gen=4" in bar, bar
+    clocked_run(clock, budget=Budget(max_env_steps=30, max_seconds=1e6), progress=True)
+    bar = last_bar()
+    assert bar.startswith("env steps:") and "30/30 [" in bar and "gen=2" in bar, bar
+    clocked_run(clock, num_generations=2, progress=True)  # no Budget: the bar counts generations, as before
+    bar = last_bar()
+    assert bar.startswith("generations:") and "2/2 [" in bar and "gen=" not in bar, bar
+    # seconds bind first, then the generations overtake them: the bar switches to generations
+    clocked_run(clock, num_generations=3, seconds_per_generation=10.0, budget=Budget(max_seconds=100.0), progress=True)
+    bar = last_bar()
+    assert bar.startswith("generations:") and "3/3 [" in bar, bar
+
+
+def test_generation_info_as_dict_is_numbers_only(clock):
+    infos = []
+    clocked_run(clock, num_generations=2, validation=Validation(episodes=2, top=1), callback=infos.append)
+    rows = [info.as_dict() for info in infos]
+    assert set(rows[0]) == {"generation", "best", "mean", "std", "validated", "env_steps", "champion_score"}
+    assert all(isinstance(v, (int, float)) and not isinstance(v, bool) for row in rows for v in row.values())
+    assert rows[1]["generation"] == 1 and rows[1]["champion_score"] == infos[1].champion_score
+    no_validation = []
+    clocked_run(clock, num_generations=1, callback=no_validation.append)
+    assert set(no_validation[0].as_dict()) == {"generation", "best", "mean", "std", "env_steps"}

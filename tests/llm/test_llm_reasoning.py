@@ -410,3 +410,21 @@ def test_verifier_step_grouped_uses_the_es_groups():
     assert rewards.shape == (4, 2) and stats.generation == 0 and es.generation == 1
     moved = any(not torch.equal(p.detach(), before[k]) for k, p in es.model.named_parameters())
     assert moved == bool(group_normalize(rewards, es.groups()).abs().sum() > 0)
+
+
+def test_es_countdown_example_honours_a_tiny_budget_with_one_step(tmp_path, capsys):
+    """--minutes far below what the run takes: still one ES step, and output before the model loads."""
+    spec = importlib.util.spec_from_file_location("es_countdown_budget", ROOT / "examples" / "es_countdown.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = module.main(["--model", "tiny", "--out", str(tmp_path), "--minutes", "1e-6"])
+    finally:
+        sys.modules.pop(spec.name, None)
+    assert result["steps"] == 1 and [row["step"] for row in result["curve"]] == [0, 1]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("loading the model (tiny); budget 1e-06 min")
+    assert any(line.startswith("held-out: timing the base model's answers") for line in lines)

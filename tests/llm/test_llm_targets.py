@@ -71,7 +71,7 @@ def test_exclusion_errors():
     with pytest.raises(
         TargetNotFoundError,
         match=r"exclusion '!haed' matches no nn.Linear or nn.Embedding of "
-        r"TinyTransformer; closest nn.Linear paths: 'head'",
+        r"TinyTransformer; closest nn.Linear names: 'head'",
     ):
         find_targets(model, ["!haed"])
     with pytest.raises(TargetNotFoundError, match=r"exclusion '!\*.zz' matches no nn.Linear"):

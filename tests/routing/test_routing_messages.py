@@ -140,3 +140,15 @@ def _assert_unchanged(pop: Population, before: dict) -> None:
         if isinstance(before[key], torch.Tensor):
             assert torch.equal(after[key], before[key]), key
     assert torch.equal(after["_extra_state"]["generator"], before["_extra_state"]["generator"])
+
+
+def test_generate_on_a_model_without_generate_names_the_class_and_what_is_needed():
+    from populora.errors import InvalidTypeError
+
+    pop = Population(mlp(), 3, 1, seed=0)
+    with pytest.raises(
+        InvalidTypeError, match=r"Sequential has none: routed generation needs a model with a Hugging Face"
+    ):
+        pop.generate(torch.zeros(2, 3, dtype=torch.long), all_individuals=True)
+    with pytest.raises(InvalidTypeError, match=r"call the population itself, pop\(x, individuals=ids\)"):
+        pop.generate(torch.zeros(2, 3, dtype=torch.long), individual=0)  # before the routing checks

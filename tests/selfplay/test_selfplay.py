@@ -487,3 +487,81 @@ def test_example_smoke_mode_writes_json_and_plot(tmp_path):
     assert 0.0 <= result["chosen_student_heldout"] <= 1.0
     assert (tmp_path / "accuracy.png").stat().st_size > 0
     assert re.fullmatch(r"\d+", str(result["chosen_student"]))
+
+
+# ---------------------------------------------------------------------------------------------- run (the loop)
+
+
+class _FakeTime:
+    """populora.selfplay.selfplay's ``time``: ``monotonic`` moved on by the test, ``perf_counter`` the real one."""
+
+    def __init__(self):
+        import time
+
+        self.now, self.perf_counter = 50.0, time.perf_counter
+
+    def monotonic(self):
+        return self.now
+
+
+def test_run_steps_callback_and_records(capsys):
+    sp = make()
+    seen = []
+    records = sp.run(2, callback=seen.append, progress=True)
+    assert records == seen == sp.history and [r.step for r in records] == [0, 1]
+    bar = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert bar.startswith("self-play steps:") and "2/2 [" in bar and "validity=" in bar, bar
+    assert sp.run(5, callback=lambda record: True) == sp.history[2:] and sp.steps == 3  # True stops the loop
+
+
+def test_run_stops_after_the_first_step_past_max_seconds(monkeypatch):
+    from populora.selfplay import selfplay as module
+
+    clock = _FakeTime()
+    monkeypatch.setattr(module, "time", clock)
+    sp = make()
+
+    def tick(record):
+        clock.now += 10.0
+
+    # steps are judged 0, 10, 20, 30 fake seconds after the call: the fourth is the first at or past 25
+    assert len(sp.run(max_seconds=25.0, callback=tick)) == 4
+    assert len(sp.run(2, max_seconds=1e6, callback=tick)) == 2  # the steps bind first
+
+
+def test_record_as_dict_is_numbers_only_and_reads_back():
+    from populora.selfplay.rewards import SelfPlayRecord
+
+    for anchors in (2, 0):
+        record = make(anchors=anchors).run(1)[0]
+        row = record.as_dict()
+        assert all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in row.values())
+        assert ("anchor_accuracy" in row) == (anchors > 0)  # None is left out
+        assert SelfPlayRecord.from_dict(row) == record
+
+
+def test_run_checks_its_arguments_before_any_step():
+    sp = make()
+    with pytest.raises(InvalidValueError, match=r"SelfPlay.run needs `steps` or `max_seconds`"):
+        sp.run()
+    with pytest.raises(InvalidValueError, match=r"`steps` must be an int >= 1, got 0"):
+        sp.run(0)
+    with pytest.raises(InvalidValueError, match=r"`max_seconds` must be a finite number > 0"):
+        sp.run(max_seconds=-1.0)
+    with pytest.raises(InvalidTypeError, match=r"`callback` must be callable"):
+        sp.run(1, callback=3)
+    assert sp.steps == 0 and sp.history == []
+
+
+def test_example_honours_a_tiny_budget_with_one_step_and_progress_from_the_start(tmp_path, capsys):
+    """--minutes far below what the run takes: still one training step, and output before the model loads."""
+    pytest.importorskip("matplotlib")
+    spec = importlib.util.spec_from_file_location("selfplay_arithmetic", ROOT / "examples" / "selfplay_arithmetic.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    result = example.main(["--model", "tiny", "--minutes", "1e-6", "--out", str(tmp_path), "--threads", "1"])
+    assert result["steps"] == 1 and len(result["history"]) == 1  # the budget is spent: one step, then stop
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("loading the model (tiny); budget 1e-06 min")
+    assert any(line.startswith("step 0: validity") for line in lines)
+    assert any(line.startswith("final evaluation: 4 students") for line in lines)
