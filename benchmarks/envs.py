@@ -19,12 +19,20 @@ Tasks and their targets (issue 11):
   episodes within 2M env steps.
 
 Each task runs its best measured configuration by default (``--algorithm``
-picks another): the GA for CartPole, LunarLander and Pendulum; for
+picks another), which is the task's preset
+(``populora.interact.presets.preset(task)``, the settings a user finds in
+the docs; ``--algorithm preset`` names it for every task): the GA for
+CartPole; for LunarLander the GA with training and validation episodes cut
+at 500 steps (the fresh episodes play the full 1000); for Pendulum EggRoll
+ES with ClipUp, every member of a generation on the same start state; for
 LunarLanderContinuous EggRoll ES with ClipUp (``populora.optim.ClipUp``) on
 a zero-started linear policy, 128 members, rank-2 noise of scale 0.1, ClipUp
-step 0.03 (max speed 0.06), centred ranks, normalised observations. The
+step 0.03 (max speed 0.06), centred ranks, normalised observations (its
+``es`` configuration). ``ga`` / ``es`` are the earlier configurations. The
 env-step budget is passed 2.5% low (:attr:`Task.step_cap`) because a run
-stops after the generation that reaches it.
+stops after the generation that reaches it. Each row records
+``first_validated_at_target``: the env steps at which a validated score
+first reached the target.
 
 Measured with ``--task lunarlander-continuous --seed 0 1 2``: 264, 287, 277
 on 30 fresh episodes at 1.96M, 1.97M, 1.95M env steps (3/3 solved). The
@@ -42,6 +50,8 @@ stands. Run::
     python benchmarks/envs.py --task lunarlander --seed 0 --budget-seconds 900
     python benchmarks/envs.py --task pendulum --seed 0 --algorithm es
     python benchmarks/envs.py --task lunarlander-continuous --seed 0 1 2 --budget-seconds 3600
+    python benchmarks/envs.py --task lunarlander --seed 0 1 2 --budget-seconds 1000000 \
+        --json benchmarks/results/envs_lunarlander.json --checkpoints /work/runs/envs_ckpt
 
 ``--json PATH`` also writes every run (the table row plus its per-generation history: training best / mean /
 std, validated score, env steps) to ``PATH``, after each seed; rerun the same command to continue, and the seeds
@@ -70,6 +80,7 @@ from torch import nn
 import populora
 from populora import evolve_with_env, interact_with_env
 from populora.interact import ES, Budget, Checkpointing, EnvOptions, Episodes
+from populora.interact.presets import preset
 
 REPORT = 7_000_000  # the reporting seeds' run seed offset (play() draws them from its own stream)
 
@@ -83,7 +94,7 @@ class Task:
     default: str  # the algorithm run unless --algorithm says otherwise
     # algorithm -> (model, evolve_with_env's keywords; `algorithm` there is its ES(...) options)
     configs: dict[str, tuple[Callable[[], nn.Module], dict[str, Any]]]
-    play: dict[str, Any] = field(default_factory=dict)  # action / to_range for play()
+    play: dict[str, Any] = field(default_factory=dict)  # action / to_range / horizon for play()
     num_generations: int = 100_000
 
     @property
@@ -113,6 +124,14 @@ def _identity(out: Any) -> Any:
     return out
 
 
+def _preset(task: str) -> tuple[Callable[[], nn.Module], dict[str, Any]]:
+    """The model and options of ``populora.interact.presets.preset(task)`` as a config (budget and generations
+    are the Task's)."""
+    p = preset(task)
+    options = {k: v for k, v in p.kwargs.items() if k not in ("budget", "num_generations")}
+    return p.model, options
+
+
 def tasks() -> dict[str, Task]:
     lander = dict(env_options=EnvOptions(num_envs=16, normalize_obs=True), horizon=1000)
     pendulum = dict(
@@ -126,6 +145,7 @@ def tasks() -> dict[str, Task]:
             None,
             "ga",
             {
+                "preset": _preset("CartPole-v1"),  # the same as "ga"
                 "ga": (
                     lambda: _mlp(4, 32, 2),
                     dict(pop_size=64, low_rank=4, target_fitness=475.0, env_options=EnvOptions(num_envs=16)),
@@ -138,8 +158,9 @@ def tasks() -> dict[str, Task]:
             200.0,
             30,
             2_000_000,
-            "ga",
+            "preset",
             {
+                "preset": _preset("LunarLander-v3"),
                 "ga": (
                     lambda: _mlp(8, 32, 4),
                     dict(pop_size=64, low_rank=4, episodes=Episodes(num_episodes=2), **lander),
@@ -149,14 +170,16 @@ def tasks() -> dict[str, Task]:
                     dict(pop_size=128, low_rank=2, **lander, algorithm=ES(sigma=0.1, optimizer="clipup", lr=0.03)),
                 ),
             },
+            preset("LunarLander-v3").play,
         ),
         "pendulum": Task(
             "Pendulum-v1",
             -200.0,
             30,
             5_000_000,
-            "ga",
+            "preset",
             {
+                "preset": _preset("Pendulum-v1"),
                 "ga": (
                     lambda: _mlp(3, 32, 32, 1, out_tanh=True),
                     dict(pop_size=64, low_rank=4, episodes=Episodes(num_episodes=2), **pendulum),
@@ -175,6 +198,7 @@ def tasks() -> dict[str, Task]:
             2_000_000,
             "es",
             {
+                "preset": _preset("LunarLanderContinuous-v3"),  # the same as "es"
                 "ga": (
                     lambda: _mlp(8, 32, 2, out_tanh=True),
                     dict(pop_size=64, low_rank=4, episodes=Episodes(num_episodes=2), action=_identity, **lander),
@@ -199,11 +223,13 @@ def run(
     task_name: str, seed: int, algorithm: str | None, deadline: float, checkpoints: Path | None = None
 ) -> dict[str, Any]:
     task = tasks()[task_name]
-    algorithm = algorithm or task.default
-    if algorithm not in task.configs:
-        raise SystemExit(f"task {task_name!r} has no {algorithm!r} configuration; it has {sorted(task.configs)}")
-    make_model, options = task.configs[algorithm]
+    config = algorithm or task.default
+    if config not in task.configs:
+        raise SystemExit(f"task {task_name!r} has no {config!r} configuration; it has {sorted(task.configs)}")
+    make_model, options = task.configs[config]
     options = dict(options)
+    chosen = options.get("algorithm", config)  # an ES(...) / GA(...) object, or 'ga' / 'es'
+    algorithm = chosen if isinstance(chosen, str) else type(chosen).__name__.lower()
     torch.manual_seed(seed)
     pop_size, low_rank = options.pop("pop_size"), options.pop("low_rank")
     start = time.perf_counter()
@@ -215,21 +241,23 @@ def run(
         seed=seed,
         num_generations=task.num_generations,
         budget=Budget(max_env_steps=task.step_cap),
-        algorithm=options.pop("algorithm", algorithm),  # the ES's own options where the config has them
+        algorithm=options.pop("algorithm", algorithm),  # the GA's / ES's own options where the config has them
         callback=lambda info: time.perf_counter() > deadline,
         checkpointing=Checkpointing()
         if checkpoints is None
-        else Checkpointing(checkpoints / f"{task_name}-{algorithm}-{seed}", resume=True),
+        else Checkpointing(checkpoints / f"{task_name}-{config}-{seed}", resume=True),
         **options,
     )
     wall = time.perf_counter() - start
     with interact_with_env(task.env, num_envs=16) as interactor:
         returns = interactor.play(
-            policy, num_episodes=task.episodes, seed=REPORT + seed, horizon=options.get("horizon"), **task.play
+            policy, num_episodes=task.episodes, seed=REPORT + seed, **{"horizon": options.get("horizon"), **task.play}
         )
+    first = [h.env_steps for h in history if h.validated is not None and h.validated >= task.target]
     return dict(
         task=task.env,
         algorithm=algorithm,
+        config=config,
         seed=seed,
         budget=task.max_env_steps,
         score=float(returns.mean()),
@@ -239,6 +267,7 @@ def run(
         generations=len(history),
         wall=wall,
         validated=max((h.validated for h in history if h.validated is not None), default=float("nan")),
+        first_validated_at_target=first[0] if first else None,  # env steps when a validated score first reached it
         history=[h.as_dict() for h in history],
     )
 
@@ -273,9 +302,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, nargs="+", default=[0])
     parser.add_argument(
         "--algorithm",
-        choices=["ga", "es"],
+        choices=["preset", "ga", "es"],
         default=None,
-        help="default: the task's best measured one (see the module docstring)",
+        help="default: the task's best measured one (see the module docstring; 'preset' is "
+        "populora.interact.presets.preset(task))",
     )
     parser.add_argument("--budget-seconds", type=float, default=900.0, help="total wall time of all seeds")
     parser.add_argument("--json", type=Path, default=None, help="also write the runs and their histories here")
@@ -298,7 +328,7 @@ def main() -> None:
             r
             for r in done
             if r["seed"] == seed and r["task"] == tasks()[args.task].env
-            and r["algorithm"] == (args.algorithm or tasks()[args.task].default)
+            and r.get("config", r["algorithm"]) == (args.algorithm or tasks()[args.task].default)
         ]  # fmt: skip
         r = kept[0] if kept else run(args.task, seed, args.algorithm, deadline, args.checkpoints)
         rows.append(r)

@@ -1,5 +1,6 @@
 """Evolve a LunarLanderContinuous-v3 policy (gymnasium[box2d]) with ES and ClipUp: a linear policy.
 
+The settings are ``populora.interact.presets.preset("LunarLanderContinuous-v3")``.
 The policy is one linear layer 8 -> 2 (main and side engine), starting at
 zero, on normalised observations; the env clips actions to [-1, 1].
 EggRoll ES (``algorithm=ES(...)``) perturbs it with 128 members (64 antithetic
@@ -27,10 +28,10 @@ import argparse
 import time
 
 import torch
-from torch import nn
 
 from populora import evolve_with_env, interact_with_env, is_main_rank
-from populora.interact import ES, Budget, EnvOptions
+from populora.interact import Budget
+from populora.interact.presets import preset
 
 
 def main() -> None:
@@ -41,34 +42,18 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    model = nn.Linear(8, 2)  # (b, 8) observations -> (b, 2) engine throttles
-    with torch.no_grad():
-        model.weight.zero_()
-        model.bias.zero_()
+    p = preset("LunarLanderContinuous-v3")  # ES(sigma=0.1, optimizer="clipup", lr=0.03): max_speed 2 * lr, momentum 0.9
+    options = {**p.kwargs, "budget": Budget(max_env_steps=args.max_env_steps)}
+    model = p.model()  # nn.Sequential(nn.Linear(8, 2)) at zero: (b, 8) observations -> (b, 2) engine throttles
 
     start = time.perf_counter()
-    policy, history = evolve_with_env(
-        "LunarLanderContinuous-v3",
-        nn.Sequential(model),
-        pop_size=128,
-        low_rank=2,
-        action=lambda out: out,
-        num_generations=100_000,
-        horizon=1000,
-        seed=args.seed,
-        progress=not args.quiet,
-        algorithm=ES(sigma=0.1, optimizer="clipup", lr=0.03),  # ClipUp: max_speed 2 * lr, momentum 0.9
-        env_options=EnvOptions(num_envs=16, normalize_obs=True),
-        budget=Budget(max_env_steps=args.max_env_steps),
-    )
+    policy, history = evolve_with_env(p.env, model, seed=args.seed, progress=not args.quiet, **options)
     seconds = time.perf_counter() - start
 
-    with interact_with_env("LunarLanderContinuous-v3", num_envs=16) as interactor:
-        returns = interactor.play(
-            policy, action=lambda out: out, horizon=1000, num_episodes=30, seed=7_000_000 + args.seed
-        )  # fresh episodes (the benchmark's reporting seeds)
+    with interact_with_env(p.env, num_envs=16) as interactor:  # fresh episodes (the benchmark's reporting seeds)
+        returns = interactor.play(policy, num_episodes=30, seed=7_000_000 + args.seed, **p.play)
     if is_main_rank():
-        best = max(h.validated for h in history if h.validated is not None)
+        best = max((h.validated for h in history if h.validated is not None), default=float("nan"))
         print(
             f"seed {args.seed}: {len(history)} generations, {history[-1].env_steps:,} env steps in {seconds:.0f} s; "
             f"best validated {best:.0f}"

@@ -14,7 +14,9 @@ and :func:`build_slots`), ``rollout`` (the episode loop), ``interactor``
 (:class:`EnvInteractor`), ``champion`` (validation episodes and the
 champion), ``es_env`` (EggrollES individuals playing episodes),
 ``generations`` (the GA and ES loops), ``options`` (the option objects of
-:func:`evolve_with_env`), ``evolve`` (:func:`evolve_with_env`).
+:func:`evolve_with_env`), ``evolve`` (:func:`evolve_with_env`), ``presets``
+(measured settings per task, and :class:`~populora.interact.presets.ConvPolicy`
+for image observations).
 """
 
 from populora.interact.actions import ActionFormat

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 from populora.checks import check_int
 from populora.errors import InvalidTypeError, InvalidValueError, PopuloraError
@@ -53,12 +53,33 @@ from populora.interact.sources import (
     plain_sync_vector_env,
 )
 from populora.interact.spaces import KeySelection, check_obs_keys
-from populora.interact.vector import VectorSource
+from populora.interact.vector import VectorSource, seeded_copies
 
-__all__ = ["DEFAULT_NUM_ENVS", "EnvSlots", "EnvStepError", "SlotFailure", "build_slots", "is_factory"]
+__all__ = [
+    "DEFAULT_NUM_ENVS",
+    "REPLAY_RUNS",
+    "REPLAY_STEPS",
+    "EnvSlots",
+    "EnvStepError",
+    "SlotFailure",
+    "build_slots",
+    "caller_stacklevel",
+    "is_factory",
+]
 
 DEFAULT_NUM_ENVS = 16
 """Envs a factory makes when ``num_envs`` is not given to :func:`~populora.interact_with_env`."""
+
+
+REPLAY_STEPS = 8
+"""Steps of each run of the replay check (:meth:`EnvSlots.replay_problem`)."""
+
+REPLAY_RUNS = 3
+"""Runs from one seed in the replay check: two are not enough (Box2D's BipedalWalker replays its second
+episode from a seed and departs from it on the third)."""
+
+_REPLAY_SEED = 2_024_917
+_REPLAY_ACTIONS_SEED = 11
 
 
 class EnvStepError(PopuloraError, RuntimeError):
@@ -244,6 +265,142 @@ class EnvSlots:
         _close_all(self.created)
         self.created = []
 
+    # ------------------------------------------------------------------ seeds that mean what they say
+
+    def seeded_twin(self) -> EnvSlots:
+        """Slots like these whose every slot resets with its own seed.
+
+        Sources reset as a whole are replaced by single envs made from the
+        vector env's specification
+        (:func:`~populora.interact.vector.seeded_copies`); the other sources
+        are shared (every slot is reset before it plays, so sharing them
+        changes no episode). The returned object closes the envs it made.
+
+        Raises:
+            InvalidTypeError: a vector env reset as a whole that cannot be
+                remade as single envs (the reason named).
+        """
+        sources: list[SlotSource] = []
+        created: list[Any] = []
+        try:
+            for src in self.sources:
+                if src.whole:
+                    twin, made = seeded_copies(src)
+                    sources.append(twin)
+                    created += made
+                else:
+                    sources.append(src)
+        except BaseException:
+            _close_all(created)
+            raise
+        return EnvSlots(sources, flatten_obs=self.flatten_obs, created=created)
+
+    def replay_problem(self, action_space: Any) -> tuple[str | None, int]:
+        """Whether the first source replays an episode from its reset seed: what went wrong (or ``None``), and
+        the env steps the check took (over the slots it compares).
+
+        :data:`REPLAY_RUNS` runs of its first slot (every slot of a source
+        reset as a whole), each a reset with one fixed seed then the same
+        :data:`REPLAY_STEPS` random actions (fewer if the episode ends),
+        must see the same observations, rewards and ends. Costs three resets
+        and at most 24 steps of one slot (of every slot of a source reset as a
+        whole); the slots are left mid-episode (every slot is reset
+        before it plays). ``None`` too when it cannot be tested: actions of
+        an unknown space, or an env that raises here (the episodes that
+        follow report such an error with its slot).
+        """
+        src = self.sources[0]
+        runs: list[list[Any]] = []
+        steps = 0
+        try:
+            for _ in range(REPLAY_RUNS):
+                run, taken = _replay_run(src, action_space)
+                steps += taken
+                if run is None:
+                    return None, steps
+                runs.append(run)
+        except Exception:  # untestable here; a real failure shows in the first episode, naming its slot
+            return None, steps
+        first = runs[0]
+        for j, other in enumerate(runs[1:], start=2):
+            for t, (a, b) in enumerate(zip(first, other)):  # the done flags are compared too: same lengths
+                if not _same(a, b):
+                    if t == 0:
+                        return (
+                            f"reset(seed={_REPLAY_SEED}) gave other first observations on reset {j} than on "
+                            "reset 1: it ignores the seed"
+                        ), steps
+                    return (
+                        f"reset(seed={_REPLAY_SEED}) and the same actions gave other observations, rewards or ends at "
+                        f"step {t} of run {j} than of run 1"
+                    ), steps
+        return None, steps
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Bitwise equality of two pytrees of tensors / arrays (NaN equal to NaN)."""
+    left, right = tree_flatten(a)[0], tree_flatten(b)[0]
+    if len(left) != len(right):
+        return False
+    for x, y in zip(left, right):
+        x, y = torch.as_tensor(x), torch.as_tensor(y)
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return False
+        if x.is_floating_point():
+            if not torch.equal(torch.nan_to_num(x, nan=0.0), torch.nan_to_num(y, nan=0.0)) or not torch.equal(
+                x.isnan(), y.isnan()
+            ):
+                return False
+        elif not torch.equal(x, y):
+            return False
+    return True
+
+
+def _probe_actions(space: Any, k: int, generator: torch.Generator) -> Any:
+    """``k`` random actions of ``space`` drawn from ``generator`` (``None``: no actions known for it)."""
+    from populora.interact.actions import ActionFormat
+
+    fmt = ActionFormat(space)
+    if fmt.kind == "unknown":
+        return None
+    if fmt.kind == "box":
+        low = np.asarray(getattr(space, "low", getattr(space, "minimum", -1.0)), dtype=np.float64)
+        high = np.asarray(getattr(space, "high", getattr(space, "maximum", 1.0)), dtype=np.float64)
+        low = torch.from_numpy(np.broadcast_to(np.clip(low, -1.0, 1.0), fmt.shape).copy())
+        high = torch.from_numpy(np.broadcast_to(np.clip(high, -1.0, 1.0), fmt.shape).copy())
+        u = torch.rand((k, *fmt.shape), generator=generator, dtype=torch.float64)
+        actions = low + u * (high - low)
+        return actions.long() if fmt.integer else actions.float()
+    outputs = torch.randn((k, int(fmt.width)), generator=generator)
+    return fmt.default_actions(outputs, k)
+
+
+def _replay_run(src: SlotSource, action_space: Any) -> tuple[list[Any] | None, int]:
+    """One run of the replay check: ``[first obs, (obs, reward, done) of each step, ...]`` (``None``: no
+    actions known for the space) and the env steps it took over the slots it compares."""
+    generator = torch.Generator().manual_seed(_REPLAY_ACTIONS_SEED)
+    if src.whole:
+        local = np.arange(src.num, dtype=np.int64)
+        obs = src.reset_all(_REPLAY_SEED)
+    else:
+        local = np.zeros(1, dtype=np.int64)
+        obs = src.reset(local, [_REPLAY_SEED])
+    out = [obs]
+    steps = 0
+    for _ in range(REPLAY_STEPS):
+        actions = _probe_actions(action_space, local.size, generator)
+        if actions is None:
+            return None, steps
+        obs, written, reward, done = src.step(local, actions)
+        steps += local.size
+        if written is not local and written.size != local.size:  # a source that steps every slot
+            index = torch.from_numpy(local)
+            obs = tree_map(lambda t: t.index_select(0, index) if isinstance(t, Tensor) else t, obs)
+        out.append((obs, np.asarray(reward, dtype=np.float64), np.asarray(done, dtype=bool)))
+        if np.asarray(done).any():
+            break
+    return out, steps
+
 
 def _take_rows(actions: Any, pick: np.ndarray) -> Any:
     index = torch.from_numpy(pick)
@@ -366,7 +523,7 @@ def _close_all(envs: Sequence[Any]) -> None:
             pass
 
 
-def _caller_stacklevel() -> int:
+def caller_stacklevel() -> int:
     """``warnings.warn``'s stacklevel of the first frame outside populora (the user's call)."""
     frame, level = sys._getframe(1), 1
     while frame is not None and frame.f_globals.get("__name__", "").startswith("populora."):
@@ -423,6 +580,6 @@ def _distinct(envs: list[Any], what: str) -> tuple[list[Any], list[Any]]:
         + f" ({len(out)} slot(s) from {len(envs)} entries). Pass distinct env objects, or a factory, to choose "
         "the slots yourself.",
         UserWarning,
-        stacklevel=_caller_stacklevel(),
+        stacklevel=caller_stacklevel(),
     )
     return out, copies

@@ -150,6 +150,21 @@ def evolve_with_env(
     with ``population.eval_seed`` set to the run's validation seed.
     ``Validation(episodes=0)`` turns validation off (the best of the last
     generation is returned, ``target_fitness`` judges the training best).
+    The validation episodes are played by their seeds on every env form: on
+    a vector env that resets only as a whole (gymnasium's native
+    ``make_vec`` envs) they run on single envs made from its spec
+    (:meth:`~populora.EnvInteractor.seeded_slots`), and one that cannot be
+    remade so is refused before any episode, naming the fix.
+
+    **Reproducibility.** The same arguments with the same number of env slots
+    and ranks give the same run, bitwise. Another number of slots can move
+    the returns by rounding: the actions come from one batched forward over
+    the slots playing at each step, and a batch of another size may round an
+    output's last bit differently (about ``1e-7``; a plain torch loop over
+    rows does the same), which a chaotic simulator amplifies over an episode
+    (HalfCheetah-v5's generation-0 returns moved by up to 67 between one env
+    and a list of 4). An env that does not replay an episode from its reset
+    seed is named in a warning before the first episode.
 
     The first twelve parameters take values as in the examples; the rest are keyword
     option objects (:mod:`populora.interact.options`), each defaulting to

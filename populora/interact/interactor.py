@@ -8,8 +8,26 @@ forward over the slots that are playing (``population(obs, individuals=ids)``).
 Seeding: episode ``e`` of every individual in a generation starts from the
 same seed, :func:`episode_seed` ``(population.eval_seed, e)`` (common random
 numbers), and the slot is reset with it before the work item starts,
-whatever the env's own autoreset does. Evaluation is therefore reproducible
-and does not depend on which slot ran which episode.
+whatever the env's own autoreset does. Evaluation is therefore reproducible:
+the same seed, population, number of slots and ranks give the same returns,
+bitwise.
+
+Slot count and rounding: which slot runs an episode does not change its
+start, but the actions come from one batched forward over the slots playing
+at each step, and a batch of another size (another number of slots, other
+episodes alongside) may round the last bit of an output differently (about
+``1e-7`` relative; a plain torch loop over the rows does the same). Most
+envs never notice; a chaotic simulator amplifies it over an episode:
+HalfCheetah-v5's generation-0 returns moved by up to 67 between one env and
+a list of 4. Compare runs made with the same number of slots and ranks.
+
+Replay check: before its first episode the interactor resets its first slot
+:data:`~populora.interact.envs.REPLAY_RUNS` times with one seed and plays
+the same few random actions; if the observations, rewards or ends differ
+(an env that ignores ``reset(seed=)``, as envpool does, or one that does not
+replay an episode from its seed, as Box2D's BipedalWalker does on its third
+reset) one warning names the env: its episodes are then not reproducible
+from their seeds.
 
 Vector envs that cannot reset one slot with a seed (gymnasium's native
 ``CartPoleVectorEnv`` from ``gym.make_vec('CartPole-v1', num_envs=4)``, or
@@ -27,6 +45,17 @@ ranks give the same fitness), but the individuals of a generation do not
 meet the same starting states: which state an episode starts from depends
 on its round and slot.
 
+What names its episodes by their seeds plays exactly those, on any env
+form: :meth:`EnvInteractor.play`, ``episode_returns(seeds=...)`` and the
+validation episodes of :func:`~populora.evolve_with_env` (fixed, apart from
+training). On a vector env reset as a whole they run on single envs made
+from its specification (:meth:`EnvInteractor.seeded_slots`: a gymnasium
+``make_vec`` env's spec, a pufferlib env's driver env), each reset with
+``reset(seed=s)`` as a plain loop would; a vector env that cannot be remade
+so is refused there, naming it and what to pass instead (a list of envs or
+a factory; ``Validation(episodes=0)``). ale-py's ``AtariVectorEnv`` resets
+one slot with a seed itself (a masked reset), so it plays no rounds.
+
 Threads: on CPU, while episodes play, a small policy (parameters x slots
 at most :data:`ONE_THREAD_WORK`) runs its per-timestep forward on one
 intra-op thread (the previous ``torch.get_num_threads()`` is restored
@@ -43,6 +72,7 @@ step is ever taken inside an episode.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -54,7 +84,7 @@ from populora.checks import check_one_of, check_seed
 from populora.errors import CheckpointError, InvalidIndexError, InvalidTypeError, InvalidValueError
 from populora.fitness import fitness_kind
 from populora.interact.actions import ActionFn, ActionFormat, check_to_range
-from populora.interact.envs import EnvSlots, EnvStepError, SlotFailure, build_slots
+from populora.interact.envs import EnvSlots, EnvStepError, SlotFailure, build_slots, caller_stacklevel
 from populora.interact.normalize import ObsNormalizer, ObsStatistics
 from populora.interact.rollout import ONE_THREAD_WORK, play
 from populora.interact.schedule import (
@@ -106,7 +136,8 @@ class EnvInteractor:
             :class:`~populora.interact.normalize.ObsNormalizer`).
         counters: cumulative ``env_steps`` (steps inside episodes),
             ``timesteps`` (routed forwards), ``episodes`` and ``seconds``
-            spent in rollouts on this rank.
+            spent in rollouts on this rank; ``check_steps``: the steps of
+            the replay check (:meth:`check_replay`), outside any episode.
     """
 
     def __init__(
@@ -124,7 +155,10 @@ class EnvInteractor:
         self.obs_clip = float(obs_clip)
         self.action_format = ActionFormat(slots.action_space)
         self._stats: ObsStatistics | None = None
-        self.counters = {"env_steps": 0, "timesteps": 0, "episodes": 0, "seconds": 0.0}
+        self.counters = {"env_steps": 0, "timesteps": 0, "episodes": 0, "seconds": 0.0, "check_steps": 0}
+        self._seeded: EnvSlots | None = None  # slots that reset one by one, for seeds that name episodes
+        self._replay_checked = False
+        self._replay_problem: str | None = None
         if self.normalize_obs:  # learn the observation size now, so every rank holds statistics from the start
             try:
                 with torch.inference_mode():
@@ -298,7 +332,8 @@ class EnvInteractor:
 
         Episode ``e`` uses :func:`episode_seed` ``(population.eval_seed, e)``,
         as in :meth:`evaluate` (or ``seeds[e]`` when ``seeds`` is given, then
-        ``num_episodes`` is ``len(seeds)``); handy inside a custom fitness
+        ``num_episodes`` is ``len(seeds)``, each episode started from
+        ``reset(seed=seeds[e])`` on any env form, see :meth:`seeded_slots`); handy inside a custom fitness
         function. With
         ``normalize_obs`` the observations seen here count towards the next
         generation's statistics (only :meth:`evaluate` moves them forward).
@@ -314,9 +349,10 @@ class EnvInteractor:
         bad = [i for i in ids if not 0 <= i < population.pop_size]
         if bad:
             raise InvalidIndexError(f"`individuals` holds id {bad[0]}, out of range [0, {population.pop_size})")
+        exact = "episode_returns(seeds=...)" if seeds is not None else False
         if seeds is None:
             seeds = episode_seeds(population.eval_seed, num_episodes)
-        return self._play(population, ids, seeds=seeds, base_seed=population.eval_seed, **run)
+        return self._play(population, ids, seeds=seeds, base_seed=population.eval_seed, exact=exact, **run)
 
     def play(
         self,
@@ -342,7 +378,10 @@ class EnvInteractor:
         :data:`~populora.interact.schedule.REPORTING_STREAM`): a stream apart
         from the training and validation episodes of a run seeded ``seed``,
         so the episodes are fresh for it. ``seeds=[...]`` plays exactly those
-        reset seeds instead (``num_episodes`` is then ``len(seeds)``).
+        reset seeds instead (``num_episodes`` is then ``len(seeds)``): each
+        episode starts from ``reset(seed=s)`` as a plain loop's would, also on
+        a vector env reset as a whole (on single envs made from its spec, see
+        :meth:`seeded_slots`; one that cannot be remade so raises, naming it).
 
         Example::
 
@@ -357,9 +396,10 @@ class EnvInteractor:
             seeds, num_episodes = _check_seeds(seeds), len(seeds)
         run = self._prepare(action, horizon, num_episodes, to_range)
         run["normalize"] = False
+        what = "play(seeds=...)" if seeds is not None else "play()"
         if seeds is None:
             seeds = stream_seeds(seed, REPORTING_STREAM, num_episodes)
-        return self._play(policy, [0], seeds=seeds, base_seed=seed, **run)[0]
+        return self._play(policy, [0], seeds=seeds, base_seed=seed, exact=what, **run)[0]
 
     def __enter__(self) -> EnvInteractor:
         return self
@@ -368,8 +408,77 @@ class EnvInteractor:
         self.close()
 
     def close(self) -> None:
-        """Close the environments the interactor made from a factory."""
+        """Close the environments the interactor made (from a factory, or the single envs of :meth:`seeded_slots`)."""
         self._slots.close()
+        if self._seeded is not None:
+            self._seeded.close()
+            self._seeded = None
+
+    def seeded_slots(self, what: str = "playing given reset seeds") -> EnvSlots:
+        """The slots that play episodes by their reset seeds: every slot reset with its own seed.
+
+        The interactor's own slots, unless a vector env among them resets only
+        as a whole (:attr:`EnvSlots.round_based`, which plays rounds seeded
+        apart from the episodes' seeds): then, once, slots where that vector
+        env is replaced by single envs made from its specification (gymnasium
+        ``make_vec``'s spec, pufferlib's driver env; see
+        :func:`~populora.interact.vector.seeded_copies`). :meth:`play`, the
+        ``seeds=`` of :meth:`episode_returns` and the validation of
+        :func:`~populora.evolve_with_env` play on these.
+
+        Args:
+            what: what needs them, for the error message.
+
+        Raises:
+            InvalidTypeError: such a vector env cannot be remade as single
+                envs; the message names it and what to pass instead.
+        """
+        slots = self._slots
+        if not slots.round_based:
+            return slots
+        if self._seeded is None:
+            try:
+                self._seeded = slots.seeded_twin()
+            except InvalidTypeError as error:
+                raise InvalidTypeError(
+                    f"{what} plays the episodes its reset seeds name, but the vector env "
+                    f"{slots.describe(slots.sources[slots.whole_sources[0]].start)} resets only as a whole (no "
+                    f"seeded reset of one slot), and {error}; pass a list of envs or a factory (e.g. "
+                    "`lambda: gym.make(...)`), or a gymnasium SyncVectorEnv (gym.make_vec(..., "
+                    "vectorization_mode='sync'))"
+                    + (", or turn validation off (Validation(episodes=0))" if "valid" in what else "")
+                ) from None
+        return self._seeded
+
+    def check_replay(self) -> str | None:
+        """Whether the env replays an episode from its reset seed; what went wrong, or ``None``.
+
+        Runs by itself before the interactor's first episode (once): the first
+        slot is reset :data:`~populora.interact.envs.REPLAY_RUNS` times with
+        one seed and plays the same few random actions (see
+        :meth:`EnvSlots.replay_problem`); if the observations, rewards or ends
+        differ, one ``UserWarning`` names the env. Its steps (at most 24 per
+        slot compared) are counted in ``counters['check_steps']``, not in
+        ``env_steps`` (they are in no episode). Calling it first runs it now;
+        later calls return the first answer.
+        """
+        if self._replay_checked:
+            return self._replay_problem
+        self._replay_checked = True
+        with torch.inference_mode():
+            problem, steps = self._slots.replay_problem(self._slots.action_space)
+        self.counters["check_steps"] += steps
+        self._replay_problem = problem
+        if problem is not None:
+            warnings.warn(
+                f"env {self._slots.describe(0)} does not replay an episode from its reset seed: {problem}. Episodes "
+                "are then not reproducible from their seeds: the individuals of a generation do not meet the same "
+                "episodes (common random numbers), validated scores of different generations are not comparable, "
+                "play(seeds=...) plays other episodes each time and a run is not reproducible from its seed",
+                UserWarning,
+                stacklevel=caller_stacklevel(),
+            )
+        return problem
 
     # ------------------------------------------------------------------ rollouts
 
@@ -385,6 +494,7 @@ class EnvInteractor:
         base_seed: int = 0,
         normalize: bool = True,
         module: nn.Module | None = None,
+        exact: bool = False,
     ) -> Tensor:
         """Play each ``(individual, episode seed)`` item; the returns, ``(k, E)`` float64 (NaN: a NaN reward).
 
@@ -403,6 +513,10 @@ class EnvInteractor:
             base_seed: seeds the slots' action sampling and the envs a seed cannot reach.
             normalize: observations through the interactor's normaliser (if any).
             module: the ``nn.Module`` behind ``model`` when it is not one (ES individuals).
+            exact: every episode starts from ``reset(seed=seeds[e])``, also on a
+                vector env reset as a whole (through :meth:`seeded_slots`);
+                ``False``: such an env plays rounds seeded from ``base_seed``
+                (training).
         """
         run = self._prepare(action, horizon, 1, to_range)
         return self._play(
@@ -415,6 +529,7 @@ class EnvInteractor:
             to_range=run["to_range"],
             normalize=normalize and run["normalize"],
             module=module,
+            exact="play_episodes(exact=True)" if exact else False,
         )
 
     def _prepare(self, action: Any, horizon: Any, num_episodes: Any, to_range: Any) -> dict[str, Any]:
@@ -442,14 +557,24 @@ class EnvInteractor:
         to_range: tuple[Tensor, Tensor] | None,
         normalize: bool,
         module: nn.Module | None = None,
+        exact: bool | str = False,
     ) -> Tensor:
         """Play every ``(individual, episode)`` item (see :class:`~populora.interact.rollout.Rollout`).
+
+        ``exact`` (or the name of what needs it, for messages): on
+        :meth:`seeded_slots`, each episode reset with its own seed.
 
         Returns:
             ``(k, E)`` float64 returns (NaN: a NaN reward).
         """
+        if not self._replay_checked:
+            self.check_replay()
+        if exact:
+            slots = self.seeded_slots(exact if isinstance(exact, str) else "playing given reset seeds")
+        else:
+            slots = self._slots
         return play(
-            self._slots,
+            slots,
             self.action_format,
             model,
             individuals,
@@ -506,8 +631,10 @@ def interact_with_env(
         envs: one env, a list of envs, a vector env (gymnasium
             ``SyncVectorEnv`` / ``AsyncVectorEnv``, gymnasium's native vector
             envs such as ``gym.make_vec('CartPole-v1', num_envs=4)`` in any
-            autoreset mode, which are reset as a whole per round of episodes
-            (see the module docstring), or any env-ssl-wrapper vector env), or
+            autoreset mode, which train in rounds reset as a whole and play
+            given seeds on single envs made from their spec (see the module
+            docstring), ale-py's ``AtariVectorEnv``, pufferlib's vector envs,
+            or any env-ssl-wrapper vector env), or
             a factory (a callable returning one env, an env class, or a
             gymnasium id string). Any simulator env-ssl-wrapper adapts works
             (gymnasium, dm_control, ...). The same object listed several

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.utils._pytree import tree_map
 
 from populora.errors import FitnessError
 from populora.interact.actions import ActionFn, ActionFormat
@@ -238,7 +239,7 @@ class Rollout:
                     out = (
                         model(obs, **route)
                         if "individual" in route
-                        else model(obs.unsqueeze(1), **route, per_individual=True).squeeze(1)
+                        else model(_one_per_individual(obs), **route, per_individual=True).squeeze(1)
                     )
                 elif routed:
                     out = model(obs, **route)
@@ -316,6 +317,13 @@ class Rollout:
                 f"{self.who(slot, int(self.steps[slot]))}; {advice}"
             )
         return ~ok
+
+
+def _one_per_individual(obs: Any) -> Any:
+    """``(k, ..)`` observations (a tensor or a pytree of them) as ``(k, 1, ..)``: one row per ES individual."""
+    if isinstance(obs, Tensor):
+        return obs.unsqueeze(1)
+    return tree_map(lambda t: t.unsqueeze(1) if isinstance(t, Tensor) else t, obs)
 
 
 def play(

@@ -7,6 +7,8 @@ are never read). How a slot is reset depends on what the env can do:
 * a gymnasium ``AsyncVectorEnv`` (or a wrapped ``SyncVectorEnv``) resets
   several slots in one call through ``options['reset_mask']`` with one seed
   per slot;
+* ale-py's ``AtariVectorEnv`` resets chosen slots in one call through
+  ``options['reset_mask']`` with an array of seeds, one per chosen slot;
 * a vector env with ``reset_at`` / ``reset_one`` (env-ssl-wrapper's
   convention) resets one slot with a seed through
   ``env_ssl_wrapper.reset_env_at``;
@@ -20,30 +22,37 @@ are never read). How a slot is reset depends on what the env can do:
   autoresets of slots whose episode ended are stepped through but never
   counted, and with ``DISABLED`` such slots are reset through
   ``options['reset_mask']`` without a seed (gymnasium 1.x's contract for
-  that mode) before the next step.
+  that mode) before the next step. What must play the episodes its seeds
+  name (validation, ``EnvInteractor.play``) runs on single envs made from
+  such an env's specification instead (:func:`seeded_copies`).
 
 Vector env forms (each tested in ``tests/interact/test_vector_forms.py``):
 
 * gymnasium's ``SyncVectorEnv`` / ``AsyncVectorEnv`` / native vector envs
   (``gym.make_vec``, every autoreset mode), and any gymnasium ``VectorEnv``;
-* envpool (``envpool.make_gymnasium``) and ale-py's ``AtariVectorEnv``:
-  gymnasium vector envs without a seeded reset of one slot, reset as a whole;
-  envpool fixes its seeds when it is made (``seed=`` of ``make_gymnasium``)
-  and ignores the seed of a reset (it warns), so its rounds do not replay
-  from the run's seeds;
+* ale-py's ``AtariVectorEnv`` (``batch_size`` equal to its envs), each slot
+  reset with its own seed;
+* envpool (``envpool.make_gymnasium``): a gymnasium vector env without a
+  seeded reset of one slot, reset as a whole; envpool fixes its seeds when
+  it is made (``seed=`` of ``make_gymnasium``) and ignores the seed of a
+  reset, so its rounds do not replay from the run's seeds (the
+  interactor's replay check names it in a warning), and no single envs can
+  be made of it for validation (refused, naming the fix);
 * pufferlib's ``pufferlib.vector.Serial`` and ``Multiprocessing`` (over
   ``pufferlib.emulation.GymnasiumPufferEnv``; the ``pufferlib-core`` package):
   they reset a finished env instead of stepping it at the next step (an
   autoreset), and take the reset protocol they need (a whole ``reset`` before
   the first step); a ``Serial`` env resets one slot with a seed through its
-  sub-env, a ``Multiprocessing`` one is reset as a whole. pufferlib packs a
+  sub-env, a ``Multiprocessing`` one is reset as a whole (its seeded
+  episodes run on a ``Serial`` env over copies of its driver env). pufferlib packs a
   structured observation into one ``Box`` of its own layout
   (``single_observation_space``), which is what the model gets;
 * any env-ssl-wrapper vector env.
 
 Refused with an error naming the form: pufferlib envs with several agents
-per env, a pufferlib ``Multiprocessing`` env whose ``batch_size`` is smaller
-than its envs (each step would return other slots), and stable-baselines3
+per env, a pufferlib ``Multiprocessing`` env or an ale-py ``AtariVectorEnv``
+whose ``batch_size`` is smaller than its envs (each step would return other
+slots), and stable-baselines3
 ``VecEnv`` objects (their ``reset`` takes no seed).
 
 Third-party imports (gymnasium, env-ssl-wrapper) sit in the functions that use them: ``import
@@ -52,7 +61,8 @@ populora`` needs neither, and env-ssl-wrapper takes about 2 s to import.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -61,10 +71,10 @@ from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_map
 
 from populora.errors import InvalidTypeError, InvalidValueError
-from populora.interact.sources import SlotFailure, SlotSource, describe_env, every_slot_in_order
+from populora.interact.sources import SlotFailure, SlotSource, SubEnvSource, describe_env, every_slot_in_order
 from populora.interact.spaces import KeySelection, ObsLayout
 
-__all__ = ["VectorSource"]
+__all__ = ["VectorSource", "seeded_copies"]
 
 
 def _masked_reset_capable(env: Any) -> bool:
@@ -74,14 +84,22 @@ def _masked_reset_capable(env: Any) -> bool:
     return isinstance(inner, (SyncVectorEnv, AsyncVectorEnv))
 
 
-def _can_reset_one_slot(env: Any) -> bool:
-    """Whether ``env_ssl_wrapper.reset_env_at`` can reset one slot of ``env`` with a seed.
+def _is_ale_vector(env: Any) -> bool:
+    """ale-py's ``AtariVectorEnv`` (maybe wrapped): one seed per slot through ``options['reset_mask']``."""
+    inner = getattr(env, "unwrapped", env)
+    return type(inner).__name__ == "AtariVectorEnv" and type(inner).__module__.startswith("ale_py")
 
-    Mirrors its paths without calling them: a ``reset_at`` / ``reset_one``
-    method, gymnasium's masked reset of a Sync / Async vector env, or a list
-    of sub-envs, on ``env`` or any wrapper below it.
+
+def _can_reset_one_slot(env: Any) -> bool:
+    """Whether ``env`` can reset one slot with a seed.
+
+    ale-py's ``AtariVectorEnv`` (a masked reset with an array of seeds), or
+    what ``env_ssl_wrapper.reset_env_at`` can do, mirrored without calling
+    it: a ``reset_at`` / ``reset_one`` method, gymnasium's masked reset of a
+    Sync / Async vector env, or a list of sub-envs, on ``env`` or any wrapper
+    below it.
     """
-    if _masked_reset_capable(env):
+    if _masked_reset_capable(env) or _is_ale_vector(env):
         return True
     seen, layer = set(), env
     while layer is not None and id(layer) not in seen:
@@ -126,6 +144,14 @@ def _check_form(env: Any) -> None:
                 "num_envs), a different set each time; make it with batch_size=num_envs"
             )
         return
+    if _is_ale_vector(env):
+        inner = env.unwrapped
+        if int(getattr(inner, "batch_size", inner.num_envs)) != int(inner.num_envs):
+            raise InvalidTypeError(
+                f"the ale-py vector env {name} returns {inner.batch_size} of its {inner.num_envs} envs per step "
+                "(batch_size < num_envs), a different set each time; make it with batch_size=0 (all envs)"
+            )
+        return
     if all(callable(getattr(env, attr, None)) for attr in ("step_async", "step_wait", "env_method")):
         raise InvalidTypeError(
             f"{name} is a stable-baselines3 VecEnv, which is not supported (its reset takes no seed, so episodes "
@@ -166,6 +192,7 @@ class VectorSource(SlotSource):
         disabled = mode is not None and str(getattr(mode, "value", mode)).lower() == "disabled"
         self.autoresets = (bool(env_autoresets(env)) or self.puffer) and not disabled
         self.masked_reset = _masked_reset_capable(env)
+        self.ale = _is_ale_vector(env)
         # no seeded reset of one slot: reset as a whole, once per round of episodes (see EnvSlots.reset)
         self.whole = not _can_reset_one_slot(env)
         self._last_obs: Any = None
@@ -268,6 +295,21 @@ class VectorSource(SlotSource):
                 self.started = True
             index = torch.from_numpy(np.asarray(local, dtype=np.int64))
             return tree_map(lambda t: t.index_select(0, index) if isinstance(t, Tensor) else t, obs)
+        if self.ale:  # ale-py: a masked reset takes one seed per chosen slot (-1: unseeded), in slot order
+            order = np.argsort(local, kind="stable")
+            chosen = np.asarray(local, dtype=np.int64)[order]
+            seed_array = np.asarray([-1 if seeds[j] is None else seeds[j] for j in order.tolist()], dtype=np.int64)
+            mask = np.zeros(self.num, dtype=np.bool_)
+            mask[chosen] = True
+            if self.started:
+                obs, _ = self.env.reset(seed=seed_array, options={"reset_mask": mask})
+            else:  # a masked reset needs every slot reset once before
+                every = np.full(self.num, -1, dtype=np.int64)
+                every[chosen] = seed_array
+                obs, _ = self.env.reset(seed=every)
+                self.started = True
+            index = torch.from_numpy(np.asarray(local, dtype=np.int64))
+            return tree_map(lambda t: t.index_select(0, index) if isinstance(t, Tensor) else t, obs)
         if self.puffer and not self.started:  # pufferlib steps only after a reset of the whole vector env
             self.env.reset()
             self.started = True
@@ -316,3 +358,108 @@ class VectorSource(SlotSource):
         if not self.autoresets:
             self.stale |= done
         return obs, reward, done
+
+
+# ---------------------------------------------------------------------- single envs of a whole-reset vector env
+
+# make_vec's own entries of a spec's kwargs: how the vector env was made, not arguments of the single env
+_VECTOR_KWARGS = ("num_envs", "vectorization_mode", "vector_kwargs", "wrappers")
+
+
+def _gymnasium_single_maker(env: Any) -> tuple[Callable[[], Any] | None, str]:
+    """``make()`` of one env of a gymnasium vector env made by ``gym.make_vec``, or ``None`` and why not."""
+    import gymnasium as gym
+    from gymnasium.envs.registration import EnvSpec
+    from gymnasium.vector import VectorEnv
+
+    inner = getattr(env, "unwrapped", env)
+    if not isinstance(inner, VectorEnv):
+        return None, "it is not a gymnasium VectorEnv"
+    if inner is not env:
+        return None, "it is wrapped (a wrapper may change what its slots see, which single envs would not)"
+    spec = getattr(inner, "spec", None)
+    if not isinstance(spec, EnvSpec) or spec.id not in gym.registry:
+        return None, "it has no gymnasium spec of a registered id (it was not made by gym.make_vec)"
+    kwargs = {k: v for k, v in dict(spec.kwargs).items() if k not in _VECTOR_KWARGS}
+    limit = kwargs.pop("max_episode_steps", spec.max_episode_steps)
+    return (lambda: gym.make(spec.id, max_episode_steps=limit, **kwargs)), f"gym.make({spec.id!r})"
+
+
+def _pufferlib_single_maker(env: Any) -> tuple[Callable[..., Any] | None, str]:
+    """A creator of pufferlib ``GymnasiumPufferEnv`` copies of a pufferlib vector env's driver env."""
+    driver = getattr(env, "driver_env", None)
+    inner = getattr(driver, "env", None)
+    if inner is None or type(driver).__name__ != "GymnasiumPufferEnv":
+        return None, "its driver env is not a pufferlib GymnasiumPufferEnv over a gymnasium env"
+    import gymnasium as gym
+    import pufferlib.emulation
+
+    spec = getattr(inner, "spec", None)
+    registered = spec is not None and getattr(spec, "id", None) in gym.registry
+
+    def make_inner() -> Any:
+        return gym.make(spec) if registered else copy.deepcopy(inner)
+
+    try:
+        make_inner().close()
+    except Exception as error:  # any failure: no copies
+        return None, f"its gymnasium env could not be remade or copied ({type(error).__name__}: {error})"
+
+    def creator(*args: Any, buf: Any = None, seed: Any = 0, **kwargs: Any) -> Any:
+        return pufferlib.emulation.GymnasiumPufferEnv(env=make_inner(), buf=buf, seed=seed)
+
+    return creator, "pufferlib.vector.Serial over copies of its driver env"
+
+
+def seeded_copies(source: VectorSource) -> tuple[SlotSource, list[Any]]:
+    """Single envs standing for the slots of a vector env reset as a whole, each reset with its own seed.
+
+    For what must play the episodes its seeds name (the validation episodes,
+    :meth:`~populora.EnvInteractor.play`): ``source.num`` envs made from the
+    vector env's own specification, as a source over the same slots:
+
+    * a gymnasium vector env made by ``gym.make_vec`` (its native vector
+      env, e.g. ``CartPoleVectorEnv``): ``gym.make(spec.id, **kwargs)`` with
+      the kwargs it was made with, in a ``SyncVectorEnv`` whose sub-envs are
+      reset one by one;
+    * a pufferlib vector env (``Multiprocessing``): a ``pufferlib.vector.Serial``
+      over ``GymnasiumPufferEnv`` copies of its driver env (pufferlib's
+      observation layout kept).
+
+    The copies must have the vector env's observation and action spaces.
+
+    Returns:
+        ``(source, created)``: the source over slots ``[source.start, source.stop)``
+        and the env objects made (to close).
+
+    Raises:
+        InvalidTypeError: the vector env cannot be remade that way (the reason named).
+    """
+    if source.puffer:
+        creator, how = _pufferlib_single_maker(source.raw)
+    else:
+        creator, how = _gymnasium_single_maker(source.raw)
+    if creator is None:
+        raise InvalidTypeError(f"no single envs can be made of it: {how}")
+    if source.puffer:
+        import pufferlib.vector
+
+        made = pufferlib.vector.make(creator, num_envs=source.num, backend=pufferlib.vector.Serial)
+        kind: type[SlotSource] = VectorSource
+    else:
+        from gymnasium.vector import SyncVectorEnv
+
+        made = SyncVectorEnv([creator for _ in range(source.num)])
+        kind = SubEnvSource
+    try:
+        twin = kind(made, source.start, source.flatten, source.keys)
+        if twin.layout.space != source.layout.space or twin.action_space != source.action_space:
+            raise InvalidTypeError(
+                f"the single envs made of it ({how}) have observation space "
+                f"{twin.layout.space} and action space {twin.action_space}; the vector env "
+                f"{source.layout.space} and {source.action_space}"
+            )
+    except BaseException:
+        made.close()
+        raise
+    return twin, [made]

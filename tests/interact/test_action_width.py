@@ -114,6 +114,8 @@ class CountingCartPole(gym.Wrapper):
 def test_three_logits_for_cartpole_raise_at_the_first_step():
     CountingCartPole.steps = 0
     interactor = interact_with_env([CountingCartPole(gym.make("CartPole-v1")) for _ in range(2)])
+    assert interactor.check_replay() is None  # the replay check's own random actions, before any episode
+    CountingCartPole.steps = 0
     pop = interactor.population(policy(4, 3), 4, 2, seed=0)
     with pytest.raises(
         InvalidValueError,

@@ -22,7 +22,7 @@ from torch import nn
 from populora import EvolveResult, GenerationStats, Population, evolve_with_env, interact_with_env
 from populora.errors import FitnessError, InvalidIndexError, InvalidTypeError, InvalidValueError
 from populora.interact import EnvStepError, ObsNormalizer, episode_seed, episode_seeds
-from populora.interact.envs import DEFAULT_NUM_ENVS
+from populora.interact.envs import DEFAULT_NUM_ENVS, REPLAY_RUNS
 from populora.interact.evolve import validation_defaults
 from populora.interact.options import GA, Checkpointing, EnvOptions, Episodes
 from populora.interact.schedule import REPORTING_STREAM, VALIDATION_STREAM, WorkQueue, stream_seeds
@@ -319,6 +319,9 @@ def test_rewards_after_done_and_autoreset_steps_are_never_counted(mode, wrapped)
     log: list = []
     vec = SyncVectorEnv([lambda: SeededLengthEnv(log) for _ in range(4)], autoreset_mode=mode)
     interactor = interact_with_env(gym.vector.VectorWrapper(vec) if wrapped else vec)
+    interactor.check_replay()  # its steps before the episodes' (counted apart below)
+    for env in vec.envs:
+        env.steps = 0
     pop = interactor.population(tiny_net(), pop_size=3, low_rank=2, seed=5)
     fitness = interactor.evaluate(pop, horizon=50, num_episodes=3)  # 9 items on 4 slots: some slots idle
     lengths = [length_of(pop.eval_seed, e) for e in range(3)]
@@ -333,6 +336,8 @@ def test_every_episode_of_a_generation_uses_the_same_seed():
     log: list = []
     envs = [SeededLengthEnv(log) for _ in range(3)]
     interactor = interact_with_env(envs)
+    interactor.check_replay()  # its own resets, with a seed of its own
+    log.clear()
     pop = interactor.population(tiny_net(), pop_size=4, low_rank=2, seed=7)
     interactor.evaluate(pop, horizon=20, num_episodes=2)
     seeds = [seed for _, seed in log]
@@ -348,6 +353,11 @@ def test_all_slots_stay_busy_until_the_queue_is_empty(kind):
     """One forward per timestep; every slot plays while work remains; no step is wasted on idle slots."""
     source, envs = seeded_length_envs(kind, 3)
     interactor = interact_with_env(source)
+    checked = interactor.counters["check_steps"] if interactor.check_replay() is None else -1
+    assert 0 < checked <= 24 and interactor.counters["env_steps"] == 0  # the replay check: slot 0, apart
+    for env in envs:
+        env.log.clear()
+        env.steps = 0
     model = tiny_net()
     pop = interactor.population(model, pop_size=5, low_rank=2, seed=11)
     batch_sizes: list[int] = []
@@ -442,7 +452,9 @@ def test_target_fitness_stops_early_and_return_history_false():
             return_history=False,
         )
     assert isinstance(policy, nn.Module) and not isinstance(policy, tuple)
-    assert len(log) == 4 + 3 + 9  # one generation: 4 training episodes (4 individuals x 1), the top candidate's
+    assert (
+        len(log) == REPLAY_RUNS + 4 + 3 + 9
+    )  # the replay check; one generation: 4 training episodes (4 individuals x 1), the top candidate's
     # 3 validation episodes (validation_defaults(4, 1)), then, as it reached the target, its confirmation: the 3
     # again and 6 more (every return is 2: the mean minus two standard errors is 2)
 

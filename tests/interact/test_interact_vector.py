@@ -118,6 +118,9 @@ def test_rounds_seed_the_whole_env_and_never_count_autoreset_steps(mode):
     vec = SharedRngVectorEnv(4, mode)
     interactor = interact_with_env(vec)
     assert interactor.num_slots == 4 and interactor._slots.round_based
+    assert interactor.check_replay() is None  # its whole resets and steps, before the episodes' (counted apart)
+    vec.resets.clear()
+    vec.steps[:] = 0
     pop = interactor.population(tiny_net(), 4, 2, seed=5)
     returns = interactor.episode_returns(pop, [0, 1, 2, 3], horizon=50, num_episodes=2)
     first, second = (round_lengths(pop.eval_seed, r, 4) for r in range(2))

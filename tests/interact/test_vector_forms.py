@@ -1,11 +1,13 @@
 """Every vector env form a maintained simulator ships (issue 25, item 2).
 
 Forms that reset one slot with a seed (gymnasium's Sync / Async vector envs,
-pufferlib's ``Serial``) must play exactly the episodes a list of the same
-envs plays (common random numbers). Forms reset as a whole (gymnasium's
-native vector envs in every autoreset mode, pufferlib's ``Multiprocessing``,
-ale-py's ``AtariVectorEnv``, envpool) must count only steps inside episodes
-and replay the same returns for the same seeds. Forms that cannot serve
+pufferlib's ``Serial``, ale-py's ``AtariVectorEnv``) must play exactly the
+episodes a list of the same envs plays (common random numbers). Forms reset
+as a whole (gymnasium's native vector envs in every autoreset mode,
+pufferlib's ``Multiprocessing``, envpool) must count only steps inside
+episodes and replay the same returns for the same seeds; given seeds
+(``episode_returns(seeds=...)``) they play on single envs made from their
+spec, the same episodes as the list. Forms that cannot serve
 slots raise naming the form. pufferlib (the ``pufferlib-core`` package),
 ale-py and envpool are skipped where they are not installed.
 """
@@ -109,44 +111,52 @@ def test_gymnasium_make_vec_in_every_autoreset_mode(reference, mode, wrapped):
     assert torch.equal(returns_of(interactor), reference)
 
 
-def test_gymnasium_native_vector_env():
+def test_gymnasium_native_vector_env(reference):
     """``make_vec``'s default for CartPole: ``CartPoleVectorEnv``, one random generator for all slots."""
     interactor = interact_with_env(gym.make_vec("CartPole-v1", num_envs=4))
     assert interactor._slots.round_based
-    returns = returns_of(interactor)
+    returns = returns_of(interactor)  # given seeds: single CartPole envs made from its spec
     check_cartpole_returns(interactor, returns)
-    assert torch.equal(returns_of(interact_with_env(gym.make_vec("CartPole-v1", num_envs=4))), returns)
+    assert torch.equal(returns, reference)
 
 
-def test_pufferlib_multiprocessing():
+def test_pufferlib_multiprocessing(reference):
     vector = pytest.importorskip("pufferlib.vector")
     env = vector.make(puffer_env, num_envs=2, num_workers=2, backend=vector.Multiprocessing, overwork=True)
     try:
         interactor = interact_with_env(env)
         source = interactor._slots.sources[0]
         assert source.puffer and source.whole and source.autoresets
-        returns = returns_of(interactor)
+        returns = returns_of(interactor)  # given seeds: a Serial env over copies of its driver env
         check_cartpole_returns(interactor, returns)
-        assert torch.equal(returns_of(interactor), returns)
+        assert torch.equal(returns, reference)
+        pop = interactor.population(policy(), pop_size=5, low_rank=2, seed=1)
+        rounds = interactor.episode_returns(pop, list(range(5)), horizon=HORIZON, num_episodes=2)
+        assert torch.equal(interactor.episode_returns(pop, list(range(5)), horizon=HORIZON, num_episodes=2), rounds)
     finally:
         env.close()
 
 
 def test_ale_atari_vector_env():
+    """ale-py's ``AtariVectorEnv`` resets one slot with a seed (a masked reset): slot 1 replays a 1-slot env."""
     vector_env = pytest.importorskip("ale_py.vector_env")
     env = vector_env.AtariVectorEnv(game="pong", num_envs=2)
-    slots = build_slots(env)
-    assert slots.round_based and slots.obs_space.shape == (4, 84, 84)
-    first = slots.sources[0].reset_all(7)
-    twin = vector_env.AtariVectorEnv(game="pong", num_envs=2)
-    frames, _ = twin.reset(seed=7)
-    twin.close()
-    assert first.shape == (2, 4 * 84 * 84) and torch.equal(first, torch.from_numpy(frames.reshape(2, -1)).float())
-    interactor = EnvInteractor(slots)
-    returns = returns_of(interactor, seeds=[1], horizon=12, inp=4 * 84 * 84, out=6)
-    assert returns.shape == (5, 1) and torch.isfinite(returns).all()
-    assert interactor.counters["env_steps"] == 5 * 12  # no Pong episode ends within 12 steps
-    env.close()
+    twin = vector_env.AtariVectorEnv(game="pong", num_envs=1)
+    try:
+        slots = build_slots(env)
+        assert not slots.round_based and slots.obs_space.shape == (4, 84, 84)
+        slot = np.array([1])
+        slots.reset(np.array([0, 1]), [3, 4])
+        slots.reset(slot, [7])  # masked: slot 0 plays on
+        frames, _ = twin.reset(seed=np.array([7]))
+        assert torch.equal(slots.take(slot), torch.from_numpy(frames.reshape(1, -1)).float())
+        for action in [1, 2, 3, 2, 0]:
+            slots.step(torch.tensor([action]), slot)
+            frames, *_ = twin.step(np.array([action]))
+            assert torch.equal(slots.take(slot), torch.from_numpy(frames.reshape(1, -1)).float())
+    finally:
+        env.close()
+        twin.close()
 
 
 def test_envpool():
