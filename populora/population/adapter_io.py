@@ -18,12 +18,13 @@ from torch import Tensor
 
 from populora.adapters import Factors
 from populora.errors import InvalidTypeError, InvalidValueError
+from populora.population.host import HostBase
 from populora.population.optimizer_rows import OptimizerRows, check_optimizer_state
 
 __all__ = ["AdapterIO"]
 
 
-class AdapterIO:
+class AdapterIO(HostBase):
     """``set_factors_``, ``to_peft`` and ``load_peft_`` of a population."""
 
     def set_factors_(

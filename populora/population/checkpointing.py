@@ -37,6 +37,7 @@ from populora.checkpoint import (
 from populora.checks import check_float, check_one_of, check_seed, is_int, is_real
 from populora.errors import CheckpointError, InvalidTypeError, PopuloraError
 from populora.fitness import NAN_POLICIES
+from populora.population.host import HostBase
 from populora.snapshots import naming
 from populora.stats import GenerationStats
 
@@ -393,7 +394,7 @@ def _layout(population: PopulationHost) -> tuple:
     return (population.pop_size, population.low_rank, tuple(population.target_names))
 
 
-class Checkpointing:
+class Checkpointing(HostBase):
     """:class:`~populora.Population`'s checkpoint protocol (a mixin ahead of ``nn.Module``).
 
     torch's ``state_dict`` / ``load_state_dict`` with the generator, counters

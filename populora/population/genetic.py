@@ -35,13 +35,14 @@ from populora.distributed import broadcast_object, broadcast_tensors_, is_distri
 from populora.errors import InvalidValueError
 from populora.operators.devices import PerDevice
 from populora.operators.selection import SelectionResult
+from populora.population.host import HostBase
 from populora.population.optimizer_rows import OptimizerRows, check_optimizer_state
 from populora.stats import GenerationStats
 
 __all__ = ["Evolvable"]
 
 
-class Evolvable:
+class Evolvable(HostBase):
     """The genetic-algorithm methods of :class:`~populora.Population` (a mixin, not used alone).
 
     The host provides ``pop_size``, ``nan_policy``, ``device``, ``generator``,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -20,7 +20,7 @@ from populora.adapters import Factors
 from populora.operators.devices import PerDevice
 from populora.stats import GenerationStats
 
-__all__ = ["PopulationHost"]
+__all__ = ["HostBase", "PopulationHost"]
 
 
 class PopulationHost(Protocol):
@@ -39,6 +39,7 @@ class PopulationHost(Protocol):
     built on them.
     """
 
+    model: nn.Module
     pop_size: int
     low_rank: int
     seed: int
@@ -53,6 +54,7 @@ class PopulationHost(Protocol):
     effective_ranks: list[int]
     weight_scales: list[float]
     _embedding: list[bool]
+    _synced: bool
 
     def factors(self) -> list[Factors]:
         """Per-target views ``down (P, d, r_t)``, ``up (P, e, r_t)``."""
@@ -82,8 +84,42 @@ class PopulationHost(Protocol):
         """Write ``new[t]`` into rows ``ids`` of each target."""
         ...
 
-    def _undo_on_error(self, ids: Tensor, generator_state: Tensor | None = None) -> AbstractContextManager[None]:
+    def _undo_on_error(
+        self, ids: Tensor, generator_state: Tensor | None = None, rows: Any = None
+    ) -> AbstractContextManager[None]:
         """Put back rows ``ids``, the generator and the counters if the block raises."""
         ...
 
     def modules(self) -> Iterator[nn.Module]: ...
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any: ...
+
+    def validate_fitnesses(self, fitnesses: Any) -> Tensor: ...
+
+    def _check_extra(self, extra: Any) -> dict[str, Any]: ...
+
+    def _write_extra(self, extra: Any) -> None: ...
+
+    def _select_parents(
+        self, fn: Any, f: Tensor, num_children: Any, culled: Any, num_parents: Any, num_groups: Any, options: dict
+    ) -> Tensor: ...
+
+    def _crossover(
+        self, fn: Any, parents: Tensor, children: Tensor, fitnesses: Tensor | None, num_groups: int, options: dict
+    ) -> None: ...
+
+    def _mutate(self, fn: Any, ids: Tensor, epsilon: float, options: dict) -> None: ...
+
+    def sync_from_main_rank_(self, sync_base_model: bool = False, *, name: str | None = None) -> None: ...
+
+    def set_factors_(
+        self, individual: int, factors: Any, *, optimizer: Any = None, optimizer_state: str = "inherit"
+    ) -> None: ...
+
+
+if TYPE_CHECKING:  # the parts are typed against the protocol; at run time they are plain mixins
+    HostBase = PopulationHost
+else:
+    HostBase = object
