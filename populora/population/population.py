@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import operator
+import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -52,8 +53,11 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
             exports, while selection and crossover need two or more).
         low_rank: adapter rank ``r >= 1``; a layer's effective rank is
             ``min(r, d, e)`` (factors keep ``r`` columns, the surplus zero).
-        lora_targets: dotted module paths or glob patterns of ``nn.Linear`` /
-            ``nn.Embedding`` layers; ``None`` targets every ``nn.Linear``.
+        lora_targets: which ``nn.Linear`` / ``nn.Embedding`` layers get adapters: ``None`` (every
+            ``nn.Linear``), or an entry or a list of entries, each a full module path, a dot-free name
+            matched as a path suffix as PEFT's ``target_modules`` (``"q_proj"``), an ``fnmatch`` glob,
+            ``"all-linear"`` (every linear but the output layer), a compiled ``re.Pattern`` (fullmatch),
+            or ``"!"`` + a path, name or glob to exclude (:data:`populora.targets.TARGET_FORMS`).
             A layer whose weight is tied to another module's (an LM head
             sharing the embedding table) is never a target: ``None`` and
             patterns skip it with a warning, an exact path raises
@@ -127,7 +131,7 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
         model: nn.Module,
         pop_size: int,
         low_rank: int,
-        lora_targets: str | Sequence[str] | None = None,
+        lora_targets: str | re.Pattern[str] | Sequence[str | re.Pattern[str]] | None = None,
         *,
         seed: int = 0,
         device: str | torch.device | None = None,

@@ -7,6 +7,7 @@ Every comparison with PEFT runs the SAME batch (same shape) through both models;
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import warnings
@@ -219,7 +220,9 @@ def test_export_of_a_plain_module_with_per_target_ranks(tmp_path):
 
 
 def test_export_of_a_partial_target_set_is_not_over_matched(tmp_path):
-    pop = Population(_toy(), pop_size=2, low_rank=2, lora_targets=["fc"], init_scale=1.0)
+    # a compiled pattern fullmatches the path: the top-level 'fc' alone ('fc' as a name would also take 'sub.fc')
+    pop = Population(_toy(), pop_size=2, low_rank=2, lora_targets=re.compile("fc"), init_scale=1.0)
+    assert pop.target_names == ["fc"]
     to_peft(pop, 0, tmp_path / "a")
     config = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
     assert config["target_modules"] == "^(?:fc)$"  # the list ['fc'] would also catch 'sub.fc'
