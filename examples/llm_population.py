@@ -18,7 +18,8 @@ individual did (same prompts, same batch). Outputs go to
 
 ``--model auto`` uses SmolLM2 when the wheel is installed and the tiny random
 model otherwise. ``epsilon`` is the expected relative change of each mutated
-layer's output (see the README's "Evolving"); 0.01 keeps the replies fluent
+layer's output (see the genetic-algorithm guide, docs/guides/genetic-algorithm.md, and the
+mutation-scale table on the results page); 0.01 keeps the replies fluent
 on SmolLM2, while 0.3 already turns them to gibberish.
 """
 
