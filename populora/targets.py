@@ -77,6 +77,7 @@ __all__ = [
     "layer_dims",
     "output_layers",
     "quantized_reason",
+    "select_modules",
     "tied_weights",
     "unroutable_reason",
 ]
@@ -427,6 +428,58 @@ def find_targets(
         )
     _warn_tied([p for p in skipped if p not in chosen and p not in excluded], tied)
     return {p: m for p, m in supported.items() if p in chosen}
+
+
+def select_modules(model: nn.Module, lora_targets: str | re.Pattern | Iterable[str | re.Pattern]) -> list[str]:
+    """The module paths ``lora_targets`` selects, of any module kind, in the model's module order.
+
+    The forms of :func:`find_targets` (a full path, a dot-free name matched as a path suffix, a glob,
+    ``'all-linear'``, a compiled ``re.Pattern``, ``'!'`` exclusions) with no restriction to routable
+    ``nn.Linear`` / ``nn.Embedding`` layers: ES evolves a module's parameters in place, so a container, a
+    norm or a tied layer can be chosen too. An excluded path takes the modules below it along.
+
+    Raises:
+        InvalidTypeError: an entry is not a string or a compiled ``re.Pattern``.
+        TargetNotFoundError: an entry (included or excluded) matches no module, or the exclusions leave nothing.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(2, 4), nn.LayerNorm(4), nn.Linear(4, 1))
+        >>> select_modules(model, ["all-linear", "1"]), select_modules(model, ["*", "!0"])
+        (['0', '1', '2'], ['1', '2'])
+    """
+    entries = [lora_targets] if isinstance(lora_targets, (str, re.Pattern)) else list(lora_targets)
+    if not entries:
+        raise TargetNotFoundError("`lora_targets` is empty; pass None to select every nn.Linear / nn.Embedding")
+    paths = [p for p, _ in model.named_modules(remove_duplicate=True) if p]
+    outputs = set(output_layers(model))
+    chosen: set[str] = set()
+    excluded: set[str] = set()
+    for entry in entries:
+        if not isinstance(entry, (str, re.Pattern)):
+            raise InvalidTypeError(
+                f"`lora_targets` entries must be str or compiled re.Pattern objects, got {type(entry).__name__} "
+                f"{entry!r}"
+            )
+        negated = isinstance(entry, str) and entry.startswith("!")
+        body = entry[1:] if negated and isinstance(entry, str) else entry
+        if isinstance(body, str) and _kind(body) == "all-linear":
+            hits = [p for p in paths if isinstance(model.get_submodule(p), nn.Linear) and p not in outputs]
+        elif isinstance(body, str) and _kind(body) == "path":
+            hits = [body] if body in paths else []
+        else:
+            hits = [p for p in paths if _matcher(body)(p)]
+        if not hits:
+            raise TargetNotFoundError(
+                f"{'exclusion ' if negated else ''}{_describe(body)} matches no module of {type(model).__name__}; "
+                f"{TARGET_FORMS}"
+            )
+        (excluded if negated else chosen).update(hits)
+    if not any(not (isinstance(e, str) and e.startswith("!")) for e in entries):  # only exclusions: all but them
+        chosen = {p for p in paths if isinstance(model.get_submodule(p), SUPPORTED)}
+    selected = [p for p in paths if p in chosen and not any(p == e or p.startswith(e + ".") for e in excluded)]
+    if not selected:
+        raise TargetNotFoundError(f"`lora_targets={lora_targets!r}` selects no module: its '!' entries exclude all")
+    return selected
 
 
 def _pattern_matches(

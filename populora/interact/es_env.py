@@ -18,6 +18,7 @@ the start states).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ from populora.errors import InvalidTypeError, InvalidValueError
 from populora.es import EggrollES
 from populora.interact.interactor import EnvInteractor
 from populora.interact.schedule import training_seeds
+from populora.targets import select_modules
 
 __all__ = ["ES_DEFAULTS", "ES_OPTIMIZERS", "es_fitnesses", "make_es"]
 
@@ -58,7 +60,7 @@ def make_es(
     pop_size: int,
     low_rank: int,
     seed: int,
-    lora_targets: str | Sequence[str] | None,
+    lora_targets: str | re.Pattern[str] | Sequence[str | re.Pattern[str]] | None,
     device: Any,
     es_kwargs: dict[str, Any] | None,
 ) -> EggrollES:
@@ -71,10 +73,10 @@ def make_es(
     PGPE's optimiser, with ``lr`` its step size and optional
     ``max_speed`` (default ``2 * lr``) and ``momentum`` (0.9) in
     ``es_kwargs``; ``'adam'``; ``'sgd'``), a ``torch.optim`` optimizer, or
-    ``params -> Optimizer``. ``lora_targets`` (module names) select
-    the evolved parameters (those of the named modules), like a Population's
-    targets; ``None`` evolves every parameter of every ``nn.Linear`` /
-    ``nn.Embedding``.
+    ``params -> Optimizer``. ``lora_targets`` select the evolved parameters
+    (those of the selected modules) in a Population's target forms
+    (:func:`populora.targets.select_modules`: any module kind); ``None``
+    evolves every parameter of every ``nn.Linear`` / ``nn.Embedding``.
     """
     options = {**ES_DEFAULTS, **(es_kwargs or {})}
     lr = check_float("ES.lr", options.pop("lr"), low=0.0, low_open=True)
@@ -87,16 +89,9 @@ def make_es(
             "`ES.max_speed` / `ES.momentum` go with optimizer='clipup'; set them on the optimizer you pass instead"
         )
     if lora_targets is not None:
-        names = [lora_targets] if isinstance(lora_targets, str) else list(lora_targets)
         if "param_filter" in options:
             raise InvalidValueError("give `lora_targets` or es_kwargs['param_filter'], not both")
-        known = {name for name, _ in model.named_modules()}
-        missing = [n for n in names if n not in known]
-        if missing:
-            raise InvalidValueError(
-                f"`lora_targets` names {missing[0]!r}, not a module of the model; its modules are "
-                f"{sorted(n for n in known if n)}"
-            )
+        names = select_modules(model, lora_targets)  # a Population's target forms, any module kind
         options["param_filter"] = lambda name: any(name.startswith(t + ".") for t in names)
     options.setdefault("seed", seed)
     if device is not None:

@@ -16,6 +16,7 @@ import dataclasses
 import difflib
 import inspect
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -115,7 +116,7 @@ def evolve_with_env(
     progress: bool = False,
     target_fitness: float | None = None,
     return_history: bool = True,
-    lora_targets: str | Sequence[str] | None = None,
+    lora_targets: str | re.Pattern[str] | Sequence[str | re.Pattern[str]] | None = None,
     *,
     algorithm: GA | ES | str = "ga",
     episodes: Episodes | None = None,

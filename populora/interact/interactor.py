@@ -72,6 +72,7 @@ step is ever taken inside an episode.
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -185,7 +186,7 @@ class EnvInteractor:
         backbone: nn.Module,
         pop_size: int,
         low_rank: int,
-        lora_targets: str | Sequence[str] | None = None,
+        lora_targets: str | re.Pattern[str] | Sequence[str | re.Pattern[str]] | None = None,
         **kwargs: Any,
     ) -> Population:
         """A :class:`~populora.Population` over ``backbone`` on the interactor's device.

@@ -9,6 +9,7 @@ algorithm='es') runs end to end and returns a validated centre.
 from __future__ import annotations
 
 import copy
+import re
 
 import gymnasium as gym
 import numpy as np
@@ -17,7 +18,7 @@ import torch
 from torch import nn
 
 from populora import EggrollES, evolve_with_env, interact_with_env
-from populora.errors import InvalidTypeError, InvalidValueError
+from populora.errors import InvalidTypeError, InvalidValueError, TargetNotFoundError
 from populora.interact import ES, Budget, EnvOptions, Episodes, Validation
 from populora.interact.es_env import es_fitnesses, make_es
 from populora.interact.schedule import VALIDATION_STREAM, stream_seeds, training_seeds
@@ -256,7 +257,7 @@ def test_es_refuses_ga_options():
         evolve_with_env("CartPole-v1", _model(), POP, 2, algorithm="es", episodes=Episodes(fitness=lambda pop: 0.0))
     with pytest.raises(InvalidTypeError, match="unexpected keyword argument 'elite_frac'"):
         evolve_with_env("CartPole-v1", _model(), POP, 2, algorithm=ES(extra={"elite_frac": 0.2}))
-    with pytest.raises(InvalidValueError, match="lora_targets"):
+    with pytest.raises(TargetNotFoundError, match="lora target name 'nope' matches no module"):
         make_es(_model(), POP, 2, 0, ["nope"], None, None)
 
 
@@ -268,6 +269,27 @@ def test_make_es_defaults_adam_and_centred_ranks():
     es = make_es(_model(), POP, 2, 0, ["0"], None, {"sigma": 0.2, "lr": 0.01})
     assert es.sigma == 0.2 and es.param_names == ["0.weight", "0.bias"]
     es.close()
+
+
+def test_make_es_takes_a_populations_target_forms():
+    """PEFT-style names, globs, compiled patterns, 'all-linear' and '!' exclusions select the evolved modules."""
+    from collections import OrderedDict
+
+    model = nn.Sequential(
+        OrderedDict(body=nn.Sequential(OrderedDict(fc=nn.Linear(4, 8), norm=nn.LayerNorm(8))), fc=nn.Linear(8, 2))
+    )
+    cases = {
+        "fc": ["body.fc.weight", "body.fc.bias", "fc.weight", "fc.bias"],  # a dot-free name is a path suffix
+        re.compile("fc"): ["fc.weight", "fc.bias"],  # fullmatch
+        "body": ["body.fc.weight", "body.fc.bias"],  # a container by its path (EggrollES leaves norm gains alone)
+        ("all-linear", "!body"): ["fc.weight", "fc.bias"],
+    }
+    for targets, names in cases.items():
+        es = make_es(model, POP, 2, 0, list(targets) if isinstance(targets, tuple) else targets, None, None)
+        assert es.param_names == names, targets
+        es.close()
+    with pytest.raises(TargetNotFoundError, match=r"exclusion lora target name 'head' matches no module"):
+        make_es(model, POP, 2, 0, ["fc", "!head"], None, None)
 
 
 def _es_rank_run(num_envs: int) -> dict:
