@@ -183,7 +183,8 @@ class ClipUp(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        work = []
+        # (group, params, grads, the group's gradient norm: a float, or (P,) per individual)
+        work: list[tuple[dict[str, Any], list[Tensor], list[Tensor], float | Tensor]] = []
         for index, group in enumerate(self.param_groups):
             _check_group(group, index)
             params = [p for p in group["params"] if p.grad is not None]
@@ -202,10 +203,12 @@ class ClipUp(torch.optim.Optimizer):
                     )
                 work.append((group, params, grads, norms))
                 continue
-            norm = float(torch.sqrt(sum(g.double().square().sum() for g in grads)))
-            if not math.isfinite(norm):
-                raise InvalidValueError(f"ClipUp got a gradient of norm {norm} in parameter group {index}: not finite")
-            work.append((group, params, grads, norm))
+            group_norm = float(torch.sqrt(sum(g.double().square().sum() for g in grads)))
+            if not math.isfinite(group_norm):
+                raise InvalidValueError(
+                    f"ClipUp got a gradient of norm {group_norm} in parameter group {index}: not finite"
+                )
+            work.append((group, params, grads, group_norm))
         for group, params, grads, norm in work:
             if isinstance(norm, Tensor):
                 self._step_per_individual(group, params, grads, norm)
@@ -266,4 +269,8 @@ def _row_norms(tensors: list[Tensor], index: int) -> Tensor:
             f"(one first dimension P), got shapes {[tuple(t.shape) for t in tensors]}"
         )
     device = tensors[0].device
-    return torch.sqrt(sum(t.detach().double().flatten(1).square().sum(1).to(device) for t in tensors))
+    squares = [t.detach().double().flatten(1).square().sum(1).to(device) for t in tensors]
+    total = squares[0]
+    for more in squares[1:]:
+        total = total + more
+    return torch.sqrt(total)

@@ -183,6 +183,7 @@ def _rows(entries: Any, where: str) -> Rows:
 
 
 def _row(entry: Any, where: str) -> tuple[float, float, float, float | None, float | None]:
+    values: list[Any]  # the fields in _FIELDS order, checked below
     if all(hasattr(entry, f) for f in _FIELDS[:3]):
         values = [getattr(entry, f, None) for f in _FIELDS]
     elif isinstance(entry, Mapping) and all(f in entry for f in _FIELDS[:3]):

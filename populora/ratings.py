@@ -313,6 +313,7 @@ class Ratings(Snapshot):
     def _updated(self, a: tuple[str, int], b: tuple[str, int], score: float) -> tuple[float, ...]:
         """``(mu_a, sigma_a, mu_b, sigma_b)`` after the match (nothing written)."""
         ra, rb = self._rating(*a), self._rating(*b)
+        new: tuple[float, ...]
         if score == 1.0:
             new = self._outcome(ra, rb, [0, 1])
         elif score == 0.0:

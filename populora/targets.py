@@ -59,7 +59,7 @@ import difflib
 import fnmatch
 import re
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -236,6 +236,7 @@ def layer_dims(module: nn.Module) -> tuple[int, int]:
     """``(d, e)`` of a target: in and out features (``num_embeddings, embedding_dim``)."""
     if isinstance(module, nn.Linear):
         return module.in_features, module.out_features
+    assert isinstance(module, nn.Embedding), "a target is an nn.Linear or an nn.Embedding"
     return module.num_embeddings, module.embedding_dim
 
 
@@ -358,7 +359,7 @@ def find_targets(
         )
         if kept:
             raise _quantized_error(kept, how + ", but found")
-        found = {
+        found: dict[str, nn.Module] = {
             p: m for p, m in supported.items() if isinstance(m, nn.Linear) and p not in unroutable and p not in excluded
         }
         skipped = [p for p in found if p in tied]
@@ -381,25 +382,26 @@ def find_targets(
             hit = {p: why for p, why in kept.items() if p not in outputs}
             if hit:
                 raise _quantized_error(hit, f"lora target {entry!r} (every nn.Linear but the output layer) finds")
-            found = [
+            linear = [
                 p
                 for p, m in supported.items()
                 if isinstance(m, nn.Linear) and p not in unroutable and p not in outputs and p not in excluded
             ]
-            if not [p for p in found if p not in tied]:
+            if not [p for p in linear if p not in tied]:
                 raise TargetNotFoundError(
                     f"lora target {entry!r} finds no routable nn.Linear but the output layer "
                     f"{sorted(outputs) or '(none)'} in {type(model).__name__}"
-                    + (f" (tied weights skipped: {[p for p in found if p in tied]})" if found else "")
+                    + (f" (tied weights skipped: {[p for p in linear if p in tied]})" if linear else "")
                 )
-            skipped += [p for p in found if p in tied and p not in skipped]
-            chosen.update(p for p in found if p not in tied)
+            skipped += [p for p in linear if p in tied and p not in skipped]
+            chosen.update(p for p in linear if p not in tied)
             continue
         if kind == "name" and [p for p in modules if p and _matcher(entry)(p)] == [entry]:
             kind = "path"  # a root-level module of that name and no other: read it as its path (exact errors)
         if kind != "path":
             chosen.update(_pattern_matches(model, entry, modules, supported, unroutable, tied, kept, skipped))
             continue
+        assert isinstance(entry, str)  # a regex's kind is "regex"
         if entry not in modules:
             raise TargetNotFoundError(
                 f"lora target {entry!r} is not a module of {type(model).__name__}; "
@@ -486,7 +488,7 @@ def _pattern_matches(
     model: nn.Module,
     entry: str | re.Pattern,
     modules: dict[str, nn.Module],
-    supported: dict[str, nn.Module],
+    supported: Mapping[str, nn.Module],
     unroutable: dict[str, str],
     tied: dict[str, list[str]],
     kept: dict[str, str],
@@ -561,7 +563,7 @@ def _warn_tied(skipped: list[str], tied: dict[str, list[str]]) -> None:
         )
 
 
-def _suggest(entry: str, supported: dict[str, nn.Module]) -> str:
+def _suggest(entry: str, supported: Mapping[str, nn.Module]) -> str:
     """The closest ``nn.Linear`` paths to ``entry`` (or layer names, for a dot-free name)."""
     linear = [p for p, m in supported.items() if isinstance(m, nn.Linear)] or list(supported)
     if not linear:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import keyword
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from typing import Any
 
 from torch import Tensor
@@ -166,12 +165,13 @@ class Coevolve(Snapshot):
             if id(pop) in seen:
                 raise InvalidValueError(f"populations {seen[id(pop)]!r} and {name!r} are the same Population object")
             seen[id(pop)] = name
+            fitness_sources = sources(injected(spec["fitness"], "fitness", name, allowed_fitness), names)
             members[name] = Member(
                 pop,
                 spec["probe"],
                 spec["fitness"],
                 sources(injected(spec["probe"], "probe", name, allowed_probe), names),
-                sources(injected(spec["fitness"], "fitness", name, allowed_fitness), names),
+                {p: src for p, src in fitness_sources.items() if src is not None},  # (a fitness takes no coevolve)
             )
         deps = {name: m.probe_deps for name, m in members.items()}
         cycle = find_cycle(names, deps)
@@ -181,7 +181,7 @@ class Coevolve(Snapshot):
                 "Probes must form a chain; a fitness may close the circle instead, since every probe runs "
                 "before any fitness"
             )
-        kwargs = check_evolve_kwargs(evolve_kwargs, members)
+        kwargs = check_evolve_kwargs(evolve_kwargs, {n: m.population for n, m in members.items()})
         if hall_of_fame is not None:
             if not isinstance(hall_of_fame, HallOfFame):
                 raise InvalidTypeError(f"`hall_of_fame` must be a HallOfFame, got {type(hall_of_fame).__name__}")
@@ -277,8 +277,9 @@ class Coevolve(Snapshot):
         champions = self.hall_of_fame.capture_all(fitnesses) if self.hall_of_fame is not None else []
         evaluated = {name: m.population.generation for name, m in self._members.items()}
         self._evolve_all(fitnesses)
-        for champion in champions:
-            self.hall_of_fame.append(champion)
+        if self.hall_of_fame is not None:  # (else no champions)
+            for champion in champions:
+                self.hall_of_fame.append(champion)
         for name, f in fitnesses.items():
             self.history[name].append(
                 GenerationStats(evaluated[name], float(f.max()), float(f.mean()), float(f.std(correction=0)))
@@ -396,7 +397,7 @@ class Coevolve(Snapshot):
         checked = {name: m.population.check_state_dict(populations[name]) for name, m in self._members.items()}
         for name, m in self._members.items():
             m.population.load_checked_state_dict(checked[name])
-        if hall is not None:
+        if hall is not None and self.hall_of_fame is not None:  # (a hall state only with a hall of fame)
             self.hall_of_fame.load_checked(hall)
         self.history = history
         self.generation = int(state["generation"])
@@ -405,7 +406,6 @@ class Coevolve(Snapshot):
 # ---------------------------------------------------------------------------- helpers
 
 
-@contextmanager
 def _check_name(name: Any) -> None:
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
         raise InvalidValueError(
@@ -438,12 +438,16 @@ def _check_history(history: Any, names: list[str]) -> dict[str, list[GenerationS
             isinstance(s, (list, tuple))
             and len(s) in (3, 4)
             and is_int(s[0])
-            and all(v is None or is_real(v) for v in s[1:])
+            and all(is_real(v) for v in s[1:3])
+            and all(v is None or is_real(v) for v in s[3:])
             for s in entries
         )
         if not ok:
             raise CheckpointError(
                 f"the coevolution state's history of {name!r} must be a list of [generation, best, mean, std] entries"
             )
-        out[name] = [GenerationStats(int(s[0]), *(None if v is None else float(v) for v in s[1:])) for s in entries]
+        out[name] = [
+            GenerationStats(int(s[0]), float(s[1]), float(s[2]), None if len(s) < 4 or s[3] is None else float(s[3]))
+            for s in entries
+        ]
     return out

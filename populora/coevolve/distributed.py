@@ -76,6 +76,7 @@ def _share(name: str, src: int, value: Any, error: BaseException | None, device:
     if code == _KIND_FAILED:
         message = pd.broadcast_object(f"{type(error).__name__}: {error}" if me_src else None, src=src)
         if me_src:
+            assert error is not None  # what made the kind _KIND_FAILED
             raise error
         raise RuntimeError(f"the probe of population {name!r} failed on rank {src}: {message}")
     if code == _KIND_OBJECT:
@@ -94,7 +95,7 @@ def sync_from_main_rank(
     """
     for name, pop in populations.items():
         pop.sync_from_main_rank_(name=name)
-    small = pd.broadcast_object(
+    small: dict[str, Any] = pd.broadcast_object(
         {"generation": generation, "history": {n: [tuple(s) for s in h] for n, h in history.items()}}
     )
     return small["generation"], {n: [GenerationStats(*s) for s in h] for n, h in small["history"].items()}

@@ -225,7 +225,7 @@ class HallOfFame(Snapshot):
             RouteError: a batch that does not fit ``k``.
         """
         single = isinstance(champions, Champion)
-        group = [champions] if single else list(champions)
+        group = [champions] if isinstance(champions, Champion) else list(champions)
         if not group or not all(isinstance(c, Champion) for c in group):
             raise InvalidTypeError("`champions` must be a Champion or a non-empty sequence of Champions")
         names = {c.population for c in group}

@@ -50,7 +50,9 @@ def injected(fn: Any, role: str, owner: str, allowed: Sequence[str]) -> tuple[st
     names = []
     for p in params:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY):
-            kind = {p.VAR_POSITIONAL: "*args", p.VAR_KEYWORD: "**kwargs"}.get(p.kind, "positional-only")
+            kind = (
+                "*args" if p.kind is p.VAR_POSITIONAL else "**kwargs" if p.kind is p.VAR_KEYWORD else "positional-only"
+            )
             raise InvalidTypeError(
                 f"{where} ({fn_name(fn)}) takes {kind} parameter `{p.name}`; Coevolve injects arguments by "
                 f"name, so every parameter must be one of {quoted(allowed)}"
@@ -122,7 +124,7 @@ def topological(names: Sequence[str], deps: Mapping[str, Sequence[str]]) -> list
 
 
 def check_evolve_kwargs(
-    evolve_kwargs: Mapping[str, Mapping[str, Any]] | None, members: Mapping[str, Member]
+    evolve_kwargs: Mapping[str, Mapping[str, Any]] | None, populations: Mapping[str, Population]
 ) -> dict[str, dict[str, Any]]:
     if evolve_kwargs is None:
         return {}
@@ -132,15 +134,15 @@ def check_evolve_kwargs(
         )
     out = {}
     for name, options in evolve_kwargs.items():
-        if name not in members:
+        if name not in populations:
             raise InvalidValueError(
-                f"`evolve_kwargs` has options for {name!r}, which is not a population; populations: {list(members)}"
+                f"`evolve_kwargs` has options for {name!r}, which is not a population; populations: {list(populations)}"
             )
         if not isinstance(options, Mapping):
             raise InvalidTypeError(
                 f"`evolve_kwargs[{name!r}]` must be a dict of evolve_ options, got {type(options).__name__}"
             )
-        params = inspect.signature(members[name].population.evolve_).parameters
+        params = inspect.signature(populations[name].evolve_).parameters
         accepted = [
             p for p, v in params.items() if p != "fitnesses" and v.kind in (v.KEYWORD_ONLY, v.POSITIONAL_OR_KEYWORD)
         ]
@@ -151,7 +153,7 @@ def check_evolve_kwargs(
                 hint = f" Did you mean `{close[0]}`?" if close else ""
                 raise InvalidValueError(
                     f"`evolve_kwargs[{name!r}]` has option `{key}`, which "
-                    f"{type(members[name].population).__name__}.evolve_ does not take; options: "
+                    f"{type(populations[name]).__name__}.evolve_ does not take; options: "
                     f"{quoted(accepted)}.{hint}"
                 )
         out[name] = dict(options)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import warnings
 from collections.abc import Sequence
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -230,7 +231,10 @@ def sync_if_different_(tensors: Sequence[Tensor], what: str, src: int = 0) -> bo
 # ------------------------------------------------------------------ object transfer
 
 
-def broadcast_object(obj: object, src: int = 0) -> object:
+_T = TypeVar("_T")
+
+
+def broadcast_object(obj: _T, src: int = 0) -> _T:
     """Send a small picklable object from rank ``src`` to every rank.
 
     Args:
@@ -242,9 +246,9 @@ def broadcast_object(obj: object, src: int = 0) -> object:
     """
     if not is_distributed():
         return obj
-    box = [obj if process_rank() == src else None]
+    box: list[Any] = [obj if process_rank() == src else None]
     dist.broadcast_object_list(box, src=src, device=comm_device())
-    return box[0]
+    return box[0]  # src's object: of the type every rank passes
 
 
 def broadcast_tensor_raw(tensor: Tensor | None, src: int = 0, device: torch.device | str | None = None) -> Tensor:
@@ -278,6 +282,7 @@ def broadcast_tensor_raw(tensor: Tensor | None, src: int = 0, device: torch.devi
     comm = comm_device()
     header = torch.zeros(2 + _MAX_NDIM, dtype=torch.int64)
     problem = ""
+    sent: Tensor | None = None  # src's tensor, once it passed the checks
     if me_is_src:
         if not isinstance(tensor, Tensor):
             problem = f"`tensor` must be a tensor on rank {src}, got {type(tensor).__name__}"
@@ -285,28 +290,30 @@ def broadcast_tensor_raw(tensor: Tensor | None, src: int = 0, device: torch.devi
             problem = f"`tensor` has unsupported dtype {tensor.dtype}; supported: {[str(d) for d in _DTYPES]}"
         elif tensor.dim() > _MAX_NDIM:
             problem = f"`tensor` may have at most {_MAX_NDIM} dims, got {tensor.dim()}"
-        if problem:
+        else:
+            sent = tensor
+        if sent is None:
             header[0] = _NO_TENSOR
         else:
-            header[0] = _DTYPES.index(tensor.dtype)
-            header[1] = tensor.dim()
-            header[2 : 2 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
+            header[0] = _DTYPES.index(sent.dtype)
+            header[1] = sent.dim()
+            header[2 : 2 + sent.dim()] = torch.tensor(sent.shape, dtype=torch.int64)
     header = header.to(comm)
     dist.broadcast(header, src=src)
-    header = header.cpu().tolist()
-    if header[0] == _NO_TENSOR:
+    fields = header.cpu().tolist()
+    if fields[0] == _NO_TENSOR:
         raise InvalidTypeError(problem or f"rank {src} had no valid tensor to send in broadcast_tensor_raw")
-    dtype = _DTYPES[header[0]]
-    shape = tuple(header[2 : 2 + header[1]])
-    if me_is_src:
-        payload = _byte_view(tensor).to(comm)
+    dtype = _DTYPES[fields[0]]
+    shape = tuple(fields[2 : 2 + fields[1]])
+    if sent is not None:
+        payload = _byte_view(sent).to(comm)
     else:
         payload = torch.empty(
             torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size(), dtype=torch.uint8, device=comm
         )
     if payload.numel():
         dist.broadcast(payload, src=src)
-    if me_is_src:
-        return tensor if device is None else tensor.to(device)
+    if sent is not None:
+        return sent if device is None else sent.to(device)
     out = payload.view(dtype).view(shape)
     return out if device is None else out.to(device)

@@ -413,6 +413,7 @@ class EggrollES(MaterialisedIndividuals, ESState):
             )
         if fitness is not None:
             return self.tell(self.evaluate(fitness))
+        assert loss_fn is not None  # exactly one of the two, checked above
         return self.tell(-self.losses(inputs, loss_fn, targets, per_individual=per_individual, max_rows=max_rows))
 
     def _check_fitnesses(self, fitnesses: Any) -> Tensor:

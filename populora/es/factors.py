@@ -100,6 +100,7 @@ class MemberFactors:
         """
         adapters = []
         for path, module in self.targets.items():
+            assert isinstance(module, (nn.Linear, nn.Embedding)), "the router wraps only these"
             weight, bias = self._by_use.get((path, "weight")), self._by_use.get((path, "bias"))
             dtype = module.weight.dtype
             folded = None
@@ -109,6 +110,7 @@ class MemberFactors:
                 rank = 0 if weight is None else noises[weight.name].rank
                 folded = self._buffer((path, "folded"), (self.pop_size, rank + 1, module.out_features), dtype)
             if weight is None:
+                assert isinstance(module, nn.Linear), "an Embedding is a target only for its weight"
                 down = self._buffer((path, "down"), (self.pop_size, 0, module.in_features), dtype)
                 up = (
                     self._buffer((path, "up"), (self.pop_size, 0, module.out_features), dtype)
@@ -117,6 +119,7 @@ class MemberFactors:
                 )
             else:
                 noise = noises[weight.name]
+                assert noise.at is not None and noise.bt is not None, "a weight matrix's noise is low-rank"
                 coef = sigma / math.sqrt(noise.rank)  # sigma * s_i / sqrt(r), the sign added per half
                 if isinstance(module, nn.Embedding):  # W (V, e): down (N, V, r) from A, up (N, r, e) from B
                     down = self._stack((path, "down"), noise.at.transpose(1, 2), coef, dtype)
@@ -128,9 +131,11 @@ class MemberFactors:
                     )
             bias_noise = None
             if bias is not None:  # (N, e)
+                full = noises[bias.name].full
+                assert full is not None, "a bias's noise is full"
                 bias_noise = self._stack(
                     (path, "bias"),
-                    noises[bias.name].full,
+                    full,
                     sigma,
                     bias.param.dtype,
                     out=None if folded is None else folded[:, -1],
@@ -151,6 +156,7 @@ class MemberFactors:
         if noise.full is not None:
             per_member = noise.full[pair].to(dtype)
         else:  # (u, R, r) @ (u, r, C) over the u distinct pairs asked for: mirrors are exact negatives
+            assert noise.at is not None and noise.bt is not None, "no full noise: low-rank factors"
             used, inverse = torch.unique(pair, return_inverse=True)
             per_pair = torch.bmm(noise.at[used].transpose(1, 2).to(dtype), noise.bt[used].to(dtype))
             per_member = (per_pair / math.sqrt(noise.rank))[inverse]

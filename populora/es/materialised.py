@@ -9,17 +9,35 @@ float64 parameter (float32 otherwise) and cast to the parameter's dtype.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from populora.checks import check_index
 
+if TYPE_CHECKING:
+    from populora.es.factors import MemberFactors
+    from populora.es.noise import PairNoise
+    from populora.es.params import ESParam
+
 __all__ = ["MaterialisedIndividuals"]
 
 
 class MaterialisedIndividuals:
     """Materialised perturbations and parameters of :class:`~populora.EggrollES` (its base class)."""
+
+    # what EggrollES.__init__ sets and defines (declared for the type checker)
+    pop_size: int
+    _params: list[ESParam]
+    _fallback: list[ESParam]
+    _factors: MemberFactors
+
+    if TYPE_CHECKING:
+
+        def _noises(self) -> dict[str, PairNoise]: ...
+
+        def _sigma_now(self) -> float: ...
 
     def individual_params(self, individual: int) -> dict[str, Tensor]:
         """``{name: W + sigma * E_i}`` of one individual ``i`` of the current generation (materialised).

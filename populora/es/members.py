@@ -87,7 +87,12 @@ class ESRouter(Router):
 
 def leading_shapes(obj: Any) -> list[tuple[int, ...]]:
     shapes: list[tuple[int, ...]] = []
-    map_tensors(obj, lambda t: shapes.append(tuple(t.shape)))
+
+    def record(t: Tensor) -> Tensor:
+        shapes.append(tuple(t.shape))
+        return t
+
+    map_tensors(obj, record)
     return shapes
 
 
@@ -234,7 +239,16 @@ class Individuals(RoutedModel):
 
 
 def _select(adapters: Sequence[Adapter], ids: Tensor) -> list[Adapter]:
-    return [Adapter(*(None if t is None else t[ids.to(t.device)] for t in a)) for a in adapters]
+    return [_rows(a, ids) for a in adapters]
+
+
+def _rows(a: Adapter, index: Tensor | int) -> Adapter:
+    """The adapter's stacks indexed by ``index`` along the individual dim (a bias stays ``None``)."""
+
+    def pick(t: Tensor) -> Tensor:
+        return t[index.to(t.device) if isinstance(index, Tensor) else index]
+
+    return Adapter(pick(a.down), pick(a.up), None if a.bias is None else pick(a.bias))
 
 
 def _stack(outs: list[Any]) -> Any:
@@ -264,10 +278,12 @@ def _fallback_call(target: RoutingTarget, fallback: Fallback, request: RouteRequ
     if request.individual is not None:
         ids = torch.tensor([request.individual])
         values = {name: v[0] for name, v in fallback.values(ids).items()}
-        return forward(
-            values, [Adapter(*(None if t is None else t[0] for t in a)) for a in _select(adapters, ids)], inputs
-        )
-    ids = torch.arange(num) if request.all_individuals else torch.from_numpy(check_range(request.ids, num))
+        return forward(values, [_rows(a, 0) for a in _select(adapters, ids)], inputs)
+    if request.all_individuals:
+        ids = torch.arange(num)
+    else:
+        assert request.ids is not None, "a routed request without individual= or all individuals has ids"
+        ids = torch.from_numpy(check_range(request.ids, num))
     m, per = ids.numel(), request.per_individual
     if per:
         split_rows(inputs, m, "inputs")  # checks that every tensor leads with m
@@ -275,7 +291,9 @@ def _fallback_call(target: RoutingTarget, fallback: Fallback, request: RouteRequ
     out = None
     mode = fallback.modes.get(per)
     if mode != "loop":
-        dims = (0, [Adapter(0, 0, None if a.bias is None else 0) for a in chosen], _dims_of(inputs) if per else None)
+        # vmap's in_dims mirror the arguments' structure: an Adapter of dims (ints), not of tensors
+        adapter_dims = [Adapter(0, 0, None if a.bias is None else 0) for a in chosen]  # type: ignore[arg-type]
+        dims = (0, adapter_dims, _dims_of(inputs) if per else None)
         try:
             out = torch.func.vmap(forward, in_dims=dims, randomness="different")(values, chosen, inputs)
             fallback.modes[per] = "vmap"
@@ -288,7 +306,7 @@ def _fallback_call(target: RoutingTarget, fallback: Fallback, request: RouteRequ
             outs.append(
                 forward(
                     {name: v[j] for name, v in values.items()},
-                    [Adapter(*(None if t is None else t[j] for t in a)) for a in chosen],
+                    [_rows(a, j) for a in chosen],
                     one_inputs,
                 )
             )

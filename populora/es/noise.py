@@ -86,13 +86,16 @@ class PairNoise:
         w = pair_weights.to(device=self._any.device, dtype=dtype)
         if self.full is not None:
             return torch.tensordot(w, self.full.to(dtype), dims=1)
+        assert self.at is not None and self.bt is not None, "no full noise: low-rank factors"
         pairs, r, rows = self.at.shape
         weighted = (self.at.to(dtype) * (w / math.sqrt(r))[:, None, None]).reshape(pairs * r, rows)  # (k r, R)
         return weighted.T @ self.bt.to(dtype).reshape(pairs * r, -1)  # (R, k r) @ (k r, C) -> (R, C)
 
     @property
     def _any(self) -> Tensor:
-        return self.full if self.full is not None else self.at
+        any_ = self.full if self.full is not None else self.at
+        assert any_ is not None, "a PairNoise holds full noise or factors"
+        return any_
 
 
 def draw_noise(
@@ -262,6 +265,7 @@ def generate_noise_for_shapes(
             per_pair = noise.full.to(work)
         else:
             r = noise.rank
+            assert noise.at is not None and noise.bt is not None, "no full noise: low-rank factors"
             per_pair = torch.bmm(noise.at.transpose(1, 2).to(work), noise.bt.to(work)) / math.sqrt(r)  # (pairs, R, C)
         per_member = per_pair[pair] * (sign.to(work) * sigma).view(-1, *[1] * len(shape))
         out[name] = per_member.to(dtype)

@@ -185,6 +185,8 @@ def make_optimizer(params: list[ESParam], optimizer: Any, lr: float | None) -> t
     """
     tensors = [p.param for p in params]
     if optimizer is None:
+        if lr is None:
+            raise InvalidValueError("`lr` must be a number when no `optimizer` is given, got None")
         return torch.optim.SGD(tensors, lr=lr)
     if lr is not None:
         warnings.warn(

@@ -14,17 +14,22 @@ import copy
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
 
 from populora import distributed as pd
 from populora.checkpoint import atomic_save, load_checkpoint
 from populora.checks import check_float, check_index, check_int, check_seed, is_real
 from populora.errors import CheckpointError, ConfigMismatchError, PopuloraError
 from populora.stats import GenerationStats
+
+if TYPE_CHECKING:
+    from populora.adapters import Adapter
+    from populora.es.factors import MemberFactors
+    from populora.es.params import ESParam
 
 __all__ = ["FORMAT", "TORCHEGGROLL_FILES", "ESState"]
 
@@ -41,6 +46,33 @@ class ESState:
     """State, checkpoints and rank agreement of :class:`~populora.EggrollES` (its base class)."""
 
     _KIND = "EggrollES"  # the checkpoint kind of save() / load()
+
+    # what EggrollES.__init__ sets (declared for the type checker)
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    pop_size: int
+    rank: int
+    sigma: float
+    seed: int
+    antithetic: bool
+    noise_reuse: int
+    group_size: int | None
+    perturb_vectors: bool
+    perturb_unroutable: bool
+    fitness_shaping: str | Callable[[Tensor], Tensor]
+    generation: int
+    best_fitness: float
+    best_individual: tuple[int, int] | None
+    history: list[GenerationStats]
+    _params: list[ESParam]
+    _factors: MemberFactors
+    _synced: bool
+    _asked: tuple[int, float, list[Adapter]] | None
+
+    if TYPE_CHECKING:
+
+        @property
+        def param_names(self) -> list[str]: ...
 
     # ------------------------------------------------------------------ distributed
 
@@ -402,7 +434,7 @@ def _check_optimizer_class(state: dict[str, Any], optimizer: torch.optim.Optimiz
 _NOT_OPTIONS = {"params", "param_names"}
 
 
-def _group_options(cls: type, group: dict[str, Any]) -> set[str]:
+def _group_options(cls: type[torch.optim.Optimizer], group: dict[str, Any]) -> set[str]:
     """The option names of a saved parameter group once ``cls`` has loaded it (its ``__setstate__`` fills in
     options added since the state was saved), found on a bare probe object (no parameters, nothing written)."""
     options = {key: value for key, value in group.items() if key not in _NOT_OPTIONS}

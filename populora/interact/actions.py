@@ -72,7 +72,7 @@ class ActionFormat:
         shape = getattr(space, "shape", None)
         self.discrete = n is not None and (shape is None or tuple(shape) == ())
         self.known = self.discrete or (shape is not None and not hasattr(space, "spaces"))
-        if self.discrete:
+        if self.discrete and n is not None:  # (discrete implies n)
             self.shape: tuple[int, ...] = ()
             self.integer = True
             self.start = int(np.asarray(getattr(space, "start", 0)))
@@ -80,7 +80,7 @@ class ActionFormat:
             self._np_start = np.int64(self.start)
             self._np_n = np.uint64(self.n)
         else:
-            self.shape = tuple(int(s) for s in shape) if self.known else ()
+            self.shape = tuple(int(s) for s in shape) if self.known and shape is not None else ()
             dtype = getattr(space, "dtype", None)
             self.integer = dtype is not None and np.issubdtype(np.dtype(dtype), np.integer)
         self.kind, self.width = self._kind()

@@ -180,6 +180,7 @@ class Validator:
         """After a confirmation lowered the champion's score: the best of it, the previous champion and
         this generation's other candidates (``ids`` / ``scores``) is the champion."""
         c, prev = self.champion, self.previous
+        assert c is not None, "called after a champion was confirmed"
         others = [(s, i) for s, i in zip(scores, ids) if i != c.index and np.isfinite(s)]
         best_other = max(others, key=lambda t: (t[0], -t[1])) if others else None
         if best_other is not None and best_other[0] > c.score and (prev is None or best_other[0] > prev.score):

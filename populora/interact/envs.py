@@ -34,6 +34,7 @@ import copy
 import sys
 import warnings
 from collections.abc import Sequence
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -285,6 +286,7 @@ class EnvSlots:
         try:
             for src in self.sources:
                 if src.whole:
+                    assert isinstance(src, VectorSource)  # the one source reset as a whole
                     twin, made = seeded_copies(src)
                     sources.append(twin)
                     created += made
@@ -364,13 +366,15 @@ def _probe_actions(space: Any, k: int, generator: torch.Generator) -> Any:
     if fmt.kind == "unknown":
         return None
     if fmt.kind == "box":
-        low = np.asarray(getattr(space, "low", getattr(space, "minimum", -1.0)), dtype=np.float64)
-        high = np.asarray(getattr(space, "high", getattr(space, "maximum", 1.0)), dtype=np.float64)
-        low = torch.from_numpy(np.broadcast_to(np.clip(low, -1.0, 1.0), fmt.shape).copy())
-        high = torch.from_numpy(np.broadcast_to(np.clip(high, -1.0, 1.0), fmt.shape).copy())
+        bounds = (
+            np.asarray(getattr(space, "low", getattr(space, "minimum", -1.0)), dtype=np.float64),
+            np.asarray(getattr(space, "high", getattr(space, "maximum", 1.0)), dtype=np.float64),
+        )
+        low, high = (torch.from_numpy(np.broadcast_to(np.clip(b, -1.0, 1.0), fmt.shape).copy()) for b in bounds)
         u = torch.rand((k, *fmt.shape), generator=generator, dtype=torch.float64)
         actions = low + u * (high - low)
         return actions.long() if fmt.integer else actions.float()
+    assert fmt.width is not None  # a known kind has a width
     outputs = torch.randn((k, int(fmt.width)), generator=generator)
     return fmt.default_actions(outputs, k)
 
@@ -525,7 +529,8 @@ def _close_all(envs: Sequence[Any]) -> None:
 
 def caller_stacklevel() -> int:
     """``warnings.warn``'s stacklevel of the first frame outside populora (the user's call)."""
-    frame, level = sys._getframe(1), 1
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and frame.f_globals.get("__name__", "").startswith("populora."):
         frame, level = frame.f_back, level + 1
     return level

@@ -235,9 +235,9 @@ def run_ga(
         while len(history) < run.num_generations:
             fitnesses = population.validate_fitnesses(interactor.evaluate(population, **episodes))
             validated = validate_ga(population, interactor, run, validator, fitnesses)
-            champion = None if validator.champion is None else validator.champion.score
+            champion_score = None if validator.champion is None else validator.champion.score
             lower = None if validator.champion is None else validator.champion.lower
-            if loop.record(population.generation, fitnesses, validated, champion, population, lower):
+            if loop.record(population.generation, fitnesses, validated, champion_score, population, lower):
                 break
             population.evolve_(fitnesses, **run.evolve)
             interactor.update_obs_stats(population)  # fold this generation's observations in (all ranks)
@@ -307,9 +307,9 @@ def run_es(
             interactor.advance_obs_stats(es.generation)
             validated = validate_es(es, interactor, run, validator)
             fitnesses = es_fitnesses(interactor, es, seed=run.seed, episode_seeding=run.episode_seeding, **episodes)
-            champion = None if validator.champion is None else validator.champion.score
+            champion_score = None if validator.champion is None else validator.champion.score
             lower = None if validator.champion is None else validator.champion.lower
-            stop = loop.record(es.generation, fitnesses, validated, champion, es, lower)
+            stop = loop.record(es.generation, fitnesses, validated, champion_score, es, lower)
             es.tell(fitnesses)
             if run.checkpoint is not None and save is not None and is_main_rank():
                 atomic_save(save(), run.checkpoint, kind="evolve_with_env")

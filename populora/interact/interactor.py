@@ -241,7 +241,7 @@ class EnvInteractor:
                 f"the state holds {'no ' if saved is None else ''}observation statistics; this "
                 f"interactor has normalize_obs={self.normalize_obs}"
             )
-        if saved is not None:
+        if saved is not None and self._stats is not None:  # both or neither (checked above)
             self._stats.load_state_dict(saved)  # checked first, then written
 
     def wrap_policy(self, model: nn.Module) -> nn.Module:

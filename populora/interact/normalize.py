@@ -34,6 +34,11 @@ class ObsNormalizer(nn.Module):
         eps: added to the variance.
     """
 
+    # the buffers registered in __init__ (declared: nn.Module's attribute lookup is untyped)
+    mean: Tensor
+    var: Tensor
+    count: Tensor
+
     def __init__(self, dim: int, clip: float = 10.0, eps: float = 1e-8):
         super().__init__()
         self.clip = float(clip)

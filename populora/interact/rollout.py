@@ -100,7 +100,7 @@ class Rollout:
         model: Any,
         individuals: Sequence[int],
         *,
-        seeds: Sequence[int],
+        seeds: Sequence[int] | np.ndarray,
         base_seed: int,
         action: ActionFn,
         horizon: int | None,
@@ -118,7 +118,7 @@ class Rollout:
         self.device = model.device if isinstance(model, Population) else _device_of(module if self.es else model)
         k, n_slots = len(individuals), slots.num
         self.per_row = isinstance(seeds, np.ndarray) and seeds.ndim == 2
-        num_episodes = seeds.shape[1] if self.per_row else len(seeds)
+        num_episodes = seeds.shape[1] if isinstance(seeds, np.ndarray) and self.per_row else len(seeds)
         self.returns = np.full((k, num_episodes), np.nan)  # (k, E); NaN until played (or a NaN reward)
         self.queue = WorkQueue(k, num_episodes)
         self.ids = np.asarray(list(individuals), dtype=np.int64)
@@ -177,6 +177,7 @@ class Rollout:
         row[chosen] = new_rows
         self.ep[chosen] = new_eps
         if self.per_row:
+            assert isinstance(self.seeds, np.ndarray)  # a (k, E) table
             new_seeds = [int(s) for s in self.seeds[new_rows, new_eps].tolist()]
         else:
             new_seeds = [int(self.seeds[e]) for e in new_eps]
@@ -228,6 +229,11 @@ class Rollout:
         # timesteps until the longest-running playing episode reaches the horizon (all steps move together)
         due = limit - int(steps_a.max()) if bounded and active.size else math.inf
         env_steps = timesteps = 0
+        # A population's forward through its loop route of the playing slots' assignment, made once per change
+        # of it (its plans, and the prepared routes of routing.prepared, reused every timestep until an episode
+        # ends): the routed forward without the front end's per-call work, the same outputs.
+        blocks = routed and not self.es
+        block = None
         try:
             while active.size:
                 n_act = active.size
@@ -241,6 +247,15 @@ class Rollout:
                         if "individual" in route
                         else model(_one_per_individual(obs), **route, per_individual=True).squeeze(1)
                     )
+                elif blocks and type(obs) is Tensor:
+                    if block is None:
+                        block = model.loop_route(**route)
+                        blocks = block is not None  # (else calling the population does more: call it)
+                    if block is None:
+                        out = model(obs, **route)
+                    else:
+                        with block:
+                            out = model.model(obs if device is None or obs.device == device else obs.to(device))
                 elif routed:
                     out = model(obs, **route)
                 else:
@@ -261,6 +276,7 @@ class Rollout:
                 if not math.isfinite(total) and not (ok := np.isfinite(rewards)).all():
                     finished = finished | self._bad_rewards(rewards, ok, active, steps_a)
                 if finished.any():
+                    block = None
                     active, route, ret_a, steps_a = self._end(active, finished, ret_a, steps_a)
                     if bounded and active.size:
                         due = limit - int(steps_a.max())

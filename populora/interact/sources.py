@@ -25,7 +25,7 @@ populora`` needs neither, and env-ssl-wrapper takes about 2 s to import.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -117,6 +117,7 @@ class SlotSource:
     whole = False
 
     layout: ObsLayout
+    action_space: Any  # set by each subclass
 
     def __init__(self, start: int, num: int, flatten: bool, keys: KeySelection | None = None):
         self.start = start
@@ -266,14 +267,18 @@ class SubEnvSource(SlotSource):
                     )
                 return out
 
-            self._batch = batch
+            self._batch: Callable[[Sequence[Any]], Any] = batch
             # the observations as they go to the model: one (k, D) float32 tensor straight from the batch
             self._direct = flatten and len(shape) == 1 and np.dtype(dtype) == np.float32
         else:
             self._direct = False
+            # gymnasium's own pairing, as in SyncVectorEnv (create_empty_array's None: a space it cannot batch)
             self._batch = lambda rows: concatenate(
-                obs_space, rows, create_empty_array(obs_space, len(rows), fn=np.empty)
+                obs_space,
+                rows,
+                create_empty_array(obs_space, len(rows), fn=np.empty),  # type: ignore[arg-type]
             )
+        self._rows: Callable[[Any], Iterator[Any]]
         if type(batch_actions) in (Box, MultiDiscrete, MultiBinary):
             self._rows = iter
         else:
@@ -309,13 +314,13 @@ class SubEnvSource(SlotSource):
             raise SlotFailure(
                 (local + self.start).tolist(), "step", InvalidValueError(f"{len(outs)} actions for {k} slots")
             )
-        obs, reward, terminated, truncated, _ = zip(*outs)
+        obs, rewards, terminated, truncated, _ = zip(*outs)
         # the vector env's float64 rewards, through float32 like TensorWrapper's
-        reward = np.array(reward, dtype=np.float32).reshape(k).astype(np.float64)
+        reward = np.array(rewards, dtype=np.float32).reshape(k).astype(np.float64)
         done = np.logical_or(terminated, truncated)
         try:
-            batch = self._batch(obs)
-            batch = torch.from_numpy(batch) if self._direct else self.layout.from_batch(batch, k)
+            rows = self._batch(obs)
+            batch = torch.from_numpy(rows) if self._direct else self.layout.from_batch(rows, k)
         except Exception as error:
             raise SlotFailure((local + self.start).tolist(), "step", error) from error
         return batch, local, reward, done if done.shape == (k,) else done.reshape(k)

@@ -398,7 +398,7 @@ def _pufferlib_single_maker(env: Any) -> tuple[Callable[..., Any] | None, str]:
     registered = spec is not None and getattr(spec, "id", None) in gym.registry
 
     def make_inner() -> Any:
-        return gym.make(spec) if registered else copy.deepcopy(inner)
+        return gym.make(spec) if registered and spec is not None else copy.deepcopy(inner)
 
     try:
         make_inner().close()

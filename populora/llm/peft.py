@@ -572,7 +572,7 @@ def _adapted_modules(config: Mapping[str, Any], model: nn.Module, where: str) ->
             return True
         if not any(name.endswith(f".{t}") for t in targets):
             return False
-        if not use_layers:
+        if not use_layers or layers is None:  # (use_layers implies layers)
             return True
         index = layer_of(name)
         return index is not None and (index == layers if isinstance(layers, int) else index in layers)
@@ -658,7 +658,9 @@ def _match_keys(
         # PEFT's save_pretrained also saves the embedding layers it adapts: a copy of the base weight
         copy = f"{_PREFIX}{name}.base_layer.weight"
         if copy in tensors:
-            weight = model.get_submodule(name).weight.detach()
+            base = model.get_submodule(name).weight
+            assert isinstance(base, Tensor)  # an adapted layer's weight
+            weight = base.detach()
             saved = tensors[copy]
             if saved.shape == weight.shape and torch.equal(saved, weight.to("cpu", saved.dtype)):
                 used.add(copy)

@@ -551,8 +551,14 @@ def verifier_step(
         normalised ones) and the raw ``(N, k)`` rewards (``rewards.mean()`` is the members' accuracy).
     """
     grouped = check_bool("grouped", grouped)
+    if kwargs.get("return_replies"):
+        raise InvalidValueError(
+            "verifier_step returns (stats, rewards) and takes no `return_replies=True`; call verifier_rewards("
+            "es.ask(), ..., return_replies=True) and es.tell(...) for the replies"
+        )
     groups = es.groups() if grouped else None
     rewards = verifier_rewards(
         es.ask(), tokenizer, problems, max_new_tokens=max_new_tokens, task=task, groups=groups, **kwargs
     )
+    assert isinstance(rewards, Tensor)  # no replies asked for (checked above)
     return es.tell(group_normalize(rewards, groups)), rewards

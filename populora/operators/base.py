@@ -26,6 +26,7 @@ from __future__ import annotations
 import difflib
 import inspect
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -34,7 +35,7 @@ from populora.adapters import Factors
 from populora.checks import check_float, check_int
 from populora.errors import InvalidTypeError, InvalidValueError
 
-OperatorFn = Callable[..., object]
+OperatorFn = Callable[..., Any]  # each kind returns its own (selection: a tensor of ids, mutation: Factors, ...)
 
 SELECTIONS: dict[str, OperatorFn] = {}
 PARENT_SELECTIONS: dict[str, OperatorFn] = {}
@@ -43,7 +44,7 @@ MUTATIONS: dict[str, OperatorFn] = {}
 
 # Optional value checks of an operator's options, ``validate(**options)``,
 # keyed by (kind, name): run by ``check_options`` before anything changes.
-_VALIDATORS: dict[tuple[str, str], Callable[..., None]] = {}
+_VALIDATORS: dict[tuple[str, str], Callable[..., object]] = {}
 
 _REGISTRIES: dict[str, dict[str, OperatorFn]] = {
     "selection": SELECTIONS,
@@ -111,7 +112,7 @@ def register_selection(
     fn: OperatorFn | None = None,
     *,
     overwrite: bool = False,
-    validate: Callable[..., None] | None = None,
+    validate: Callable[..., object] | None = None,
 ):
     """Register a survivor selection; use directly or as ``@register_selection('name')``.
 
@@ -136,7 +137,7 @@ def register_parent_selection(
     fn: OperatorFn | None = None,
     *,
     overwrite: bool = False,
-    validate: Callable[..., None] | None = None,
+    validate: Callable[..., object] | None = None,
 ):
     """Register a parent selection; use directly or as a decorator. See :func:`register_selection`.
 
@@ -150,7 +151,7 @@ def register_crossover(
     fn: OperatorFn | None = None,
     *,
     overwrite: bool = False,
-    validate: Callable[..., None] | None = None,
+    validate: Callable[..., object] | None = None,
 ):
     """Register a crossover; use directly or as a decorator. See :func:`register_selection`.
 
@@ -165,7 +166,7 @@ def register_mutation(
     fn: OperatorFn | None = None,
     *,
     overwrite: bool = False,
-    validate: Callable[..., None] | None = None,
+    validate: Callable[..., object] | None = None,
 ):
     """Register a mutation; use directly or as a decorator. See :func:`register_selection`.
 

@@ -323,14 +323,14 @@ def extrapolative(
         better, worse = torch.where(swap, worse, better), torch.where(swap, better, worse)
     dtype = compute_dtype(stacks[0].down)
     eta = uniform((parents.shape[0], 1, 1), generator=generator, device=parents.device, dtype=dtype)
-    eta = PerDevice(eta_min + (eta_max - eta_min) * eta)  # (c, 1, 1), shared by every target
-    better, worse = PerDevice(better), PerDevice(worse)
+    etas = PerDevice(eta_min + (eta_max - eta_min) * eta)  # (c, 1, 1), shared by every target
+    betters, worses = PerDevice(better), PerDevice(worse)
     out = []
     for stack in stacks:
         child = []
         for factor in (stack.down, stack.up):
-            step = eta.on(factor.device)
-            lo, hi = factor[worse.on(factor.device)].to(step.dtype), factor[better.on(factor.device)].to(step.dtype)
+            step = etas.on(factor.device)
+            lo, hi = factor[worses.on(factor.device)].to(step.dtype), factor[betters.on(factor.device)].to(step.dtype)
             child.append((lo + step * (hi - lo)).to(factor.dtype))
         out.append(Factors(*child))
     return out
@@ -378,6 +378,7 @@ def xes(
     if fitnesses is None:
         raise FitnessError("crossover `xes` needs `fitnesses` ((P,), higher is better), got None")
     pop, parents, fitnesses = _check(stacks, parents, fitnesses, "xes")
+    assert fitnesses is not None  # checked above
     num_groups = check_num_groups(pop, num_groups, "P")
     eta, tournament_size = _xes_options(eta, tournament_size)
     c, k = parents.shape
@@ -404,10 +405,10 @@ def xes(
     n = weight.sum(1, keepdim=True)  # (c, 1)
     z = zscore(fit[group], 1, mask=counted)  # the uncounted repeat a parent: max |f| is the same
     coef = (weight + eta * z * weight) / n  # (c, 2k): mean plus step
-    group = PerDevice(group)
+    groups = PerDevice(group)
     out = []
     for stack in stacks:
-        down, up = _gather(stack, group)  # (c, 2k, d, r), (c, 2k, e, r)
+        down, up = _gather(stack, groups)  # (c, 2k, d, r), (c, 2k, e, r)
         w = coef.to(down.dtype).to(down.device)  # cast where it was computed, then moved (exact)
         out.append(
             Factors(

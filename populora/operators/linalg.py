@@ -32,7 +32,8 @@ def rms(t: Tensor, dims: int | Sequence[int] = (-2, -1)) -> Tensor:
     Returns:
         ``t``'s shape with ``dims`` reduced to 1, e.g. ``(p, 1, 1)``.
     """
-    return t.to(compute_dtype(t)).square().mean(dim=dims, keepdim=True).sqrt()
+    dim = dims if isinstance(dims, int) else tuple(dims)
+    return t.to(compute_dtype(t)).square().mean(dim=dim, keepdim=True).sqrt()
 
 
 def effective_rank(down: Tensor, up: Tensor) -> int:

@@ -130,7 +130,7 @@ def select_survivors(
     return SelectionResult((chosen + base).flatten(), culled, (elite_local + base).flatten())
 
 
-def _check(fitnesses: Tensor, num: int) -> Tensor:
+def _check(fitnesses: Tensor, num: int) -> tuple[Tensor, int]:
     f = check_real_tensor(fitnesses)
     if f.dim() != 2:
         raise InvalidValueError(f"`fitnesses` must be (groups, m), got shape {tuple(f.shape)}")

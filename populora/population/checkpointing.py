@@ -315,7 +315,7 @@ def check_extra(extra: Any, mine: Mapping[str, Any] | None = None) -> None:
 
 def _stats(entry: Sequence[Any]) -> GenerationStats:
     """A checked history entry as ``GenerationStats`` (``env_steps`` an int, the other fields floats or None)."""
-    values = [int(entry[0]), float(entry[1]), float(entry[2])]
+    values: list[Any] = [int(entry[0]), float(entry[1]), float(entry[2])]  # GenerationStats' fields, in order
     for field, v in zip(GenerationStats._fields[3:], entry[3:]):
         values.append(None if v is None else int(v) if field == "env_steps" else float(v))
     return GenerationStats(*values)
@@ -452,7 +452,10 @@ class Checkpointing(HostBase):
                 checkpoint file holds: the adapters and counters).
         """
         self._check_alive()
-        out = super().state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
+        # at run time super() is nn.Module's state_dict (Population's MRO); mypy sees the host protocol's stub
+        out = super().state_dict(  # type: ignore[safe-super]
+            *args, destination=destination, prefix=prefix, keep_vars=keep_vars
+        )
         if not include_model:
             for key in [k for k in out if k.startswith(prefix + "model.")]:
                 del out[key]
@@ -511,7 +514,8 @@ class Checkpointing(HostBase):
                 f"this state was checked against a population of another layout {checked.layout}, not this "
                 f"one {_layout(self)}: check it with this population's check_state_dict()"
             )
-        result = nn.Module.load_state_dict(self, checked.tensors, strict=False, assign=assign)
+        # the host is an nn.Module at run time (Population); the protocol cannot say so
+        result = nn.Module.load_state_dict(self, checked.tensors, strict=False, assign=assign)  # type: ignore[arg-type]
         if checked.extra is not None:
             self._write_extra(checked.extra)
         return result
@@ -554,7 +558,8 @@ class Checkpointing(HostBase):
         self.generator = extra["generator"]
         self.generation = extra["generation"]
         self.eval_seed = extra["eval_seed"]
-        self.nan_policy = extra["config"].get("nan_policy", self.nan_policy)
+        # annotated: mypy reads an assignment in a subclass of the host protocol as a new definition
+        self.nan_policy: str = extra["config"].get("nan_policy", self.nan_policy)
         if extra.get("weight_scales") is not None:
             self.weight_scales = list(extra["weight_scales"])
         if extra.get("history") is not None:
@@ -615,14 +620,17 @@ class Checkpointing(HostBase):
             CheckpointError: the file is damaged, of another kind, or does not
                 fit ``model`` (the file is named).
         """
-        state = read_checkpoint(path)
+        state: Mapping[str, Any] = read_checkpoint(path)
         with naming(path):
             state = as_state_dict(state)
             check_keys(state, {EXTRA_KEY: None}, strict=False, required=True)
             check_extra(state[EXTRA_KEY])
         config = dict(state[EXTRA_KEY]["config"])
         config.update(kwargs)
-        pop = cls(model, config.pop("pop_size"), config.pop("low_rank"), config.pop("lora_targets"), **config)
+        population: Any = cls  # a Population at run time (this mixin's host), whose constructor this is
+        pop: Population = population(
+            model, config.pop("pop_size"), config.pop("low_rank"), config.pop("lora_targets"), **config
+        )
         try:
             with naming(path):
                 pop.load_state_dict(state)

@@ -99,15 +99,18 @@ class Evolvable(HostBase):
             else:
                 sync_if_different_(base, f"base model parameters{of}")
         # weight scales come from the base weights at construction: rank 0's, like the weights
-        history = [tuple(h) for h in self.history]
+        history: list[tuple[Any, ...]] = [tuple(h) for h in self.history]  # GenerationStats' fields
         state = broadcast_object(
             (self.generation, self.eval_seed, self.generator.get_state(), self.weight_scales, history)
         )
-        self.generation, self.eval_seed = state[0], state[1]
+        # annotated: mypy reads an assignment in a subclass of the PopulationHost protocol as a new
+        # definition, whose type the reads above would otherwise wait for (a "Cannot determine type" cycle)
+        self.generation: int = state[0]
+        self.eval_seed: int = state[1]
         self.generator.set_state(state[2])
-        self.weight_scales = list(state[3])
-        self.history = [GenerationStats(*t) for t in state[4]]
-        self._synced = True
+        self.weight_scales: list[float] = list(state[3])
+        self.history: list[GenerationStats] = [GenerationStats(*t) for t in state[4]]
+        self._synced: bool = True
 
     def evaluate_distributed(self, fn: Callable[..., Any], sync_base_model: bool = False) -> Tensor:
         """Evaluate every individual, each rank its share of ids; ``(P,)`` fitness on every rank.

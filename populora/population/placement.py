@@ -54,7 +54,11 @@ def place(model: nn.Module, targets: dict[str, nn.Module], device: str | torch.d
     devices = model_devices(model)
     if device is not None or len(devices) <= 1 or world_size() > 1:
         return Placement(where, {name: where for name in targets}, False)
-    on = {name: module.weight.device for name, module in targets.items()}
+    on: dict[str, torch.device] = {}
+    for name, module in targets.items():
+        target_weight = module.weight
+        assert isinstance(target_weight, torch.Tensor)  # a target is an nn.Linear or an nn.Embedding
+        on[name] = target_weight.device
     meta = [name for name, d in on.items() if d.type == "meta"]
     if meta:
         raise InvalidValueError(
@@ -63,7 +67,8 @@ def place(model: nn.Module, targets: dict[str, nn.Module], device: str | torch.d
             "cannot carry adapters; load the model with enough memory for every target, pass `device=` to put "
             "everything on one device, or exclude them ('!pattern' entries in `lora_targets`)"
         )
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    get_embeddings = getattr(model, "get_input_embeddings", None)  # a transformers model's
+    embeddings = get_embeddings() if get_embeddings is not None else None
     weight = getattr(embeddings, "weight", None)
     first = (
         weight.device

@@ -40,7 +40,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -276,8 +275,8 @@ class SelfPlay(Snapshot):
                 f"attempts={self.attempts} with greedy students gives {self.attempts} identical "
                 "answers: pass student_generate=dict(do_sample=True)"
             )
-        members = {n: SimpleNamespace(population=p) for n, p in zip(NAMES, (teachers, students))}
-        self.evolve_kwargs: dict[str, dict[str, Any]] = check_evolve_kwargs(evolve_kwargs, members)
+        populations = dict(zip(NAMES, (teachers, students)))
+        self.evolve_kwargs: dict[str, dict[str, Any]] = check_evolve_kwargs(evolve_kwargs, populations)
         self.student_pg_lr = check_float("student_pg_lr", student_pg_lr, low=0.0)
         self.pg_micro_batch = check_int("pg_micro_batch", pg_micro_batch, low=1)
         self.seed = check_seed("seed", seed)
@@ -411,7 +410,7 @@ class SelfPlay(Snapshot):
             # teachers: one routed generate over p_t * k rows of the same proposal prompt
             prompt = chat_text(self.tokenizer, self.task.proposal_prompt(), self.chat)
             start = time.perf_counter()
-            proposals = generate_replies(
+            proposed = generate_replies(
                 t_pop,
                 self.tokenizer,
                 torch.arange(p_t).repeat_interleave(k).tolist(),
@@ -421,8 +420,8 @@ class SelfPlay(Snapshot):
                 use_dist,
             )
             seconds += time.perf_counter() - start
-            tokens += proposals.tokens
-            proposals = proposals.texts
+            tokens += proposed.tokens
+            proposals = proposed.texts
             problems = [self.task.parse_proposal(text) for text in proposals]
             valid = torch.tensor([p is not None for p in problems], dtype=torch.bool).view(p_t, k)
             anchors = self.task.sample(self.anchors, self.generator) if self.anchors else []
@@ -588,7 +587,7 @@ class SelfPlay(Snapshot):
         """Every rank starts from rank 0's populations, generator, ratings, step and history."""
         self.teachers.sync_from_main_rank_(name="teachers")
         self.students.sync_from_main_rank_(name="students")
-        small = pd.broadcast_object(
+        small: dict[str, Any] = pd.broadcast_object(
             {
                 "generator": self.generator.get_state(),
                 "ratings": self.ratings.state_dict(),

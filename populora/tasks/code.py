@@ -606,15 +606,20 @@ class CodeTask(Task):
         jobs = [Job(program.source, ins) for program, ins in zip(programs, inputs)]
         results: list[RunResult | None] = [None] * n
         for _ in range(_RETRIES):  # a failure is the machine's (every generated program is total)
-            todo = [i for i in range(n) if results[i] is None or not results[i].ok]
+            todo = [i for i, r in enumerate(results) if r is None or not r.ok]
             if not todo:
                 break
             for i, result in zip(todo, self.sandbox.run_many([jobs[i] for i in todo])):
                 results[i] = result
-        bad = [(i, r.status, r.message) for i, r in enumerate(results) if r is None or not r.ok]
+        bad = [
+            (i, "not run", "") if r is None else (i, r.status, r.message)
+            for i, r in enumerate(results)
+            if r is None or not r.ok
+        ]
         if bad:
             raise RuntimeError(f"the sandbox failed on {len(bad)} generated programs, e.g. {bad[0]}: {jobs[bad[0][0]]}")
-        return [self._make(p.source, ins, r.outputs, p.message) for p, ins, r in zip(programs, inputs, results)]
+        done = [r for r in results if r is not None]  # all of them, all ok (checked above)
+        return [self._make(p.source, ins, r.outputs, p.message) for p, ins, r in zip(programs, inputs, done)]
 
     # proposals --------------------------------------------------------------------------------
 

@@ -216,7 +216,7 @@ def _source_lines(text: str) -> list[bytes]:
     return [line.encode() for line in re.split(r"(?<=\n)|(?<=\r)(?!\n)", text)]
 
 
-def _spelling(lines: list[bytes], node: ast.AST) -> str:
+def _spelling(lines: list[bytes], node: ast.Constant) -> str:
     """How ``node`` (a constant, on one line) is written in the source (node offsets count UTF-8 bytes)."""
     lineno, end_lineno = node.lineno, node.end_lineno
     if end_lineno != lineno or node.end_col_offset is None:
@@ -232,6 +232,7 @@ def _bounded(value: Fraction, text: str, max_abs: int) -> Fraction:
 
 def _evaluate(node: ast.AST, text: str, max_abs: int) -> Fraction:
     if isinstance(node, ast.Constant):
+        assert isinstance(node.value, int)  # the walk above admitted int constants only
         return Fraction(node.value)
     if isinstance(node, ast.UnaryOp):
         operand = _evaluate(node.operand, text, max_abs)

@@ -980,6 +980,7 @@ class Sandbox:
                     os.killpg(proc.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
+                assert proc.stdout is not None  # stdout=PIPE
                 proc.stdout.close()
                 _, status, usage = os.wait4(proc.pid, 0)
                 proc.returncode = os.waitstatus_to_exitcode(status)
@@ -1013,6 +1014,7 @@ def _make_netns() -> int:
     except OSError:
         return -1
     fd = -1
+    assert helper.stdout is not None  # stdout=PIPE
     try:
         with selectors.DefaultSelector() as selector:
             selector.register(helper.stdout, selectors.EVENT_READ)
@@ -1039,6 +1041,7 @@ def _collect(proc: subprocess.Popen, wall_s: float, cap: int) -> tuple[bytes, st
     """Read the child's output until EOF and exit (``"done"``), the deadline (``"wall"``) or more than
     ``cap`` bytes (``"output"``)."""
     deadline = time.monotonic() + wall_s
+    assert proc.stdout is not None  # started with stdout=PIPE
     fd = proc.stdout.fileno()
     os.set_blocking(fd, False)
     chunks: list[bytes] = []

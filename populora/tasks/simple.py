@@ -19,6 +19,8 @@ Comparison
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from populora.tasks.base import Problem, Task, randint
@@ -57,7 +59,8 @@ class Sorting(Task):
     @staticmethod
     def check_reply(problem: Problem, reply: str) -> bool:
         values = parse_int_list(reply)
-        return values is not None and tuple(values) == tuple(problem.answer)
+        answer: Any = problem.answer  # a sorting problem's: a sequence of ints
+        return values is not None and tuple(values) == tuple(answer)
 
     def proposal_prompt(self) -> str:
         return (

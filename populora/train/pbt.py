@@ -241,6 +241,7 @@ class PBT(Snapshot):
     def keys(self) -> Tensor:
         """``(P,)`` float64 ranking keys: the ratings' ``mu - 3 sigma``, or the fitness moving averages."""
         if self.ratings is not None:
+            assert self.name is not None  # given with the ratings
             return self.ratings.ordinal(self.name).to(torch.float64)
         if bool(torch.isnan(self.fitness).any()):
             missing = torch.isnan(self.fitness).nonzero().flatten().tolist()
@@ -300,6 +301,7 @@ class PBT(Snapshot):
                 self.lr_multipliers.perturb_(children)
         if self.ratings is not None:
             survivors = torch.tensor(sorted(set(range(pop.pop_size)) - set(children.tolist())), dtype=torch.int64)
+            assert self.name is not None  # given with the ratings
             self.ratings.follow_(self.name, SelectionResult(survivors, children, torch.zeros(0, dtype=torch.int64)))
         self.fitness[children] = self.fitness[parents[:, 0]]  # ranked like the parent until its own fitness
         self.counts[children] = 0
@@ -379,11 +381,11 @@ class PBT(Snapshot):
             if not isinstance(state[key], Sequence) or len(state[key]) != len(mine):
                 got = len(state[key]) if isinstance(state[key], Sequence) else type(state[key]).__name__
                 raise CheckpointError(f"the PBT state holds {got} {key}, this PBT has {len(mine)}")
-        for key, mine in (("lr_multipliers", self.lr_multipliers), ("ratings", self.ratings)):
-            if (state[key] is None) != (mine is None):
+        for key, have in (("lr_multipliers", self.lr_multipliers), ("ratings", self.ratings)):
+            if (state[key] is None) != (have is None):
                 raise CheckpointError(
                     f"the PBT state {'lacks' if state[key] is None else 'has'} {key!r}, this PBT "
-                    f"{'has' if mine is not None else 'has none'}"
+                    f"{'has' if have is not None else 'has none'}"
                 )
         checked = self.population.check_state_dict(state["population"])
         for opt, opt_state in zip(self.optimizers, state["optimizers"]):

@@ -22,7 +22,7 @@ depend on how many rows the others had: one batched step equals ``P`` separate s
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -187,7 +187,9 @@ def _rows(population: Any, prompts: Any, replies: Any, individuals: Any, *, allo
         raise InvalidValueError("`population` was merged or closed: it cannot be used any more")
     p = _token_rows("prompts", prompts, allow_empty=False)
     r = _token_rows("replies", replies, allow_empty=True)
-    ids = check_individuals(individuals, population.pop_size, allow_base=allow_base)
+    # a Population's int (nn.Module's __getattr__ types an attribute as a tensor or a module)
+    pop_size: int = population.pop_size  # type: ignore[assignment]
+    ids = check_individuals(individuals, pop_size, allow_base=allow_base)
     if not len(p) == len(r) == len(ids):
         raise InvalidValueError(
             f"`prompts`, `replies` and `individuals` must have one entry per row, got {len(p)}, {len(r)} and {len(ids)}"
@@ -214,6 +216,7 @@ def _real_rows(name: str, values: Any, n: int, error: type[Exception]) -> Tensor
 
 def _accepts(model: nn.Module) -> dict[str, bool]:
     """Which of the keywords a routed LM forward wants the model's ``forward`` takes."""
+    params: Mapping[str, inspect.Parameter]
     try:
         params = inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
@@ -633,5 +636,5 @@ def policy_gradient_step_(
     else:
         for opt in optimizers:
             opt.step()
-    kl = (kl_sum / tokens.clamp(min=1)) if kl_coef > 0 else None
-    return PolicyGradientStats(float(loss_total), norms.cpu(), tokens.round().to(torch.int64), kl)
+    mean_kl = (kl_sum / tokens.clamp(min=1)) if kl_coef > 0 else None
+    return PolicyGradientStats(float(loss_total), norms.cpu(), tokens.round().to(torch.int64), mean_kl)

@@ -645,6 +645,17 @@ class TestSaveLoad:
         assert all(torch.equal(x, y) for x, y in zip(before, adapters(fresh.proposer) + adapters(fresh.solver)))
         assert fresh.generation == 0 and fresh.proposer.generation == 0
 
+    @pytest.mark.parametrize("entry", [[0, None, 1.0, 0.0], [0, 1.0, None], [0, 1.0, 1.0, "x"]])
+    def test_a_history_entry_without_a_best_or_mean_number_is_refused(self, entry):
+        co = pure_coevolution()
+        co.step()
+        state = co.state_dict()
+        state["history"]["solver"][0] = entry
+        fresh = pure_coevolution()
+        with pytest.raises(CheckpointError, match="history of 'solver' must be a list of"):
+            fresh.load_state_dict(state)
+        assert fresh.generation == 0 and fresh.history == {"proposer": [], "solver": []}
+
     @pytest.mark.parametrize("damage", ["empty", "truncated", "text", "flipped"])
     def test_a_damaged_checkpoint_raises_checkpoint_error_and_changes_nothing(self, tmp_path, damage):
         co = pure_coevolution()

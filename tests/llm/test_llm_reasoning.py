@@ -412,6 +412,13 @@ def test_verifier_step_grouped_uses_the_es_groups():
     assert moved == bool(group_normalize(rewards, es.groups()).abs().sum() > 0)
 
 
+def test_verifier_step_refuses_return_replies_before_a_step():
+    es = _es(tiny_llama(), n=4)
+    with pytest.raises(InvalidValueError, match="return_replies"):
+        verifier_step(es, TOK, PROBLEMS[:2], max_new_tokens=NEW, return_replies=True)
+    assert es.generation == 0
+
+
 def test_es_countdown_example_honours_a_tiny_budget_with_one_step(tmp_path, capsys):
     """--minutes far below what the run takes: still one ES step, and output before the model loads."""
     spec = importlib.util.spec_from_file_location("es_countdown_budget", ROOT / "examples" / "es_countdown.py")

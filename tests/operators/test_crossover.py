@@ -1,4 +1,4 @@
-"""Crossovers: the common contract for every registered one, then each one's semantics (X1-X5)."""
+"""Crossovers: the common contract, then each one's semantics (X1-X4, the paper's; `xes`, our extension)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Mutations: the common contract for every registered one, then each one's semantics (M1-M5)."""
+"""Mutations: the common contract, then each one's semantics (M1-M4, the paper's; `neftune_style`, ours)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from populora.tasks.code import (
     parse_code_proposal,
     reply_program,
 )
-from populora.tasks.sandbox import Job, Limits, Sandbox
+from populora.tasks.sandbox import Job, Limits, RunResult, Sandbox
 
 LIMITS = Limits(cpu_s=0.5, wall_s=5.0, memory_bytes=128 * 2**20)
 FENCE = "```"
@@ -370,3 +370,25 @@ def test_bad_arguments():
         CodeOutput().parse_proposal(None)
     with pytest.raises(InvalidValueError, match="replies"):
         check_code_replies([], ["x"])
+
+
+class _FailingSandbox:
+    """A sandbox double: every run fails as a broken machine would, or (``drop``) returns no result at all."""
+
+    def __init__(self, drop: bool):
+        self.drop, self.calls = drop, 0
+
+    def run_many(self, jobs):
+        self.calls += 1
+        return [] if self.drop else [RunResult("error", message="machine fault") for _ in jobs]
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_sample_names_programs_the_sandbox_failed_on(drop):
+    """After its retries, sample() raises a RuntimeError naming a failed program, also when the sandbox
+    returned no result for it (not an AttributeError on the missing result)."""
+    task = CodeOutput(1, limits=LIMITS)
+    task.sandbox = _FailingSandbox(drop)
+    with pytest.raises(RuntimeError, match=r"the sandbox failed on 2 generated programs, e\.g\. \(0, '"):
+        task.sample(2, gen(0))
+    assert task.sandbox.calls >= 2  # retried
