@@ -22,9 +22,10 @@ Each task runs its best measured configuration by default (``--algorithm``
 picks another), which is the task's preset
 (``populora.interact.presets.preset(task)``, the settings a user finds in
 the docs; ``--algorithm preset`` names it for every task): the GA for
-CartPole; for LunarLander the GA with training and validation episodes cut
-at 500 steps (the fresh episodes play the full 1000); for Pendulum EggRoll
-ES with ClipUp, every member of a generation on the same start state; for
+CartPole; for LunarLander the GA (2 episodes an individual, horizon 1000,
+stopping at a confirmed validated 200); for Pendulum EggRoll ES with ClipUp
+(64 members, each antithetic pair on its own start state, 30 validation
+episodes, stopping at a confirmed validated -200); for
 LunarLanderContinuous EggRoll ES with ClipUp (``populora.optim.ClipUp``) on
 a zero-started linear policy, 128 members, rank-2 noise of scale 0.1, ClipUp
 step 0.03 (max speed 0.06), centred ranks, normalised observations (its
@@ -296,6 +297,24 @@ def _write(path: Path, command: str, rows: list[dict[str, Any]]) -> None:
     tmp.replace(path)
 
 
+HEADER = (
+    "| task | algorithm | seed | env-step budget | fresh score (episodes) | target | best validated "
+    "| first validated >= target at (env steps) | generations | env steps | wall s |\n"
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+)
+
+
+def _row(r: dict[str, Any]) -> str:
+    """One run as a row of :data:`HEADER`."""
+    budget = "-" if r["budget"] is None else f"{r['budget']:,}"
+    first = r.get("first_validated_at_target")
+    return (
+        f"| {r['task']} | {r['algorithm']} | {r['seed']} | {budget} | {r['score']:.1f} ({r['episodes']}) "
+        f"| {r['target']:g} | {r['validated']:.1f} | {'-' if first is None else f'{first:,}'} | {r['generations']} "
+        f"| {r['steps']:,} | {r['wall']:.0f} |"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--task", choices=sorted(tasks()), default="cartpole")
@@ -310,7 +329,21 @@ def main() -> None:
     parser.add_argument("--budget-seconds", type=float, default=900.0, help="total wall time of all seeds")
     parser.add_argument("--json", type=Path, default=None, help="also write the runs and their histories here")
     parser.add_argument("--checkpoints", type=Path, default=None, help="checkpoint every run here (resumable)")
+    parser.add_argument(
+        "--table",
+        action="store_true",
+        help="print the rows of the runs already in --json (nothing is run): the results page's table",
+    )
     args = parser.parse_args()
+    if args.table:
+        if args.json is None or not args.json.exists():
+            raise SystemExit(f"--table reads the runs of --json PATH; got {args.json}")
+        report = json.loads(args.json.read_text())
+        print(f"`{report['command']}` (populora {report['populora']}, commit `{report['commit']}`)\n")
+        print(HEADER)
+        for r in sorted(report["runs"], key=lambda r: (r["task"], r.get("config", ""), r["seed"])):
+            print(_row(r))
+        return
     torch.set_num_threads(1)
     deadline = time.perf_counter() + args.budget_seconds
     rows: list[dict[str, Any]] = []
@@ -318,11 +351,7 @@ def main() -> None:
     if args.json is not None and args.json.exists():  # continue: keep the runs already written
         done = json.loads(args.json.read_text())["runs"]
     command = "python benchmarks/envs.py " + " ".join(sys.argv[1:])
-    print(
-        "| task | algorithm | seed | env-step budget | fresh score (episodes) | target | best validated "
-        "| generations | env steps | wall s |"
-    )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(HEADER)
     for seed in args.seed:
         kept = [
             r
@@ -334,12 +363,7 @@ def main() -> None:
         rows.append(r)
         if args.json is not None:
             _write(args.json, command, [*[d for d in done if d not in rows], *rows])
-        budget = "-" if r["budget"] is None else f"{r['budget']:,}"
-        print(
-            f"| {r['task']} | {r['algorithm']} | {r['seed']} | {budget} | {r['score']:.1f} ({r['episodes']}) "
-            f"| {r['target']:g} | {r['validated']:.1f} | {r['generations']} | {r['steps']:,} | {r['wall']:.0f} |",
-            flush=True,
-        )
+        print(_row(r), flush=True)
     met = sum(r["score"] >= r["target"] for r in rows)
     print(f"\n{met}/{len(rows)} seeds reach the target")
 

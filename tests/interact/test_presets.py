@@ -108,3 +108,35 @@ def test_a_preset_runs_as_documented():
     with interact_with_env(p.env, num_envs=2) as interactor:
         returns = interactor.play(policy, num_episodes=2, horizon=20, **p.play)
     assert len(history) == 1 and bool(((returns >= 1) & (returns <= 20)).all())
+
+
+def test_the_environment_task_presets_hold_their_documented_settings():
+    """The settings docs/guides/environments.md lists for the three-seed tasks (issue 25, item 6)."""
+    lander = preset("LunarLander-v3")
+    kw = lander.kwargs
+    assert (kw["pop_size"], kw["low_rank"], kw["horizon"]) == (64, 4, 1000)
+    assert isinstance(kw["algorithm"], GA) and kw["episodes"] == Episodes(num_episodes=2)
+    assert kw["env_options"] == EnvOptions(num_envs=16, normalize_obs=True)
+    assert kw["target_fitness"] == lander.target == 200.0
+    assert kw["budget"].max_env_steps <= 2_000_000 and lander.play == {"horizon": 1000}
+
+    continuous = preset("LunarLanderContinuous-v3")
+    kw = continuous.kwargs
+    assert (kw["pop_size"], kw["low_rank"], kw["horizon"]) == (128, 2, 1000)
+    assert kw["algorithm"] == ES(sigma=0.1, optimizer="clipup", lr=0.03)
+    assert kw["budget"].max_env_steps <= 2_000_000 and continuous.target == 200.0
+    model = continuous.model()  # zero-started linear policy: 8 observations -> 2 Box actions
+    assert [tuple(p.shape) for p in model.parameters()] == [(2, 8), (2,)]
+    assert all(bool((p == 0).all()) for p in model.parameters())
+
+    pendulum = preset("Pendulum-v1")
+    kw = pendulum.kwargs
+    assert kw["horizon"] == 200 and kw["env_options"].normalize_obs and kw["env_options"].to_range == (-2.0, 2.0)
+    assert (kw["pop_size"], kw["low_rank"]) == (64, 2)
+    assert kw["algorithm"] == ES(sigma=0.5, optimizer="clipup", lr=0.3)
+    # each antithetic pair its own start state (the ES's 'independent'), judged on 30 validation episodes
+    assert kw["episodes"] == Episodes(num_episodes=1, seeding="independent")
+    assert kw["validation"] == Validation(episodes=30, top=1)
+    assert kw["target_fitness"] == pendulum.target == -200.0 and kw["budget"].max_env_steps <= 5_000_000
+    out = pendulum.model()(torch.zeros(5, 3))  # Tanh output, scaled to the torque range by to_range
+    assert out.shape == (5, 1) and bool((out.abs() < 1).all())
