@@ -30,6 +30,7 @@ events (the torch profiler on CPU, the CUDA allocator's peak on GPU), not RSS.
     python benchmarks/forward.py --memory        # only the peak-memory-vs-r table
     python benchmarks/forward.py --device cuda   # bf16, CUDA events, d = 4096
     python benchmarks/forward.py --compile --quick --no-loop   # + torch.compile'd pure / all / ids
+    python benchmarks/forward.py --device cuda --pops 8 64 256 --ranks 4 16 --transformer-pops   # a chosen grid
 
 With ``--compile`` (opt-in: compiling each point takes tens of seconds on a
 CPU) every point also times ``torch.compile(model)`` (``pure_c``) and
@@ -41,6 +42,7 @@ compiled ratios to eager ``pure``. The compile itself is not timed.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import re
@@ -299,6 +301,42 @@ def ratio(blocks: dict[str, list[float]], a: str, b: str) -> float:
     return statistics.median(x / y for x, y in zip(blocks[a], blocks[b]))
 
 
+def compare(before: str, after: str) -> None:
+    """Two runs' ``--json`` side by side (made at the same time, one process each): per point each run's
+    ratios to its own ``pure`` and the paired ratio after / before; then the summary figures of each."""
+    runs = [{row["point"]: row for row in json.loads(Path(f).read_text())["rows"]} for f in (before, after)]
+    labels = [label for label in runs[1] if label in runs[0]]
+    geo = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))
+    print(f"before: {before}\nafter:  {after}")
+    print(
+        "| point | n | pure ms (before / after) | all / pure, before | after | after / before "
+        "| ids / pure, before | after | after / before |"
+    )
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for label in labels:
+        a, b = runs[0][label], runs[1][label]
+        print(
+            f"| {label}{'' if b['judged'] else ' *'} | {b['n']} | {a['t_pure'] * 1e3:.3g} / {b['t_pure'] * 1e3:.3g} "
+            f"| {a['r_all']:.3f} | {b['r_all']:.3f} | {b['r_all'] / a['r_all']:.3f} "
+            f"| {a['r_ids']:.3f} | {b['r_ids']:.3f} | {b['r_ids'] / a['r_ids']:.3f} |"
+        )
+    print("\n| measure | before | after | paired after / before (geometric mean) |")
+    print("| --- | ---: | ---: | ---: |")
+    judged = [label for label in labels if runs[1][label]["judged"]]
+    for what, chosen, key in (
+        ("geometric mean of all / pure, judged points", judged, "r_all"),
+        ("geometric mean of all / pure, whole grid", labels, "r_all"),
+        ("geometric mean of ids / pure, judged points", judged, "r_ids"),
+        ("geometric mean of ids / all, whole grid", labels, "r_ids_all"),
+    ):
+        vals = [[run[label][key] for label in chosen] for run in runs]
+        paired = geo([y / x for x, y in zip(*vals)])
+        print(f"| {what} | {geo(vals[0]):.3f} | {geo(vals[1]):.3f} | {paired:.3f} |")
+    for run, name in zip(runs, ("before", "after")):
+        worst = max(judged, key=lambda label: run[label]["r_all"])
+        print(f"| worst judged all / pure, {name} | {worst} | {run[worst]['r_all']:.3f} | |")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -311,7 +349,27 @@ def main():
     parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend (with --compile)")
     parser.add_argument("--match", default="", help="only the points whose label matches this regex")
     parser.add_argument("--skip-memory", action="store_true", help="skip the peak-memory-vs-r table")
+    parser.add_argument("--json", default=None, help="also write every point's figures here (rewritten per point)")
+    parser.add_argument(
+        "--resume", action="store_true", help="with --json: keep the points that file holds, measure the others"
+    )
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("BEFORE", "AFTER"),
+        help="print the two --json files of runs made side by side, point by point, and exit",
+    )
+    parser.add_argument("--dims", type=int, nargs="+", help="MLP widths d (default: 256 1024; 4096 on CUDA)")
+    parser.add_argument("--ranks", type=int, nargs="+", help="adapter ranks (default: 1 4 16)")
+    parser.add_argument("--pops", type=int, nargs="+", help="population sizes P of the MLP points (default: 16 256)")
+    parser.add_argument("--rows", type=int, nargs="+", help="rows b per individual (default: 1 16)")
+    parser.add_argument(
+        "--transformer-pops", type=int, nargs="*", help="P of the transformer points (default: 8 64; none: skip)"
+    )
     args = parser.parse_args()
+    if args.compare:
+        compare(*args.compare)
+        return
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -326,6 +384,8 @@ def main():
     ranks, pops, bs = [1, 4, 16], [16, 256], [1, 16]
     if args.quick:
         dims, ranks, pops, bs = dims[:1], [4], [16, 256], [1, 16]
+    dims, ranks = args.dims or dims, args.ranks or ranks
+    pops, bs = args.pops or pops, args.rows or bs
     for d in dims:
         for r in ranks:
             for P in pops:
@@ -343,7 +403,8 @@ def main():
                         )
                     )
     tdim = 1024 if device.type == "cuda" else 256
-    for P in [8] if args.quick else [8, 64]:
+    tpops = [8] if args.quick else [8, 64]
+    for P in tpops if args.transformer_pops is None else args.transformer_pops:
         judged = P * 4 * (2 * tdim) <= tdim * tdim
         points.append(
             (
@@ -366,7 +427,14 @@ def main():
     print(header)
     print("-" * len(header))
     rows = []
+    done = {}
+    if args.resume and args.json and Path(args.json).exists():
+        done = {row["point"]: row for row in json.loads(Path(args.json).read_text())["rows"]}
     for label, make_model, make_input, P, r, b, judged in points:
+        if label in done:  # measured by an earlier, stopped run
+            rows.append(done[label])
+            print(f"{label + ('' if judged else ' *'):<42} (kept from {args.json})", flush=True)
+            continue
         row = bench_point(
             label,
             make_model,
@@ -383,6 +451,8 @@ def main():
             compile=args.compile_backend if args.compile else None,
         )
         rows.append(row)
+        if args.json:  # rewritten after every point: a stopped run keeps what it measured
+            Path(args.json).write_text(json.dumps({"device": str(device), "torch": torch.__version__, "rows": rows}))
         loop = f"{row['r_loop']:10.2f}" if "r_loop" in row else f"{'-':>10}"
         mark = "" if judged else " *"
         print(

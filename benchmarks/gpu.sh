@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
-# The GPU figures of issue 15 in one run: routed forward vs pure inference at d = 4096 (bf16) and one ES
-# step vs plain inference, then ONE summary table on stdout.
+# The GPU figures of issues 15 and 24 in one run, then ONE summary table on stdout:
+#   - routed forward vs pure inference at d = 4096, bf16, r = 1 / 4 / 16, P = 8 / 64 / 256 (and the
+#     transformer points), per P: target <= 1.10, lock-step (all_individuals) P >= 64 within 1.11;
+#   - the overhead when no row has an adapter (routing off; every row BASE): target <= 1.02;
+#   - one decode step with many individuals: the GEMM operators per target beyond the plain step, counted
+#     with the torch profiler at P = 4 / 16 / 64 (never one product per individual);
+#   - routed generation tokens/s vs plain batched generation, a random 0.5B Llama built by transformers,
+#     P = 4 / 16 / 64;
+#   - one training step of P individuals vs one LoRA over the same rows;
+#   - one ES step vs plain inference (+ the same loss), and vs EvoX (below).
+# Every figure is a ratio of two things measured in the same process.
 #
-#   bash benchmarks/gpu.sh               # one CUDA GPU; finishes in well under 6 minutes on an H200
+#   bash benchmarks/gpu.sh               # one CUDA GPU; the whole run is bounded by GPU_BUDGET (330 s)
 #   bash benchmarks/gpu.sh --cpu-smoke   # the same script path on CPU, tiny sizes (POPULORA_GPU_SMOKE=1 too)
 #
-# It needs only torch and populora's own dependencies and installs nothing. It runs
-#   benchmarks/forward.py --device cuda --min-time 0.1            (bf16; its grid at d = 4096; the CPU smoke
-#                                                                  run takes its d = 256 points with P = 16)
+# It needs only torch, transformers (the Llama checks; without it they are noted as failed) and populora's
+# own dependencies, and installs nothing. It runs, each under its own time limit (and within the budget),
+#   benchmarks/forward.py --device cuda --min-time 0.1 --pops 8 64 256 --no-loop --json forward.json
+#   benchmarks/gpu_checks.py --device cuda --json checks.json
 #   benchmarks/es.py --device cuda --pops 512,2048 --repeats 2 --min-time 0.5 \
 #       --methods plain,plain_loss,ours,ours_unshared,ours_pm --json es.json    (float32, as the CPU table)
-# each under its own time limit, keeps their full output in the output folder ($GPU_BENCH_OUT, else
-# $OUT, else outputs/gpu/ in the repository: forward.log, es.log, es.json, summary.md), and prints the
-# summary: geometric mean and worst of `all / pure` over the judged points (adapters smaller than the
-# base weights) at the largest d measured, `ids / all`, each transformer point, and the ES step's
-# throughput relative to plain inference alone and to plain inference plus the same loss.
-# Progress goes to stderr; the exit status is 0 when both benchmarks ran and their tables were read.
+# keeps their full output in the output folder ($GPU_BENCH_OUT, else $OUT, else outputs/gpu/ in the
+# repository: forward.log, checks.log, es.log, their JSON files, summary.md), and prints the summary.
+# Progress goes to stderr; the exit status is 0 when every stage ran and its figures were read.
 #
 # EvoX side by side (issue 24; EvoX is never a dependency, only a black box): with EVOX_WHEELS naming a
 # folder that holds EvoX's wheel, prepared where PyPI is reachable (the GPU machine has no network) with
@@ -30,7 +37,9 @@
 # it) it says why it skipped EvoX, and that changes neither the table nor the exit status.
 #
 # Environment: PYTHON (interpreter; default the repository's .venv, else python3), GPU_BENCH_OUT,
-# FORWARD_TIMEOUT / ES_TIMEOUT / EVOX_TIMEOUT (seconds; defaults 180 / 150 / 150 on CUDA), EVOX_WHEELS.
+# GPU_BUDGET (seconds for the whole run, default 330 on CUDA), FORWARD_TIMEOUT / CHECKS_TIMEOUT /
+# ES_TIMEOUT / EVOX_TIMEOUT (seconds per stage; defaults 120 / 150 / 100 / 90 on CUDA, each cut to what
+# is left of the budget), EVOX_WHEELS.
 
 set -u
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -58,19 +67,25 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 if [ "$SMOKE" = "1" ]; then
   DEVICE=cpu
   FORWARD_ARGS=(--device cpu --quick --no-loop --min-time 0.01 --skip-memory --match "P=16 |transformer")
+  CHECKS_ARGS=(--smoke --min-time 0.005 --repeats 1)
   ES_ARGS=(--device cpu --pops 4 --repeats 1 --min-time 0.01 --methods plain,plain_loss,ours,ours_unshared,ours_pm --in-process)
   EVOX_ARGS=(--device cpu --pops 4 --repeats 1 --min-time 0.01 --methods ours,evox --in-process)
+  BUDGET="${GPU_BUDGET:-900}"
   FORWARD_TIMEOUT="${FORWARD_TIMEOUT:-300}"
+  CHECKS_TIMEOUT="${CHECKS_TIMEOUT:-300}"
   ES_TIMEOUT="${ES_TIMEOUT:-120}"
   EVOX_TIMEOUT="${EVOX_TIMEOUT:-120}"
 else
   DEVICE=cuda
-  FORWARD_ARGS=(--device cuda --min-time 0.1)
+  FORWARD_ARGS=(--device cuda --min-time 0.1 --pops 8 64 256 --no-loop)
+  CHECKS_ARGS=(--device cuda)
   ES_ARGS=(--device cuda --pops 512,2048 --repeats 2 --min-time 0.5 --methods plain,plain_loss,ours,ours_unshared,ours_pm)
   EVOX_ARGS=(--device cuda --pops 512,2048 --repeats 2 --min-time 0.5 --methods ours,evox)
-  FORWARD_TIMEOUT="${FORWARD_TIMEOUT:-180}"
-  ES_TIMEOUT="${ES_TIMEOUT:-150}"
-  EVOX_TIMEOUT="${EVOX_TIMEOUT:-150}"
+  BUDGET="${GPU_BUDGET:-330}"
+  FORWARD_TIMEOUT="${FORWARD_TIMEOUT:-120}"
+  CHECKS_TIMEOUT="${CHECKS_TIMEOUT:-150}"
+  ES_TIMEOUT="${ES_TIMEOUT:-100}"
+  EVOX_TIMEOUT="${EVOX_TIMEOUT:-90}"
 fi
 
 # what runs where (and, on CUDA, that there is a GPU at all)
@@ -93,16 +108,24 @@ echo "gpu.sh: $(cat "$OUTDIR/env.txt"); logs in $OUTDIR" >&2
 run() {  # run NAME TIMEOUT CMD...: the command's output to NAME.log; its exit status in NAME.rc
   local name="$1" limit="$2"
   shift 2
+  local left=$((BUDGET - SECONDS - 15))  # (15 s kept for the summary)
+  if [ "$left" -lt "$limit" ]; then limit=$left; fi
+  if [ "$limit" -lt 5 ]; then
+    echo "124" >"$OUTDIR/$name.rc"
+    echo "gpu.sh: $name: skipped, the budget of $BUDGET s is spent" | tee "$OUTDIR/$name.log" >&2
+    return
+  fi
   local begin=$SECONDS
-  echo "gpu.sh: $name: $*" >&2
+  echo "gpu.sh: $name (limit $limit s): $*" >&2
   timeout --kill-after=10 "$limit" "$@" >"$OUTDIR/$name.log" 2>&1
   local rc=$?
   echo "$rc" >"$OUTDIR/$name.rc"
   echo "gpu.sh: $name: exit $rc after $((SECONDS - begin)) s" >&2
 }
 
-rm -f "$OUTDIR/es.json" "$OUTDIR/evox.json" "$OUTDIR/evox.rc"
-run forward "$FORWARD_TIMEOUT" "$PY" -u benchmarks/forward.py "${FORWARD_ARGS[@]}"
+rm -f "$OUTDIR/es.json" "$OUTDIR/evox.json" "$OUTDIR/evox.rc" "$OUTDIR/forward.json" "$OUTDIR/checks.json"
+run forward "$FORWARD_TIMEOUT" "$PY" -u benchmarks/forward.py "${FORWARD_ARGS[@]}" --json "$OUTDIR/forward.json"
+run checks "$CHECKS_TIMEOUT" "$PY" -u benchmarks/gpu_checks.py "${CHECKS_ARGS[@]}" --json "$OUTDIR/checks.json"
 run es "$ES_TIMEOUT" "$PY" -u benchmarks/es.py "${ES_ARGS[@]}" --json "$OUTDIR/es.json"
 
 # EvoX side by side, from the wheels in EVOX_WHEELS (see the top): installed outside the repository
@@ -137,8 +160,10 @@ fi
 [ -z "$EVOX_SKIP" ] || echo "gpu.sh: evox: skipped ($EVOX_SKIP)" >&2
 
 "$PY" - "$OUTDIR" "$FORWARD_TIMEOUT" "$ES_TIMEOUT" "python benchmarks/forward.py $(printf '%q ' "${FORWARD_ARGS[@]}")" \
-  "python benchmarks/es.py $(printf '%q ' "${ES_ARGS[@]}")" "$EVOX_CMD" "$EVOX_SKIP" <<'PY'
-"""Read forward.log, es.json and evox.json; print the one summary table (also written to summary.md)."""
+  "python benchmarks/es.py $(printf '%q ' "${ES_ARGS[@]}")" "$EVOX_CMD" "$EVOX_SKIP" "$CHECKS_TIMEOUT" \
+  "python benchmarks/gpu_checks.py $(printf '%q ' "${CHECKS_ARGS[@]}")" "$SECONDS" <<'PY'
+"""Read forward.log, checks.json, es.json and evox.json; print the one summary table (also written to
+summary.md)."""
 import json
 import math
 import re
@@ -148,7 +173,8 @@ from pathlib import Path
 out, fwd_limit, es_limit = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 fwd_cmd, es_cmd = sys.argv[4].strip(), sys.argv[5].strip()
 evox_cmd, evox_skip = sys.argv[6].strip(), sys.argv[7]
-rc = {name: (out / f"{name}.rc").read_text().strip() for name in ("forward", "es")}
+checks_limit, checks_cmd, elapsed = sys.argv[8], sys.argv[9].strip(), sys.argv[10]
+rc = {name: (out / f"{name}.rc").read_text().strip() for name in ("forward", "checks", "es")}
 notes, rows = [], []
 POINT = re.compile(r"^(?P<label>(?:mlp|transformer) .*?)(?P<star> \*)?\s+(?P<n>\d+)\s+(?P<pure>[\d.]+)\s+"
                    r"(?P<all>[\d.]+)\s+(?P<ids>[\d.]+)\s+(?P<ids_all>[\d.]+)\s")
@@ -198,6 +224,20 @@ for p in points:
     if p["kind"] == "transformer":
         rows.append(("forward all / pure, transformer", p["label"] + ("" if p["judged"] else " *"), fmt(p["all"]),
                      "reported"))
+for P in sorted({int(re.search(r"\bP=(\d+)", p["label"])[1]) for p in at_d}):
+    at_p = [p for p in at_d if re.search(rf"\bP={P}\b", p["label"])]
+    rows.append((f"forward all / pure, geometric mean at P={P}", f"{where}, r = 1 / 4 / 16 ({len(at_p)} points)",
+                 fmt(geo([p["all"] for p in at_p])), "<= 1.11 (lock-step)" if P >= 64 else "<= 1.10"))
+
+# ---- the checks of gpu_checks.py: no-adapter overhead, decode kernels, generation, training step
+stage_note("checks", checks_limit)
+if (out / "checks.json").exists():
+    report = json.loads((out / "checks.json").read_text())
+    for row in report["rows"]:
+        rows.append((f"{row['check']}: {row['what']}", row["point"], fmt(row["value"]), row["target"]))
+    notes += [f"checks: {name} could not run: {why}" for name, why in report["failures"].items()]
+else:
+    notes.append(f"no check results ({out / 'checks.json'} missing)")
 
 # ---- ES step
 stage_note("es", es_limit)
@@ -238,7 +278,8 @@ elif evox_cmd:
     evox_lines += [f"evox: {what} failed: {error}" for what, error in report.get("failures", {}).items()]
 
 lines = [f"device: {(out / 'env.txt').read_text().strip()}",
-         f"commands: {fwd_cmd}; {es_cmd}" + (f"; {evox_cmd}" if evox_cmd else ""), "",
+         f"commands: {fwd_cmd}; {checks_cmd}; {es_cmd}" + (f"; {evox_cmd}" if evox_cmd else ""),
+         f"whole run: {elapsed} s", "",
          "| measure | point | value | target |", "| --- | --- | ---: | --- |"]
 lines += [f"| {a} | {b} | {c} | {t} |" for a, b, c, t in rows]
 lines += [""] + evox_lines + [f"note: {n}" for n in notes]

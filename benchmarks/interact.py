@@ -17,9 +17,11 @@ Both sides run a gymnasium ``SyncVectorEnv`` of CartPole-v1, single-threaded:
 
 Columns: ``ratio`` = evaluate's env steps/s over the baseline's (targets,
 generation 0: >= 75% at 64 slots, >= 55% at 256); ``routed forward`` = share
-of evaluate's time spent in ``population(obs, individuals=ids)`` (measured in
-the untimed run that records the playing counts); ``utilisation`` = share of slot-timesteps inside an episode (low when
-the longest episodes leave most slots without work); ``timesteps`` = routed
+of evaluate's time spent in the policy's forward with its routed layers (the
+loop runs it in a route block of the playing slots' assignment, kept until an
+episode ends; measured in the untimed run that records the playing counts);
+``utilisation`` = share of slot-timesteps inside an episode (low when the
+longest episodes leave most slots without work); ``timesteps`` = routed
 forwards of the evaluation (at least the longest episode: a 500-step episode
 takes 500 timesteps however many slots are free); ``us / timestep`` = wall
 time per timestep, the floor set by the routed forward and the loop when
@@ -30,6 +32,12 @@ differently, episodes of 10 to 500 steps, so the longest episodes make a
 tail) and "near a controller" (adapters of scale 0.3 around a hand-set
 balancing controller: long episodes, as after a few generations of
 evolution).
+
+``unrouted policy``: the same evaluation with the plain model (an unwrapped copy of the base) standing
+in for every individual; both sides step the actions the routed evaluation chose (recorded in the untimed
+run), so they play exactly the same episodes, timestep by timestep, and differ only in the forward
+(``population(obs, individuals=ids)`` or ``model(obs)``). ``evaluate / unrouted``: the best runs' ratio
+and the median of the per-repeat ratios (target: 1.15).
 
 ``critical path``: at generation 0 with 256 slots one long episode plays
 alone for ~460 timesteps, so no loop can reach the random-action throughput.
@@ -66,7 +74,11 @@ core). Needs ``dm_control`` (``MUJOCO_GL=disable`` silences its renderer).
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import statistics
 import time
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -125,20 +137,25 @@ def step_costs(num: int) -> dict[int, float]:
     return {n: n / baseline(n, max(20, 2560 // n)) for n in sizes}
 
 
-def playing_counts(num: int, pop_size: int, episodes: int, which: str) -> tuple[np.ndarray, float]:
-    """``(T,)`` slots playing at each timestep of the evaluation :func:`evaluate` times, and the share of its
-    time spent in the routed forwards (an instrumented rerun, not timed itself)."""
+def playing_counts(num: int, pop_size: int, episodes: int, which: str) -> tuple[np.ndarray, float, list]:
+    """``(T,)`` slots playing at each timestep of the evaluation :func:`evaluate` times, the share of its
+    time spent in the policy's forwards (the model's forward with its routed layers, as the loop calls it; an
+    instrumented rerun, not timed itself), and the actions of each timestep (replayed by :func:`evaluate`, so
+    that the unrouted policy plays the same episodes)."""
     make_model, init_scale = POPULATIONS[which]
     interactor = interact_with_env(vector_env(num))
     population = interactor.population(make_model(), pop_size=pop_size, low_rank=4, seed=0, init_scale=init_scale)
     interactor.evaluate(population, horizon=5)
     counts: list[int] = []
+    actions: list = []
     in_forward = [0.0]
-    step, forward = interactor._slots.step, population.forward
+    step, model = interactor._slots.step, population.model
+    forward = model.forward
 
-    def counting(actions, slots):
+    def counting(acts, slots):
         counts.append(len(slots))
-        return step(actions, slots)
+        actions.append(acts)
+        return step(acts, slots)
 
     def timed(*args, **kwargs):
         start = CLOCK()
@@ -146,10 +163,11 @@ def playing_counts(num: int, pop_size: int, episodes: int, which: str) -> tuple[
         in_forward[0] += CLOCK() - start
         return out
 
-    interactor._slots.step, population.forward = counting, timed
+    interactor._slots.step, model.forward = counting, timed
     start = CLOCK()
     interactor.evaluate(population, horizon=500, num_episodes=episodes)
-    return np.asarray(counts, dtype=np.float64), in_forward[0] / (CLOCK() - start)
+    interactor.close()
+    return np.asarray(counts, dtype=np.float64), in_forward[0] / (CLOCK() - start), actions
 
 
 def critical_path(counts: np.ndarray, costs: dict[int, float]) -> float:
@@ -158,20 +176,41 @@ def critical_path(counts: np.ndarray, costs: dict[int, float]) -> float:
     return float(np.interp(counts, sizes, [costs[int(n)] for n in sizes]).sum())
 
 
-def evaluate(num: int, pop_size: int, episodes: int, which: str, vector_path: bool = False) -> tuple[float, ...]:
-    """(env steps per second, slot utilisation, timesteps, mean fitness) of one ``evaluate`` call."""
+def evaluate(
+    num: int,
+    pop_size: int,
+    episodes: int,
+    which: str,
+    vector_path: bool = False,
+    replay: list | None = None,
+    unrouted: bool = False,
+) -> tuple[float, ...]:
+    """(env steps per second, slot utilisation, timesteps, mean fitness, seconds) of one ``evaluate`` call.
+
+    ``replay``: the actions of each timestep (:func:`playing_counts`) are the ones stepped, whatever the
+    policy computed (it computes them all the same), so that two policies play the same episodes.
+    ``unrouted``: the plain model (an unwrapped copy) stands in for every individual: the same loop, each
+    timestep's forward ``model(obs)`` instead of ``population(obs, individuals=ids)``.
+    """
     make_model, init_scale = POPULATIONS[which]
     env = vector_env(num)
     interactor = interact_with_env(gym.vector.VectorWrapper(env) if vector_path else env)
     population = interactor.population(make_model(), pop_size=pop_size, low_rank=4, seed=0, init_scale=init_scale)
+    if unrouted:
+        plain = make_model()
+        population.forward = lambda *args, **routing: plain(*args)
     interactor.evaluate(population, horizon=5)  # warm up
+    if replay is not None:
+        step, timestep = interactor._slots.step, iter(replay)
+        interactor._slots.step = lambda actions, slots: step(next(timestep), slots)
     before = dict(interactor.counters)
     start = CLOCK()
     fitness = interactor.evaluate(population, horizon=500, num_episodes=episodes)
     seconds = CLOCK() - start
     steps = interactor.counters["env_steps"] - before["env_steps"]
     timesteps = interactor.counters["timesteps"] - before["timesteps"]
-    return steps / seconds, steps / (timesteps * num), timesteps, fitness.mean().item()
+    interactor.close()
+    return steps / seconds, steps / (timesteps * num), timesteps, fitness.mean().item(), seconds
 
 
 def compiled_policy(repeats: int) -> None:
@@ -265,6 +304,7 @@ def main() -> None:
         help="time with the process's CPU time (a loaded machine) instead of the wall clock",
     )
     parser.add_argument("--no-vector-path", action="store_true", help="skip the vector-path column")
+    parser.add_argument("--json", default=None, help="also write the rows here (rewritten after each row)")
     parser.add_argument(
         "--compile",
         action="store_true",
@@ -285,17 +325,19 @@ def main() -> None:
     rows = []
     for num, pop_size, episodes in ((64, 64, 4), (256, 256, 2)):
         for which in POPULATIONS:
-            counts, share = playing_counts(num, pop_size, episodes, which)
-            bases, runs, vector, costs = [], [], [], {}
+            counts, share, actions = playing_counts(num, pop_size, episodes, which)
+            bases, runs, plain, vector, costs = [], [], [], [], {}
             for _ in range(repeats):  # interleaved, so every side meets the same load
                 bases.append(baseline(num, 12800 // num))
-                runs.append(evaluate(num, pop_size, episodes, which))
+                runs.append(evaluate(num, pop_size, episodes, which, replay=actions))
+                plain.append(evaluate(num, pop_size, episodes, which, replay=actions, unrouted=True)[-1])
                 if not args.no_vector_path:
                     vector.append(evaluate(num, pop_size, episodes, which, vector_path=True)[0])
                 for n, cost in step_costs(num).items():
                     costs[n] = min(cost, costs.get(n, cost))
-            rate, util, timesteps, fit = max(runs)
+            rate, util, timesteps, fit, _ = max(runs)
             bound = critical_path(counts, costs)
+            paired = statistics.median(run[-1] / p for run, p in zip(runs, plain))  # same repeat, same load
             rows.append(
                 (
                     num,
@@ -309,8 +351,30 @@ def main() -> None:
                     timesteps,
                     bound,
                     share,
+                    min(plain),
+                    paired,
                 )
             )
+            if args.json:  # a stopped run keeps the rows it measured
+                keys = "slots work population fitness baseline_steps_s evaluate_steps_s vector_steps_s utilisation"
+                keys += " timesteps critical_path_s forward_share unrouted_s evaluate_over_unrouted_paired"
+                table = [dict(zip(keys.split(), row)) for row in rows]
+                for row in table:
+                    row["evaluate_s"] = row["utilisation"] * row["timesteps"] * row["slots"] / row["evaluate_steps_s"]
+                    row["evaluate_over_unrouted_best"] = row["evaluate_s"] / row["unrouted_s"]
+                    row["critical_path_over_evaluate"] = row["critical_path_s"] / row["evaluate_s"]
+                Path(args.json).write_text(
+                    json.dumps(
+                        dict(
+                            torch=torch.__version__,
+                            clock="cpu" if args.cpu_time else "wall",
+                            repeats=repeats,
+                            load=os.getloadavg(),
+                            rows=table,
+                        ),
+                        indent=1,
+                    )
+                )
     print(
         f"CartPole-v1, SyncVectorEnv + env-ssl-wrapper, torch {torch.__version__}, "
         f"{torch.get_num_threads()} thread, best of {repeats}, {'CPU' if args.cpu_time else 'wall'} time"
@@ -318,16 +382,19 @@ def main() -> None:
     print(
         "| slots | individuals x episodes | population (mean return) | wrapped env, random actions (steps/s) "
         "| evaluate (steps/s) | ratio | critical path (ms) | evaluate (ms) | ratio to critical path "
-        "| routed forward (share of evaluate) | vector path (steps/s) | utilisation | timesteps | us / timestep |"
+        "| routed forward (share of evaluate) | unrouted policy (ms) | evaluate / unrouted (best; paired) "
+        "| vector path (steps/s) | utilisation | timesteps | us / timestep |"
     )
-    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for num, work, which, fit, base, rate, vec, util, timesteps, bound, share in rows:
+    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for num, work, which, fit, base, rate, vec, util, timesteps, bound, share, unrouted, paired in rows:
         seconds = util * timesteps * num / rate
         vec_text = "-" if vec is None else f"{vec:,.0f}"
         print(
             f"| {num} | {work} | {which} ({fit:.0f}) | {base:,.0f} | {rate:,.0f} | {rate / base:.0%} | "
-            f"{bound * 1e3:.1f} | {seconds * 1e3:.1f} | {bound / seconds:.0%} | {share:.0%} | {vec_text} | "
-            f"{util:.0%} | {timesteps} | {seconds / timesteps * 1e6:.0f} |"
+            f"{bound * 1e3:.1f} | {seconds * 1e3:.1f} | {bound / seconds:.0%} | {share:.0%} | "
+            f"{unrouted * 1e3:.1f} | {seconds / unrouted:.2f}; {paired:.2f} | {vec_text} | "
+            f"{util:.0%} | {timesteps} | {seconds / timesteps * 1e6:.0f} |",
+            flush=True,
         )
 
 

@@ -1,7 +1,9 @@
 """benchmarks/gpu.sh: the GPU benchmark script, run on CPU with tiny sizes (``--cpu-smoke``).
 
-No timing is asserted: only that the same script path runs end to end, reads both benchmarks' output
-and prints one summary table of the expected shape (and the same table to summary.md).
+No timing is asserted: only that the same script path runs end to end, reads every stage's output
+(forward, the checks of ``gpu_checks.py``, ES) and prints one summary table of the expected shape (and the
+same table to summary.md). The decode step's count of GEMM operators is a count, not a timing: it is
+asserted (two per target at every P).
 """
 
 from __future__ import annotations
@@ -23,12 +25,28 @@ pytestmark = pytest.mark.skipif(
     shutil.which("bash") is None or shutil.which("timeout") is None, reason="needs bash and coreutils' timeout"
 )
 
+OVERHEAD = ["overhead: routing off", "overhead: every row BASE"]
+DECODE = "decode: GEMM operators per target beyond the plain step"
+GENERATE = "generate: routed / plain batched generation, tokens/s"
+TRAIN = "train: training step, P individuals / one LoRA over the same rows"
 MEASURES = [
     "forward all / pure, geometric mean, judged points",
     "forward all / pure, worst judged point",
     "forward all / pure, geometric mean, all points",
     "forward ids / all, geometric mean",
     "forward all / pure, transformer",
+    "forward all / pure, geometric mean at P=16",
+    *OVERHEAD,
+    *OVERHEAD,
+    DECODE,
+    DECODE,
+    DECODE,
+    "decode: per-target GEMMs at P=64 / at P=4 (1: no product per individual)",
+    GENERATE,
+    GENERATE,
+    GENERATE,
+    TRAIN,
+    TRAIN,
     "ES step throughput / plain inference",
     "ES step throughput / plain inference + the same loss",
     "ES step throughput / plain inference + the same loss, first layer per member",
@@ -71,6 +89,13 @@ def test_cpu_smoke_prints_one_summary_table(smoke):
         assert float(value) > 0, (measure, value)  # every cell filled: both benchmarks were read
     rows = {row[0]: row for row in body}
     assert rows["forward all / pure, geometric mean, judged points"][1].startswith("mlp d=256 (")
+    assert rows["forward all / pure, geometric mean at P=16"][3] == "<= 1.10"
+    # the decode step of many individuals runs the two low-rank products as one launch each, at every P
+    decode = [row for row in body if row[0] == DECODE]
+    assert [row[1] for row in decode] == ["P=4, 8 rows", "P=16, 32 rows", "P=64, 128 rows"]
+    assert all(float(row[2]) == 2.0 for row in decode)
+    assert [row[1] for row in body if row[0] == GENERATE] == [f"P={P}, {2 * P} rows, 4 new tokens" for P in (4, 16, 64)]
+    assert {row[3] for row in body if row[0] in OVERHEAD} == {"<= 1.02"}
     assert rows["forward all / pure, worst judged point"][1].startswith("mlp d=256 r=")
     assert rows["ES step throughput / plain inference + the same loss"][1] == "N=4"
     assert rows["ES step throughput / plain inference + the same loss"][3] == ">= 0.90"
@@ -85,8 +110,26 @@ def test_cpu_smoke_prints_one_summary_table(smoke):
 
 def test_cpu_smoke_keeps_both_benchmarks_output(smoke):
     proc, out = smoke
-    assert {"forward.log", "es.log", "es.json", "summary.md", "env.txt"} <= {p.name for p in out.iterdir()}
-    assert (out / "forward.rc").read_text().strip() == "0" and (out / "es.rc").read_text().strip() == "0"
+    assert {
+        "forward.log",
+        "forward.json",
+        "checks.log",
+        "checks.json",
+        "es.log",
+        "es.json",
+        "summary.md",
+        "env.txt",
+    } <= {p.name for p in out.iterdir()}
+    for stage in ("forward", "checks", "es"):
+        assert (out / f"{stage}.rc").read_text().strip() == "0", stage
+    checks = json.loads((out / "checks.json").read_text())
+    assert checks["failures"] == {} and {r["check"] for r in checks["rows"]} == {
+        "overhead",
+        "decode",
+        "generate",
+        "train",
+    }
+    assert all(r["value"] > 0 for r in checks["rows"])
     report = json.loads((out / "es.json").read_text())
     assert report["device"] == "cpu" and report["pops"] == [4]
     assert sorted(r["method"] for r in report["results"]) == ["ours", "ours_pm", "ours_unshared", "plain", "plain_loss"]

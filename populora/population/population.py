@@ -41,7 +41,7 @@ from populora.targets import find_targets, layer_dims
 __all__ = ["Population", "SelectionResult", "evaluating"]
 
 
-class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
+class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):  # type: ignore[misc]  # state_dict adds include_model= to nn.Module's overloads
     """A population of ``pop_size`` individuals: rank-``low_rank`` adapters on shared layers.
 
     Args:
@@ -199,9 +199,9 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
         for (name, module), embedding in zip(targets.items(), self._embedding):
             d, e = layer_dims(module)
             rank = min(low_rank, d, e)
-            weight = module.weight.detach()
+            weight: Tensor = module.weight.detach()  # type: ignore[operator]  # (a Linear's or an Embedding's)
             weight_scale = max(weight.double().square().mean().sqrt().item(), 1 / math.sqrt(d))
-            like = {"device": placement.targets[name], "dtype": dtype or weight.dtype}
+            like: dict[str, Any] = {"device": placement.targets[name], "dtype": dtype or weight.dtype}
             down = (
                 torch.zeros(pop_size, d, low_rank, **like) if embedding else torch.zeros(pop_size, low_rank, d, **like)
             )
@@ -274,8 +274,35 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
             split=split,
         )
 
+    def loop_route(
+        self, *, individual: Any = None, individuals: Any = None, all_individuals: bool = False
+    ) -> Any | None:
+        """A :meth:`route` block standing in for ``pop(x, **routing)`` in a loop that calls the population with the
+        same routing many times (an environment loop between two ends of episodes, a decode loop).
+
+        ``with block: out = pop.model(x)`` gives what ``pop(x, **routing)`` gives (``x`` on the population's
+        device, ``k`` times the routed rows as in :meth:`route`), without the per-call work of the routing
+        front end; its routes are planned once and, without grad, prepared once
+        (:mod:`populora.routing.prepared`). The block routes only while it is entered: enter it around each
+        forward.
+
+        Returns:
+            The block, or ``None`` when calling the population does more than its routed forward (a
+            subclass's or an instance's ``forward``, forward hooks on the population): call it then.
+        """
+        if (
+            type(self).forward is not Population.forward
+            or "forward" in vars(self)
+            or self._forward_hooks
+            or self._forward_pre_hooks
+        ):
+            return None
+        return self.route(individual=individual, individuals=individuals, all_individuals=all_individuals)
+
     def _routing_target(self) -> RoutingTarget:
-        return RoutingTarget(self.model, self._router, self.adapters(), self.pop_size, self.device)
+        # (self._modules["model"]: Module.__getattr__ costs a microsecond, per forward of a small policy)
+        model: nn.Module = self._modules["model"]  # type: ignore[assignment]  # (always set: the wrapped model)
+        return RoutingTarget(model, self._router, self.adapters(), self.pop_size, self.device)
 
     def _block_target(self) -> RoutingTarget:
         self._check_alive()
@@ -320,7 +347,8 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
     def _stacks(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
         """The adapter parameters, from lists rebuilt only when a parameter object was swapped
         (``.to()``, ``load_state_dict(assign=True)``, ``torch.func.functional_call``)."""
-        downs, ups = self._downs._parameters.values(), self._ups._parameters.values()
+        modules: Any = self._modules  # (not self._downs: Module.__getattr__ costs a microsecond a name, per forward)
+        downs, ups = modules["_downs"]._parameters.values(), modules["_ups"]._parameters.values()
         if (
             len(self._down_list) != len(downs)
             or not all(map(operator.is_, self._down_list, downs))
@@ -419,7 +447,7 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
         i = self._check_id(individual)
         out = {}
         for name, module, (down, up) in zip(self.target_names, self._targets.values(), self.factors()):
-            dtype = _merge_dtype(up.dtype, module.weight.dtype)
+            dtype = _merge_dtype(up.dtype, module.weight.dtype)  # type: ignore[arg-type]
             dw = up[i].to(dtype) @ down[i].to(dtype).T  # (e, d)
             out[name] = dw.T if isinstance(module, nn.Embedding) else dw
         return out
@@ -443,7 +471,7 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
         self._check_alive()
         i = self._check_id(individual)
         for module, dw in zip(self._targets.values(), self.delta_weight(i).values()):
-            weight = module.weight
+            weight: Tensor = module.weight  # type: ignore[assignment]  # (a Linear's or an Embedding's)
             weight.copy_(weight.to(dw.dtype) + dw)
         self.close()
         return self.model
@@ -480,6 +508,8 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):
         are moved there (no copy when they are already there).
         """
         per = ids if isinstance(ids, PerDevice) else PerDevice(ids)
+        if self._router.prepared is not None:  # (stale entries are never used; this frees their memory now)
+            self._router.prepared.clear()
         for (down, up), (new_down, new_up) in zip(self.factors(), new):
             # in place (no .data): a graph built before sees the change
             down[per.on(down.device)] = new_down.to(down.device, down.dtype)

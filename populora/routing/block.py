@@ -74,9 +74,10 @@ class RouteBlock:
             )
         self._target = target
         self.individual = request.individual
+        self.ids: np.ndarray | None
         if request.individual is not None:
             self.ids = None
-        elif request.all_individuals:
+        elif request.all_individuals or request.ids is None:  # (routed: all_individuals when no ids)
             self.ids = np.arange(target.num, dtype=np.int64)
         else:
             self.ids = check_range(request.ids, target.num)
@@ -97,7 +98,9 @@ class RouteBlock:
             return plan
         device = self._device()
         if self.ids is None:
-            plan = Route(n=rows, groups=1, chunk=rows, index=slice(self.individual, self.individual + 1))
+            i = self.individual
+            assert i is not None  # (no ids: `individual=` routes every row)
+            plan = Route(n=rows, groups=1, chunk=rows, index=slice(i, i + 1))
         else:
             n = self.ids.size
             if rows == 0 and n == 0:

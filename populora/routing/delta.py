@@ -25,6 +25,9 @@ from populora.adapters import Adapter
 from populora.routing.route import Index, Route
 
 __all__ = [
+    "BROADCAST",
+    "FEW_ROWS",
+    "UNBLOCKED",
     "add_delta",
     "add_product",
     "down_product",
@@ -86,18 +89,18 @@ def _rows_down(x: Tensor, module: nn.Module, adapter: Adapter, index: Index, k: 
     return down_product(down, x, k)
 
 
-_UNBLOCKED = 400
+UNBLOCKED = 400
 """ATen's CPU ``bmm`` runs a product of fewer than this many multiply-adds per batch entry (``m * n * k``) in
 a plain scalar loop: about 1 ns per multiply-add for ``down`` (``x @ down.T``) and 5 ns for ``up`` here,
 against a broadcast multiply's fixed 3-15 us. Such products are written as broadcast multiplies when
-they hold at least :data:`_BROADCAST` multiply-adds in all (measured: 327 us -> 9.5 us at 256 groups of
+they hold at least :data:`BROADCAST` multiply-adds in all (measured: 327 us -> 9.5 us at 256 groups of
 one row, rank 1, e = 256), and left to ``bmm`` below (a one-row env policy: 3 us against 11 us)."""
 
-_BROADCAST = (16384, 8192)
-"""Multiply-adds, over every group, above which a product below :data:`_UNBLOCKED` per group is a broadcast
+BROADCAST = (16384, 8192)
+"""Multiply-adds, over every group, above which a product below :data:`UNBLOCKED` per group is a broadcast
 multiply: ``(down, up)``."""
 
-_FEW_ROWS = 4
+FEW_ROWS = 4
 """Groups of at most this many rows (tokens) project as ``x @ down.T``, larger ones as ``down @ x.T`` (see
 :func:`down_product`)."""
 
@@ -107,25 +110,25 @@ def down_product(down: Tensor, x: Tensor, k: int) -> Tensor:
 
     Three forms of the same product, by the size of each group's part:
 
-    - a product ATen would loop over unblocked, large in all: a broadcast multiply and sum (:data:`_UNBLOCKED`);
-    - at most :data:`_FEW_ROWS` rows (tokens) per group (one decode step, an env step): ``x @ down.T``;
+    - a product ATen would loop over unblocked, large in all: a broadcast multiply and sum (:data:`UNBLOCKED`);
+    - at most :data:`FEW_ROWS` rows (tokens) per group (one decode step, an env step): ``x @ down.T``;
     - more rows: ``(k, r, d) @ (k, d, c*..)`` with ``r`` on the rows, 2-5x faster for these skinny
       products (a prefill, a batch per individual); the transposed view feeds ``baddbmm`` as is.
     """
     xs = x.reshape(k, -1, x.shape[-1])  # (k, t, d)
     t, r = xs.shape[1], down.shape[1]
     macs = t * r * xs.shape[2]
-    if macs < _UNBLOCKED and k * macs >= _BROADCAST[0] and xs.device.type == "cpu":
+    if macs < UNBLOCKED and k * macs >= BROADCAST[0] and xs.device.type == "cpu":
         return (xs.unsqueeze(2) * down.unsqueeze(1)).sum(-1)  # (k, t, 1, d) * (k, 1, r, d) -> (k, t, r)
-    if t <= _FEW_ROWS:
+    if t <= FEW_ROWS:
         return torch.bmm(xs, down.transpose(1, 2))
     return torch.bmm(down, xs.transpose(1, 2)).transpose(1, 2)
 
 
 def _broadcast_up(h: Tensor, up: Tensor) -> bool:
-    """Whether ``h (k, t, r) @ up (k, r, e)`` is a broadcast multiply (see :data:`_UNBLOCKED`)."""
+    """Whether ``h (k, t, r) @ up (k, r, e)`` is a broadcast multiply (see :data:`UNBLOCKED`)."""
     macs = h.shape[1] * h.shape[2] * up.shape[2]
-    return macs < _UNBLOCKED and h.device.type == "cpu" and (h.shape[2] == 1 or h.shape[0] * macs >= _BROADCAST[1])
+    return macs < UNBLOCKED and h.device.type == "cpu" and (h.shape[2] == 1 or h.shape[0] * macs >= BROADCAST[1])
 
 
 def add_product(out: Tensor, h: Tensor, up: Tensor) -> Tensor:
@@ -201,6 +204,8 @@ def add_delta(module: nn.Module, x: Tensor, out: Tensor, route: Route, adapter: 
     """
     if route.base_rows is None:
         return _add_delta(module, x, out, route, adapter)
+    if route.base_rows.shape[0] == route.n and not torch.is_grad_enabled():
+        return out  # every row is the base model's (no adapter at all)
     kept = out.index_select(0, route.base_rows)  # the base model's rows: put back after the delta
     return _add_delta(module, x, out, route, adapter).index_copy(0, route.base_rows, kept)
 
@@ -246,9 +251,9 @@ def _add_delta(module: nn.Module, x: Tensor, out: Tensor, route: Route, adapter:
             h, up = factors(x, module, adapter, index, k, out.dtype)
             add_product(view, h, up)  # (k, c*.., e) += (k, c*.., r) @ (k, r, e)
             return out
-        for g0 in range(0, k, block):
+        for g0 in range(0, k, block):  # (blocks: the groups gather adapters, `index` is a tensor)
             g1 = min(k, g0 + block)
-            h, up = factors(x[g0 * c : g1 * c], module, adapter, index[g0:g1], g1 - g0, out.dtype)
+            h, up = factors(x[g0 * c : g1 * c], module, adapter, index[g0:g1], g1 - g0, out.dtype)  # type: ignore[index]
             add_product(view[g0:g1], h, up)
         return out
     if (
@@ -268,8 +273,8 @@ def _add_delta(module: nn.Module, x: Tensor, out: Tensor, route: Route, adapter:
             j0, j1, pos, part = 0, route.n, route.dest, index
             xs = x
         else:
-            j0, j1 = (int(j) for j in np.searchsorted(route.dest_host, (g0 * c, g1 * c)))
-            part = index[g0:g1]
+            j0, j1 = (int(j) for j in np.searchsorted(route.dest_host, (g0 * c, g1 * c)))  # type: ignore[arg-type]
+            part = index[g0:g1]  # type: ignore[index]
             if route.order is None:
                 pos, xs = route.dest[j0:j1] - g0 * c, x[j0:j1]
             else:
@@ -295,11 +300,14 @@ def grouped_delta(x: Tensor, out: Tensor, adapter: Adapter, route: Route) -> Ten
     id ``route.ids[j]`` are the sorted rows ``offs[j-1] .. offs[j]`` (through
     ``route.order`` when the rows stay in input order).
     """
+    ids, offs = route.ids, route.offs
+    assert ids is not None and offs is not None  # (unequal groups: the planner sets both)
     d, e = x.shape[-1], out.shape[-1]
     rows = x if route.order is None else x.index_select(0, route.order)
     per_row = rows.numel() // (route.n * d)  # tokens of each row
-    offs = route.offs if per_row == 1 else route.offs * per_row
-    ids, down, up = route.ids, adapter.down, adapter.up
+    if per_row != 1:
+        offs = offs * per_row
+    down, up = adapter.down, adapter.up
     if ids.shape[0] != down.shape[0]:  # (sorted distinct ids: all P of them are arange(P))
         down, up = down.index_select(0, ids), up.index_select(0, ids)
     h = nn.functional.grouped_mm(rows.reshape(-1, d), down.transpose(1, 2), offs=offs)  # (n.., r)

@@ -81,7 +81,7 @@ from populora.routing.eager import outside_graph
 from populora.routing.generate import generate
 from populora.routing.plan import PLANNER
 from populora.routing.recompute import follow_checkpointing
-from populora.routing.request import RouteRequest, RoutingTarget, parse_route
+from populora.routing.request import NOT_ROUTED, RouteRequest, RoutingTarget, parse_route
 from populora.routing.route import Origin, Route
 from populora.routing.rows import BASE, batch_first, expand, keeps_order, leaves, map_tensors, split_rows
 
@@ -109,8 +109,9 @@ def _run_general(target: RoutingTarget, request: RouteRequest, args: tuple, kwar
     """:func:`run_route` for any inputs: nested tensors, broadcast, per-individual blocks, split outputs."""
     model, router, adapters, num, device = target
     individual, ids, all_individuals = request.individual, request.ids, request.all_individuals
+    m = num if all_individuals else 0 if ids is None else len(ids)  # the individuals routed (with ids or all)
     if request.per_individual:
-        args, kwargs = split_rows((args, kwargs), num if all_individuals else len(ids))
+        args, kwargs = split_rows((args, kwargs), m)
     tensors = leaves((args, kwargs))
     if device is not None and any(t.device != device for t in tensors):
         non_blocking = device.type == "cuda"  # host -> device only: a device -> host copy must be synchronous
@@ -139,7 +140,7 @@ def _run_general(target: RoutingTarget, request: RouteRequest, args: tuple, kwar
                 "every individual the whole batch"
             )
     else:
-        m = len(ids)
+        assert ids is not None  # (parse_route: exactly one of individual, ids, all_individuals is set)
         whole = (n_in == 1 and not request.per_individual) or request.broadcast  # each id sees the whole batch
         if whole:
             args, kwargs = expand((args, kwargs), m, on_batch)
@@ -163,7 +164,7 @@ def _run_general(target: RoutingTarget, request: RouteRequest, args: tuple, kwar
     if model.training and torch.is_grad_enabled():
         follow_checkpointing(model, router)
     try:
-        out = router.run(route, adapters, model, args, kwargs, origin)
+        out = model(*args, **kwargs) if _all_base(route) else router.run(route, adapters, model, args, kwargs, origin)
     except Exception as error:
         if times > 1 and hasattr(error, "add_note") and not isinstance(error, RouteError):
             error.add_note(
@@ -176,7 +177,6 @@ def _run_general(target: RoutingTarget, request: RouteRequest, args: tuple, kwar
     if perm is not None:
         out = _unpermute(out, perm, n)
     if request.split and individual is None:
-        m = num if all_individuals else len(ids)
         b = n // m if m else (n_in if times > 1 else 0)
         out = map_tensors(out, lambda t: t.reshape(m, b, *t.shape[1:]) if t.dim() and t.shape[0] == n else t)
     return out
@@ -193,6 +193,8 @@ def _run_one_tensor(target: RoutingTarget, request: RouteRequest, x: Any) -> Any
     if device is not None and x.device != device:
         return NotImplemented
     n = x.shape[0]
+    if request is NOT_ROUTED:  # routing off: the model itself
+        return model(x)
     if request.individual is not None:
         if request.individual == BASE:
             return model(x)
@@ -203,6 +205,8 @@ def _run_one_tensor(target: RoutingTarget, request: RouteRequest, x: Any) -> Any
         route = Route(n=n, groups=num, chunk=n // num)
     elif request.ids is not None and n >= 2 and request.ids.shape[0] == n:
         route, perm = _plan_ids(request.ids, 1, num, x.device, keeps_order(model, {}))
+        if _all_base(route):
+            return model(x)
         if perm is not None:
             if model.training and torch.is_grad_enabled():
                 follow_checkpointing(model, router)
@@ -213,6 +217,14 @@ def _run_one_tensor(target: RoutingTarget, request: RouteRequest, x: Any) -> Any
     if model.training and torch.is_grad_enabled():
         follow_checkpointing(model, router)
     return router.run(route, adapters, model, (x,), None, Origin(n, [x], 1, ""))
+
+
+def _all_base(route: Route) -> bool:
+    """Whether every row of ``route`` is :data:`~populora.routing.rows.BASE`'s and no graph is recorded: the
+    plain model's forward is then the routed one, bitwise (with grad, the routed forward runs, so that the
+    adapters get their zero gradients)."""
+    base = route.base_rows
+    return base is not None and base.shape[0] == route.n and not torch.is_grad_enabled()
 
 
 def _one_route(n: int, individual: int, device: torch.device) -> Route:

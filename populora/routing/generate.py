@@ -126,7 +126,7 @@ def generate(
         inputs = map_tensors(inputs, lambda t: t.repeat(num, 1))
         block_request = RouteRequest(ids=np.repeat(np.arange(num, dtype=np.int64), b))
     block = RouteBlock(target, block_request)
-    model = target.model
+    model: Any = target.model  # (a transformers model: `generate` is its own method, not an nn.Module attribute)
     if generator is None:
         with block:
             out = model.generate(**inputs, **generate_kwargs)

@@ -51,14 +51,26 @@ class Planner:
         """The route of ``individuals=ids`` (each id repeated ``repeats`` times in place) and its permutation.
 
         Cached by the ids' bytes and everything else the plan depends on (the
-        planner's switches included).
+        planner's switches included, and whether inference mode is on: a plan made
+        under ``torch.inference_mode`` holds inference tensors, which a forward
+        with grad cannot save for backward).
 
         Raises:
             InvalidIndexError: an id outside ``[0, num)``.
         """
         if isinstance(ids, Tensor):  # (under torch.compile the request holds the ids as a tensor)
             ids = ids.numpy()
-        key = (ids.dtype, ids.tobytes(), repeats, num, device, keep_order, self.grouped_mm, self.per_row)
+        key = (
+            ids.dtype,
+            ids.tobytes(),
+            repeats,
+            num,
+            device,
+            keep_order,
+            self.grouped_mm,
+            self.per_row,
+            torch.is_inference_mode_enabled(),
+        )
         cache = self._cache
         plan = cache.get(key)
         if plan is not None:
@@ -90,13 +102,13 @@ class Planner:
         """
         base = row_ids == BASE
         if base.any():
-            route, perm = self.plan(np.where(base, 0, row_ids), num, device, keep_order)
+            route, grouping = self.plan(np.where(base, 0, row_ids), num, device, keep_order)
             rows = np.flatnonzero(base)
-            if perm is not None:  # the layers see the rows sorted: where each base row went
+            if grouping is not None:  # the layers see the rows sorted: where each base row went
                 where = np.empty(row_ids.size, dtype=np.int64)
-                where[perm.cpu().numpy()] = np.arange(row_ids.size)
+                where[grouping.cpu().numpy()] = np.arange(row_ids.size)
                 rows = where[rows]
-            return route._replace(base_rows=torch.from_numpy(rows).to(device, non_blocking=True)), perm
+            return route._replace(base_rows=torch.from_numpy(rows).to(device, non_blocking=True)), grouping
         n = row_ids.size
         if n == 0:
             return Route(n=0, groups=0, chunk=0), None
@@ -108,8 +120,7 @@ class Planner:
             and device.type == "cpu"
             and self.grouped_mm is not True
         ):
-            index = torch.from_numpy(row_ids).to(device, non_blocking=True)
-            return Route(n=n, groups=n, chunk=1, index=index), None
+            return Route(n=n, groups=n, chunk=1, index=torch.from_numpy(row_ids).to(device, non_blocking=True)), None
         perm = None
         if (row_ids[1:] < row_ids[:-1]).any():
             perm = np.argsort(row_ids, kind="stable")

@@ -24,7 +24,7 @@ from populora.routing.eager import outside_graph
 from populora.routing.router import Router
 from populora.routing.rows import BASE, host_ids
 
-__all__ = ["RouteRequest", "RoutingTarget", "parse_route"]
+__all__ = ["NOT_ROUTED", "RouteRequest", "RoutingTarget", "parse_route"]
 
 
 class RoutingTarget(NamedTuple):
@@ -58,7 +58,7 @@ class RouteRequest(NamedTuple):
     """
 
     individual: int | None = None
-    ids: np.ndarray | None = None
+    ids: np.ndarray | Tensor | None = None  # (a CPU int64 tensor under torch.compile: a graph input)
     all_individuals: bool = False
     broadcast: bool = False
     split: bool = False
@@ -152,3 +152,5 @@ def _parse_route_eager(num: int, **routing: Any) -> RouteRequest:
 
 _ALL = RouteRequest(all_individuals=True)
 _NONE = RouteRequest()
+NOT_ROUTED = _NONE
+"""The request of a call without routing arguments (what :func:`parse_route` returns for it: the plain model)."""

@@ -8,7 +8,7 @@ made by the front end (one layout per routing argument) or by the
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -49,7 +49,7 @@ class Route(NamedTuple):
     n: int
     groups: int
     chunk: int
-    index: Index = None
+    index: Index = None  # type: ignore[assignment]  # (a field named as tuple.index: read as route.index)
     dest: Tensor | None = None
     dest_host: np.ndarray | None = None
     order: Tensor | None = None
@@ -70,7 +70,7 @@ def route_on(route: Route, device: torch.device) -> Route:
     tensors on its own output's device (:class:`Router` keeps one copy per
     device and forward).
     """
-    moved = {
+    moved: dict[str, Any] = {
         name: t.to(device, non_blocking=True)
         for name in _ROUTE_TENSORS
         if isinstance(t := getattr(route, name), Tensor) and t.device != device

@@ -22,7 +22,9 @@ from torch import Tensor, nn
 
 from populora.adapters import Adapter
 from populora.errors import RouteError, SpentPopulationError
+from populora.routing.cost import MERGED_MAX_ELEMENTS
 from populora.routing.delta import add_delta
+from populora.routing.prepared import PreparedRoutes
 from populora.routing.route import Origin, Route, route_on
 
 __all__ = ["Activation", "Resolver", "Router"]
@@ -95,12 +97,21 @@ class Router:
         names: the target paths, in order.
         active: the :class:`Activation` in force, or ``None``; set only by :meth:`activate`.
         removed: whether :meth:`remove` was called (the router never activates again).
+        prepared: the :class:`~populora.routing.prepared.PreparedRoutes` of routed forwards without grad
+            (``None`` in a subclass that overrides :meth:`add_delta`: its deltas are its own).
     """
 
     def __init__(self, targets: dict[str, nn.Module]):
         self.names = list(targets)
         self.active: Activation | None = None
         self.removed = False
+        self.prepared = PreparedRoutes() if type(self).add_delta is Router.add_delta else None
+        # targets whose forward is nn.Linear's own (a merged weight may stand in for it), and the small
+        # Linears (merged weights may be formed: see routing.cost); larger ones are prepared only for gathers
+        self._plain = [type(m) is nn.Linear and "forward" not in vars(m) for m in targets.values()]
+        self._small = [
+            isinstance(m, nn.Linear) and m.in_features * m.out_features <= MERGED_MAX_ELEMENTS for m in targets.values()
+        ]
         self._warned: set[str] = set()
         self._moved: dict[torch.device, tuple[Route, Route]] = {}  # device -> (route, its copy there)
         self._wrapped: list[tuple[nn.Module, partial, Callable | None]] = []  # (module, wrapper, previous)
@@ -162,6 +173,24 @@ class Router:
         activation = self.active
         if activation is None:
             return inner(input)
+        prepared = self.prepared
+        if (  # an env loop's or a decode loop's forward (a compiled graph keeps its own: never prepared)
+            prepared is not None and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+        ):
+            found = activation.route
+            resolved: Route | None
+            if type(found) is Route:
+                resolved = found
+            else:
+                try:
+                    resolved = found.resolve(input.shape[0], self.names[i])  # type: ignore[union-attr]
+                except RouteError:
+                    resolved = None  # (raised again below, after the layer's own forward, as without preparation)
+            if resolved is not None and (self._small[i] or resolved.index.__class__ is Tensor):
+                out = prepared.forward(i, module, inner, input, resolved, activation.adapters[i], self._plain[i])
+                if out is not None:
+                    activation.called.add(i)
+                    return out
         try:
             out = inner(input)
         except RuntimeError as error:
@@ -175,21 +204,21 @@ class Router:
         Raises:
             RouteError: ``x`` does not have the route's row count.
         """
-        route = activation.route
+        found = activation.route
         activation.called.add(i)
-        if route.__class__ is not Route:  # a route block's: planned for the row count of this forward
-            route = route.resolve(x.shape[0], self.names[i])  # type: ignore[union-attr]
-        if x.shape[0] != route.n:  # type: ignore[union-attr]
+        # (a route block's Resolver plans the route for the row count of this forward)
+        route = found if type(found) is Route else found.resolve(x.shape[0], self.names[i])  # type: ignore[union-attr]
+        if x.shape[0] != route.n:
             raise RouteError(
                 f"target {self.names[i]!r} received {x.shape[0]} rows but this routed forward has "
-                f"{route.n}{activation.origin.routed()}; the batch must be the leading dimension of every "  # type: ignore[union-attr]
+                f"{route.n}{activation.origin.routed()}; the batch must be the leading dimension of every "
                 "target's input"
             )
-        index = route.index  # type: ignore[union-attr]
-        moved = index if isinstance(index, Tensor) else route.dest if route.dest is not None else route.base_rows  # type: ignore[union-attr]
+        index = route.index
+        moved = index if isinstance(index, Tensor) else route.dest if route.dest is not None else route.base_rows
         if moved is not None and moved.device != out.device:  # index tensors on this target's device
-            route = self._local(route, out.device)  # type: ignore[arg-type]
-        return add_delta(module, x, out, route, activation.adapters[i])  # type: ignore[arg-type]
+            route = self._local(route, out.device)
+        return add_delta(module, x, out, route, activation.adapters[i])
 
     def _explain(self, i: int, module: nn.Module, x: Tensor, origin: Origin, error: RuntimeError) -> None:
         """Raise a :class:`RouteError` counting the user's rows if ``error`` is a Linear's feature mismatch."""
@@ -220,6 +249,8 @@ class Router:
         chain as a pass-through (this router never activates again).
         """
         self.removed = True
+        if self.prepared is not None:
+            self.prepared.clear()
         for module, wrapper, previous in self._wrapped:
             if vars(module).get("forward") is wrapper:
                 if previous is None:

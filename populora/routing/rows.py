@@ -69,7 +69,12 @@ def map_tensors(obj: Any, fn: Callable[[Tensor], Tensor]) -> Any:
 def leaves(obj: Any) -> list[Tensor]:
     """Every tensor leaf of ``obj``, in order."""
     found: list[Tensor] = []
-    map_tensors(obj, lambda t: found.append(t) or t)
+
+    def keep(t: Tensor) -> Tensor:
+        found.append(t)
+        return t
+
+    map_tensors(obj, keep)
     return found
 
 
@@ -120,11 +125,16 @@ def keeps_order(model: nn.Module, kwargs: dict) -> bool:
     Hugging Face models). A cache is an object the routed forward cannot see
     into, so its rows must stay where the caller has them.
     """
-    if any(kwargs.get(name) is not None for name in _CACHE_KWARGS):
+    if kwargs and any(kwargs.get(name) is not None for name in _CACHE_KWARGS):
         return True
     use = kwargs.get("use_cache")
     if use is None:
-        use = getattr(getattr(model, "config", None), "use_cache", False)
+        # (a plain Module without `config` raises inside getattr, which costs microseconds on every forward
+        # of a small policy: look in its instance dict; a class forwarding attributes (PEFT) is asked)
+        config = vars(model).get("config")
+        if config is None and (type(model).__getattr__ is not nn.Module.__getattr__ or hasattr(type(model), "config")):
+            config = getattr(model, "config", None)
+        use = getattr(config, "use_cache", False)
     return bool(use is True)
 
 

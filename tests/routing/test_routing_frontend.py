@@ -102,9 +102,7 @@ def test_per_individual_inputs_route_one_block_per_individual():
     for i in range(4):
         torch.testing.assert_close(out[i], pop(xs[i], individual=i))
     with pytest.raises(RouteError, match=r"shape \(4, b, ...\).*got \(3, 2, 5\)"):
-        routed_call(
-            pop.model, pop._router, pop.adapters(), 4, (xs[:3],), {}, all_individuals=True, per_individual=True
-        )
+        routed_call(pop.model, pop._router, pop.adapters(), 4, (xs[:3],), {}, all_individuals=True, per_individual=True)
 
 
 class Gain(nn.Module):
