@@ -1,5 +1,11 @@
-"""Self-play of teacher and student LoRA populations on one frozen language model."""
+"""Self-play of teacher and student LoRA populations on one frozen language model.
 
+- :class:`SelfPlay`: evolution only (both populations evolve every step, no gradient);
+- :class:`PopuLoRA`: the paper's loop (REINFORCE++ for both roles every step, the bottom of each role replaced
+  every ``k`` steps), with :data:`PAPER_PRESET` and :data:`CPU_PRESET` (:mod:`populora.selfplay.paper`).
+"""
+
+from populora.selfplay.paper import CPU_PRESET, PAPER_PRESET, PopuLoRA, PopuLoRAOutcome, PopuLoRARecord, Preset
 from populora.selfplay.selfplay import SelfPlay
 
-__all__ = ["SelfPlay"]
+__all__ = ["CPU_PRESET", "PAPER_PRESET", "PopuLoRA", "PopuLoRAOutcome", "PopuLoRARecord", "Preset", "SelfPlay"]
