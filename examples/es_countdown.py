@@ -30,8 +30,13 @@ greedy reply of the centre (the model itself) checked by the verifier. Writes
 ``--minutes`` bounds the whole run from its first second: loading and every
 evaluation count, the held-out and validation sets shrink when the budget
 cannot pay for them (an answer is timed on the first held-out problems;
-evaluations get at most 40% of the budget), at least one ES step always runs,
-and progress is printed from the start.
+evaluations get at most 40% of the budget; ``--no-shrink`` keeps them whole),
+at least one ES step always runs, and progress is printed from the start.
+The held-out figures come with 95% Wilson intervals and the paired difference
+(validation-chosen centre minus base) with its 95% interval; with ``--no-shrink``
+they are scored exactly as ``examples/rl_llm.py`` scores them (same problems,
+same ``--eval-batch`` chunks, same verdicts: ``heldout.prompts_sha256``,
+``replies_before`` and ``right`` in the results let two runs be checked).
 
 Measured (2 shared CPU cores, heavily loaded by other jobs: tokens/s is not
 representative), ES on the block weights, N = 8, sigma = 1e-3, alpha = 2e-3
@@ -55,8 +60,11 @@ validation-chosen (step 15) 0.320. Command::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import json
+import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -123,8 +131,9 @@ def wrap(model: Any, mode: str, rank: int) -> Any:
         )
 
 
-def accuracy(model: Any, tokenizer: Any, task: Any, problems: list, args: argparse.Namespace) -> tuple[float, int]:
-    """``(accuracy, generated tokens)`` of the model's greedy replies."""
+def answers(model: Any, tokenizer: Any, task: Any, problems: list, args: argparse.Namespace) -> tuple[list[bool], list]:
+    """``(right, replies)``: per problem whether the model's greedy reply is right, and the reply (``--eval-batch``
+    problems per ``generate`` call, as ``examples/rl_llm.py`` scores them)."""
     replies = generate_replies(
         model,
         tokenizer,
@@ -132,35 +141,71 @@ def accuracy(model: Any, tokenizer: Any, task: Any, problems: list, args: argpar
         max_new_tokens=args.max_new_tokens,
         batch_size=args.eval_batch,
     )
-    right = sum(bool(p.check(r)) for p, r in zip(problems, replies))
-    return right / len(problems), sum(len(tokenizer(r, add_special_tokens=False)["input_ids"]) for r in replies)
+    return [bool(p.check(r)) for p, r in zip(problems, replies)], replies
 
 
-def accuracy_with_progress(
+def accuracy(model: Any, tokenizer: Any, task: Any, problems: list, args: argparse.Namespace) -> tuple[float, int]:
+    """``(accuracy, generated tokens)`` of the model's greedy replies."""
+    right, replies = answers(model, tokenizer, task, problems, args)
+    return sum(right) / len(problems), sum(len(tokenizer(r, add_special_tokens=False)["input_ids"]) for r in replies)
+
+
+def prompts_digest(problems: list, task: Any) -> str:
+    """SHA-256 of the problems' prompts: two runs with the same digest were scored on the same problems."""
+    return hashlib.sha256("\x00".join(problem_prompts(problems, task)).encode()).hexdigest()
+
+
+def wilson(right: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a proportion ``right / n`` (as ``examples/rl_llm.py`` reports it)."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = right / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def paired_difference(before: list[bool], after: list[bool], z: float = 1.96) -> dict[str, Any]:
+    """``after - before`` on the same problems, with a 95% normal interval of the paired difference."""
+    n = len(before)
+    gained = sum(1 for b, a in zip(before, after) if a and not b)
+    lost = sum(1 for b, a in zip(before, after) if b and not a)
+    diff = (gained - lost) / n
+    se = math.sqrt(max(gained + lost - (gained - lost) ** 2 / n, 0.0)) / n
+    return {"difference": diff, "interval": (diff - z * se, diff + z * se), "gained": gained, "lost": lost}
+
+
+def answers_with_progress(
     model: Any, tokenizer: Any, task: Any, problems: list, args: argparse.Namespace, what: str
-) -> float:
-    """:func:`accuracy`, ``--eval-batch`` problems at a time, printing the count so far."""
-    right = 0.0
+) -> tuple[list[bool], list]:
+    """:func:`answers`, ``--eval-batch`` problems at a time, printing the count so far."""
+    right: list[bool] = []
+    replies: list = []
     for i in range(0, len(problems), args.eval_batch):
-        chunk = problems[i : i + args.eval_batch]
-        right += accuracy(model, tokenizer, task, chunk, args)[0] * len(chunk)
+        chunk = answers(model, tokenizer, task, problems[i : i + args.eval_batch], args)
+        right, replies = right + chunk[0], replies + chunk[1]
         print(f"  {what}: {min(i + args.eval_batch, len(problems))}/{len(problems)} problems", flush=True)
-    return right / max(len(problems), 1)
+    return right, replies
 
 
 def base_evaluation(
     model: Any, tokenizer: Any, task: Any, heldout: list, validation: list, args: argparse.Namespace, left: float
-) -> tuple[list, list, float, float]:
-    """``(heldout, validation, base held-out accuracy, seconds per answer)``.
+) -> tuple[list, list, list[bool], list, float]:
+    """``(heldout, validation, the base model's right answers on heldout and its replies, seconds per answer)``.
 
     The first few held-out problems time one answer; if the run's evaluations (the held-out set three times,
     the validation set about three times) would take more than 40% of the ``left`` seconds, both sets are cut
-    (their first problems kept, at least 8 and 4) so that training gets the rest.
+    (their first problems kept, at least 8 and 4) so that training gets the rest. With ``--no-shrink`` the
+    sets are kept whole and scored in the same ``--eval-batch`` chunks as every later evaluation.
     """
+    if not args.shrink:
+        t = time.perf_counter()
+        before, replies = answers_with_progress(model, tokenizer, task, heldout, args, "held-out")
+        return heldout, validation, before, replies, (time.perf_counter() - t) / len(heldout)
     probe = heldout[: min(8, len(heldout))]
     print(f"held-out: timing the base model's answers on {len(probe)} problems", flush=True)
     t = time.perf_counter()
-    right = accuracy(model, tokenizer, task, probe, args)[0] * len(probe)
+    right, replies = answers(model, tokenizer, task, probe, args)
     per_answer = (time.perf_counter() - t) / max(len(probe), 1)
     affordable = 0.4 * max(left, 0.0) / max(per_answer, 1e-9)
     scale = min(1.0, affordable / (3 * (len(heldout) + len(validation))))
@@ -174,8 +219,9 @@ def base_evaluation(
         heldout, validation = heldout[: sizes[0]], validation[: sizes[1]]
     rest = heldout[len(probe) :]
     if rest:
-        right += accuracy_with_progress(model, tokenizer, task, rest, args, "held-out") * len(rest)
-    return heldout, validation, right / max(len(heldout), 1), per_answer
+        more = answers_with_progress(model, tokenizer, task, rest, args, "held-out")
+        right, replies = right + more[0], replies + more[1]
+    return heldout, validation, right, replies, per_answer
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -222,6 +268,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--validation", type=int, default=64)
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--eval-batch", type=int, default=100)
+    parser.add_argument(
+        "--shrink",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="cut the held-out and validation sets when the budget cannot pay for them (--no-shrink: never, "
+        "so that the held-out problems are those of another run)",
+    )
     parser.add_argument("--minutes", type=float, default=30.0, help="wall-clock budget, evaluations included")
     parser.add_argument("--steps", type=int, default=None, help="at most this many steps (default: the budget)")
     parser.add_argument("--seed", type=int, default=0, help="the ES noise seed")
@@ -279,11 +332,13 @@ def main(argv: list[str] | None = None) -> dict:
         flush=True,
     )
 
-    heldout, validation, before, per_answer = base_evaluation(
+    load_start = os.getloadavg()  # 1, 5, 15-minute load averages: the steps done in the budget depend on them
+    heldout, validation, before_right, before_replies, per_answer = base_evaluation(
         model, tokenizer, task, heldout, validation, args, 60 * args.minutes - (time.perf_counter() - start)
     )
+    before = sum(before_right) / len(heldout)
     heldout_s = per_answer * len(heldout)
-    val0 = accuracy_with_progress(model, tokenizer, task, validation, args, "validation")
+    val0 = sum(answers_with_progress(model, tokenizer, task, validation, args, "validation")[0]) / len(validation)
     print(f"held-out before: {before:.3f} ({heldout_s:.0f} s); validation: {val0:.3f}", flush=True)
     evolved = [n for n in es.param_names]
     params = dict(model.named_parameters())
@@ -332,12 +387,14 @@ def main(argv: list[str] | None = None) -> dict:
         curve.append(row)
         print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
 
-    after, _ = accuracy(model, tokenizer, task, heldout, args)
+    after_right, _ = answers(model, tokenizer, task, heldout, args)
     final_state = {n: params[n].detach().clone() for n in evolved}
     with torch.no_grad():
         for n in evolved:
             params[n].copy_(best["state"][n])
-    chosen = after if best["step"] == steps else accuracy(model, tokenizer, task, heldout, args)[0]
+    chosen_right = after_right if best["step"] == steps else answers(model, tokenizer, task, heldout, args)[0]
+    n_held = len(heldout)
+    after, chosen = sum(after_right) / n_held, sum(chosen_right) / n_held
     with torch.no_grad():  # leave the model at its final centre
         for n in evolved:
             params[n].copy_(final_state[n])
@@ -360,30 +417,45 @@ def main(argv: list[str] | None = None) -> dict:
             "heldout": args.heldout,
             "validation": args.validation,
             "eval_every": args.eval_every,
+            "eval_batch": args.eval_batch,
+            "shrink": args.shrink,
             "minutes": args.minutes,
             "seed": args.seed,
             "seeds": SEEDS,
         },
         "heldout": {
-            "n": len(heldout),
+            "n": n_held,
+            "prompts_sha256": prompts_digest(heldout, task),
             "before": before,
+            "before_interval": wilson(sum(before_right), n_held),
             "after": after,
+            "after_interval": wilson(sum(after_right), n_held),
             "chosen": chosen,
+            "chosen_interval": wilson(sum(chosen_right), n_held),
             "chosen_step": best["step"],
             "chosen_validation": best["validation"],
+            "paired": paired_difference(before_right, chosen_right),  # the validation-chosen centre - the base
+            "right": {"before": before_right, "after": after_right, "chosen": chosen_right},
+            "replies_before": before_replies,
         },
         "validation_before": val0,
         "tokens_per_s": gen_tokens / gen_s if gen_s else 0.0,
         "wall_s": wall,
+        "cpu_count": os.cpu_count(),
+        "load_average": {"start": load_start, "end": os.getloadavg()},
         "curve": curve,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(result, indent=1))
     plot(result, args.out / "curve.png")
+    held = result["heldout"]
     print(
-        f"held-out accuracy: base {before:.3f}, final {after:.3f}, validation-chosen (step {best['step']}) "
-        f"{chosen:.3f}; {steps} steps, {result['tokens_per_s']:.0f} tokens/s (member generation), "
-        f"{wall / 60:.1f} min -> {args.out}",
+        f"held-out accuracy ({n_held} problems): base {before:.3f} [{held['before_interval'][0]:.3f}, "
+        f"{held['before_interval'][1]:.3f}], final {after:.3f}, validation-chosen (step {best['step']}) "
+        f"{chosen:.3f} [{held['chosen_interval'][0]:.3f}, {held['chosen_interval'][1]:.3f}]; difference "
+        f"{held['paired']['difference']:+.3f} [{held['paired']['interval'][0]:+.3f}, "
+        f"{held['paired']['interval'][1]:+.3f}]; {steps} steps, {result['tokens_per_s']:.0f} tokens/s "
+        f"(member generation), {wall / 60:.1f} min -> {args.out}",
         flush=True,
     )
     return result

