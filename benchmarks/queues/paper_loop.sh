@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# PopuLoRA's loop vs its baselines (examples/paper_loop.py: SmolLM2-135M-Instruct, arms matched by counted tokens), lane B.
+# Each arm runs under /tmp/populora-laneb.lock with OMP_NUM_THREADS=1 (one thread), one after another, in priority order.
+# Resumable: every arm checkpoints to outputs/paper_loop/smollm2-<family>-<arm>-seed<k>/checkpoint.pt (every 5 steps
+# and after each validation); re-running this script skips finished arms (their JSON exists) and continues an
+# interrupted one bit for bit. Budget: 6000 counted tokens (generated + trained) per arm, every arm of a family.
+# Results: benchmarks/results/paper/<family>-<arm>-seed<k>.json (+ base-smollm2-<family>.json);
+# table: outputs/logs/paper_report.md (rewritten after each arm). Logs: outputs/logs/paper_<family>-<arm>-seed<k>.log
+set -u
+cd "$(dirname "$0")/../.."
+TOKENS=6000
+EVAL=3000
+run() {
+  local family=$1 arm=$2 seed=$3
+  local name=$family-$arm-seed$seed
+  if [ -f "benchmarks/results/paper/$name.json" ]; then echo "$name done"; return; fi
+  flock /tmp/populora-laneb.lock bash -c "OMP_NUM_THREADS=1 .venv/bin/python examples/paper_loop.py \
+    --arm $arm --family $family --seed $seed --tokens $TOKENS --eval-tokens $EVAL \
+    --results benchmarks/results/paper >> outputs/logs/paper_$name.log 2>&1"
+  .venv/bin/python examples/paper_loop.py --report --results benchmarks/results/paper > outputs/logs/paper_report.md 2>&1
+}
+run arithmetic a 0
+run arithmetic b 0
+run arithmetic d 0
+run arithmetic c 0
+run arithmetic a 1
+run linear a 0
+run linear b 0
