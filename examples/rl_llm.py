@@ -53,8 +53,8 @@ import argparse
 import hashlib
 import importlib.util
 import json
-import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -66,6 +66,9 @@ from populora.checkpoint import atomic_save, load_checkpoint
 from populora.llm import LLAMA_ALL
 from populora.llm.reasoning import encode_prompts, problem_prompts, verifier_rewards
 from populora.train import PBT, LRMultipliers, advantages, policy_gradient_step_
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # examples/ is not a package: the sibling script's helpers
+from es_countdown import paired_difference, wilson  # the same intervals ES reports
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "outputs" / "rl_llm"  # git-ignored: the checkpoint and results
 SEEDS = {"heldout": 20_261_201, "validation": 7_000_003, "train": 11}  # examples/es_countdown.py's SEEDS
@@ -100,26 +103,6 @@ def make_task(name: str) -> tuple[Any, str]:
         Mixture([Arithmetic(1), Successor(3)]),
         "single-digit addition (Arithmetic(1)) + successor of a 3-digit number (Successor(3)), 50/50",
     )
-
-
-def wilson(right: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The 95% Wilson score interval of a proportion ``right / n``."""
-    if n == 0:
-        return (0.0, 1.0)
-    p = right / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
-
-
-def paired_difference(before: list[bool], after: list[bool], z: float = 1.96) -> dict[str, Any]:
-    """``after - before`` on the same problems, with a 95% normal interval of the paired difference."""
-    n = len(before)
-    gained = sum(1 for b, a in zip(before, after) if a and not b)
-    lost = sum(1 for b, a in zip(before, after) if b and not a)
-    diff = (gained - lost) / n
-    se = math.sqrt(max(gained + lost - (gained - lost) ** 2 / n, 0.0)) / n
-    return {"difference": diff, "interval": (diff - z * se, diff + z * se), "gained": gained, "lost": lost}
 
 
 def correct_of(
