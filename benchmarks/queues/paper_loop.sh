@@ -13,8 +13,9 @@ EVAL=3000
 run() {
   local family=$1 arm=$2 seed=$3
   local name=$family-$arm-seed$seed
+  # checked inside the lock too: a queue restarted while an arm runs must not start that arm again once it ends
   if [ -f "benchmarks/results/paper/$name.json" ]; then echo "$name done"; return; fi
-  flock /tmp/populora-laneb.lock bash -c "OMP_NUM_THREADS=1 .venv/bin/python examples/paper_loop.py \
+  flock /tmp/populora-laneb.lock bash -c "[ -f benchmarks/results/paper/$name.json ] || OMP_NUM_THREADS=1 .venv/bin/python examples/paper_loop.py \
     --arm $arm --family $family --seed $seed --tokens $TOKENS --eval-tokens $EVAL \
     --results benchmarks/results/paper >> outputs/logs/paper_$name.log 2>&1"
   .venv/bin/python examples/paper_loop.py --report --results benchmarks/results/paper > outputs/logs/paper_report.md 2>&1
@@ -23,6 +24,7 @@ run arithmetic a 0
 run arithmetic b 0
 run arithmetic d 0
 run arithmetic c 0
-run arithmetic a 1
-run linear a 0
+# the harder family's (a) vs (b) before the second seed of (a): it completes a comparison, a1 repeats one
 run linear b 0
+run linear a 0
+run arithmetic a 1
