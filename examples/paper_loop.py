@@ -163,12 +163,20 @@ def distinct(task: Task, n: int, generator: torch.Generator, taken: set[str]) ->
     raise ValueError(f"{task!r} gave fewer than {n} distinct new problems")
 
 
+def example_problem(task: Task) -> Problem | None:
+    """The problem of the example in ``task``'s proposal prompt ("... exactly this format: Problem: 3 + 4")."""
+    _, sep, example = task.proposal_prompt().rpartition("exactly this format: ")
+    return task.parse_proposal(example.split(" or ")[0]) if sep else None
+
+
 def evaluation_sets(name: str, task: Task, heldout: int, validation: int) -> tuple[list[Problem], list[Problem]]:
     """``(held-out, validation)``: disjoint sets of distinct problems, never trained on (``reserved``)."""
     members = {t.name: t for t in (task.tasks if isinstance(task, Mixture) else (task,))}
     split = SPLITS[name]
     total_h, total_v = sum(h for h, _ in split.values()), sum(v for _, v in split.values())
-    taken: set[str] = set()
+    # a proposal prompt's own example is shown to every teacher: never a held-out or validation problem (and a
+    # teacher copying it is then asked like any other proposal, not refused as reserved)
+    taken = {p.question for m in members.values() if (p := example_problem(m)) is not None}
     held, val = [], []
     g_h, g_v = torch.Generator().manual_seed(HELDOUT_SEED), torch.Generator().manual_seed(VALIDATION_SEED)
     for member, (h, v) in split.items():  # sizes scaled to the requested totals (tiny runs ask for few)

@@ -370,6 +370,12 @@ class TestExampleProtocol:
         assert [p.question for p in again[0] + again[1]] == questions  # the same sets in every arm
         if family == "arithmetic":  # single-digit sums: 30 + 6 of the 100 are reserved, the rest trainable
             assert sum(p.task == "arithmetic" for p in held) == 30 and sum(p.task == "arithmetic" for p in val) == 6
+        # the proposal prompts' examples are shown to every teacher: never held out
+        examples = {"arithmetic": {"What is 3 + 4?", "What number comes after 457?"}}
+        assert examples.get(family, {"Solve for x: 2*x + 3 = 11."}) == {
+            example.example_problem(m).question for m in getattr(task, "tasks", [task])
+        }
+        assert not examples.get(family, {"Solve for x: 2*x + 3 = 11."}) & set(questions)
 
     def test_reserving_wrapper_refuses_and_redraws(self, example):
         from populora.tasks import Arithmetic
