@@ -46,11 +46,12 @@ import torch
 from torch import Tensor
 
 from populora import distributed as pd
-from populora.checks import check_bool, check_float, check_index, check_int, check_one_of, check_seed, is_int
+from populora.checks import check_float, check_index, check_int, check_one_of, check_seed, is_int
 from populora.coevolve.specs import check_evolve_kwargs
 from populora.errors import CheckpointError, FitnessError, InvalidTypeError, InvalidValueError
 from populora.population.population import Population, evaluating
 from populora.ratings import PAIRING_MODES, Ratings
+from populora.selfplay.checks import check_players
 from populora.selfplay.rewards import TEACHER_REWARDS, SelfPlayRecord, match_scores, selfplay_fitnesses
 from populora.selfplay.text import chat_text, generate_replies, pad_id
 from populora.snapshots import Snapshot
@@ -208,50 +209,7 @@ class SelfPlay(Snapshot):
         evolve_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
         seed: int = 0,
     ):
-        for name, pop in (("teachers", teachers), ("students", students)):
-            if not isinstance(pop, Population):
-                raise InvalidTypeError(f"`{name}` must be a Population, got {type(pop).__name__}")
-            if pop.spent:
-                raise InvalidValueError(f"`{name}` was merged or closed: it cannot play any more")
-        if teachers is students:
-            raise InvalidValueError(
-                "`teachers` and `students` are the same Population: pass two populations on one model"
-            )
-        if teachers.model is not students.model:
-            raise InvalidValueError(
-                "`teachers` and `students` must be populations on the SAME base model "
-                f"(teachers.model is students.model), got two models: "
-                f"{type(teachers.model).__name__} at {id(teachers.model):#x} and "
-                f"{type(students.model).__name__} at {id(students.model):#x}"
-            )
-        if not isinstance(task, Task):
-            raise InvalidTypeError(f"`task` must be a populora.tasks.Task, got {type(task).__name__}")
-        chat = check_bool("chat", chat)
-        for attr in ("decode", "__call__", *(("apply_chat_template",) if chat else ())):
-            if not callable(getattr(tokenizer, attr, None)):
-                raise InvalidTypeError(
-                    f"`tokenizer` must have a `{attr}` method (a Hugging Face tokenizer), got "
-                    f"{type(tokenizer).__name__}"
-                )
-        try:
-            pad_id(tokenizer)
-        except ValueError as error:
-            raise InvalidValueError(f"`tokenizer`: {error}") from None
-        sizes = {"teachers": teachers.pop_size, "students": students.pop_size}
-        if ratings is None:
-            ratings = Ratings(sizes)
-        elif not isinstance(ratings, Ratings):
-            raise InvalidTypeError(f"`ratings` must be a populora.ratings.Ratings, got {type(ratings).__name__}")
-        for name, size in sizes.items():
-            try:
-                held = int(ratings.mu(name).numel())
-            except Exception:
-                held = None
-            if held != size:
-                raise InvalidValueError(
-                    f"`ratings` must rate {name!r} with {size} players (the population's "
-                    f"pop_size), got " + ("no such name" if held is None else f"{held} players")
-                )
+        ratings, pad, chat = check_players(teachers, students, tokenizer, task, ratings, chat, Ratings)
         self.proposals = check_int("proposals", proposals, low=1)
         self.anchors = check_int("anchors", anchors, low=0)
         self.attempts = check_int("attempts", attempts, low=1)
@@ -264,7 +222,7 @@ class SelfPlay(Snapshot):
             "student_generate", student_generate, dict(max_new_tokens=24, do_sample=False)
         )
         for options in (self.teacher_generate, self.student_generate):
-            options.setdefault("pad_token_id", pad_id(tokenizer))
+            options.setdefault("pad_token_id", pad)
         if self.teacher_reward == "learnability" and self.attempts < 2:
             raise InvalidValueError(
                 "teacher_reward='learnability' needs attempts >= 2 (a solve rate strictly "

@@ -14,6 +14,7 @@ pytest.importorskip("openskill")
 from populora import Population
 from populora.errors import CheckpointError, InvalidTypeError, InvalidValueError
 from populora.llm import tiny_chat_model
+from populora.ratings import Ratings
 from populora.selfplay.paper import CPU_PRESET, PAPER_PRESET, PopuLoRA, student_rewards, teacher_rewards
 from populora.selfplay.paper import loop as loop_module
 from populora.tasks import Problem, Task
@@ -322,6 +323,20 @@ class TestOptions:
             make(mutations=("no_such_mutation",))
         with pytest.raises(InvalidTypeError, match="phrasings"):
             make(phrasings=["not callable"])
+
+    def test_the_players_are_checked_as_selfplay_checks_them(self):
+        model, tokenizer = tiny_chat_model(seed=0)
+        pop = Population(model, 2, 2, BLOCK, seed=1)
+        with pytest.raises(InvalidValueError, match="are the same Population"):
+            PopuLoRA(pop, pop, tokenizer, ParityTask())
+        other = Population(tiny_chat_model(seed=0)[0], 2, 2, BLOCK, seed=2)
+        with pytest.raises(InvalidValueError, match="must be populations on the SAME base model"):
+            PopuLoRA(pop, other, tokenizer, ParityTask())
+        students = Population(model, 3, 2, BLOCK, seed=2)
+        with pytest.raises(InvalidValueError, match=r"must rate 'students' with 3 players .* got 2 players"):
+            PopuLoRA(pop, students, tokenizer, ParityTask(), Ratings({"teachers": 2, "students": 2}))
+        with pytest.raises(InvalidTypeError, match="`task` must be a populora.tasks.Task, got str"):
+            PopuLoRA(pop, students, tokenizer, "parity")
 
 
 @pytest.fixture(scope="module")

@@ -48,6 +48,7 @@ from populora.checks import check_bool, check_float, check_int, check_one_of, ch
 from populora.errors import CheckpointError, InvalidTypeError, InvalidValueError
 from populora.population.population import Population, evaluating
 from populora.ratings import PAIRING_MODES, Ratings
+from populora.selfplay.checks import check_players
 from populora.selfplay.paper.replacement import (
     PAPER_CROSSOVERS,
     PAPER_MUTATIONS,
@@ -379,33 +380,9 @@ class PopuLoRA(Snapshot):
         chat: bool = True,
         seed: int = 0,
     ) -> None:
-        for name, pop in (("teachers", teachers), ("students", students)):
-            if not isinstance(pop, Population):
-                raise InvalidTypeError(f"`{name}` must be a Population, got {type(pop).__name__}")
-            if pop.spent:
-                raise InvalidValueError(f"`{name}` was merged or closed: it cannot play any more")
-        if teachers is students or teachers.model is not students.model:
-            raise InvalidValueError("`teachers` and `students` must be two populations on the SAME base model")
-        if not isinstance(task, Task):
-            raise InvalidTypeError(f"`task` must be a populora.tasks.Task, got {type(task).__name__}")
-        self.chat = check_bool("chat", chat)
-        for attr in ("decode", "__call__", *(("apply_chat_template",) if self.chat else ())):
-            if not callable(getattr(tokenizer, attr, None)):
-                raise InvalidTypeError(f"`tokenizer` must have a `{attr}` method, got {type(tokenizer).__name__}")
-        try:
-            self.pad_id = pad_id(tokenizer)
-        except ValueError as error:
-            raise InvalidValueError(f"`tokenizer`: {error}") from None
-        sizes = {"teachers": teachers.pop_size, "students": students.pop_size}
-        if ratings is None:
-            ratings = PaperRatings(sizes)
-        elif not isinstance(ratings, Ratings):
-            raise InvalidTypeError(f"`ratings` must be a populora.ratings.Ratings, got {type(ratings).__name__}")
-        for name, size in sizes.items():
-            if ratings.sizes.get(name) != size:
-                raise InvalidValueError(
-                    f"`ratings` must rate {name!r} with {size} players, got {ratings.sizes.get(name, 'no such name')}"
-                )
+        ratings, self.pad_id, self.chat = check_players(
+            teachers, students, tokenizer, task, ratings, chat, PaperRatings
+        )
         self.proposals = check_int("proposals", proposals, low=0)
         self.attempts = check_int("attempts", attempts, low=2)
         self.anchors = check_int("anchors", anchors, low=0)
