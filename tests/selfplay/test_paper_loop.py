@@ -11,46 +11,15 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("openskill")
 
+from parity_task import BLOCK, AnyProposal, ParityTask, parity
+
 from populora import Population
 from populora.errors import CheckpointError, InvalidTypeError, InvalidValueError
 from populora.llm import tiny_chat_model
 from populora.ratings import Ratings
 from populora.selfplay.paper import CPU_PRESET, PAPER_PRESET, PopuLoRA, student_rewards, teacher_rewards
 from populora.selfplay.paper import loop as loop_module
-from populora.tasks import Problem, Task
-
-BLOCK = ["model.layers.*.self_attn.*_proj", "model.layers.*.mlp.*_proj"]
-
-
-class ParityTask(Task):
-    """Valid proposals start with an even character code; a reply is right when its length has the problem's
-    parity (a random model plays it)."""
-
-    name = "parity"
-
-    def _sample_one(self, generator: torch.Generator) -> Problem:
-        return _parity(int(torch.randint(0, 100, (1,), generator=generator)))
-
-    @staticmethod
-    def check_reply(problem: Problem, reply: str) -> bool:
-        return len(reply) % 2 == problem.answer
-
-    def proposal_prompt(self) -> str:
-        return "Propose a code."
-
-    def parse_proposal(self, text: str) -> Problem | None:
-        return _parity(ord(text[0])) if text and ord(text[0]) % 2 == 0 else None
-
-
-class AnyProposal(ParityTask):
-    """Every non-empty proposal is valid."""
-
-    def parse_proposal(self, text: str) -> Problem | None:
-        return _parity(len(text)) if text else None
-
-
-def _parity(code: int) -> Problem:
-    return Problem(task="parity", question=f"Parity of {code}?", answer=code % 2, data={"code": code})
+from populora.tasks import Task
 
 
 def make(p_t: int = 2, p_s: int = 2, task: Task | None = None, **kwargs) -> PopuLoRA:
@@ -172,23 +141,23 @@ class TestStep:
 
     def test_reserved_problems_are_never_asked(self):
         # AnyProposal's problem is the parity of the proposal's length: reserve one of the two questions
-        loop = make(interval=100, task=AnyProposal(), reserved={_parity(4).question}, proposals=4)
+        loop = make(interval=100, task=AnyProposal(), reserved={parity(4).question}, proposals=4)
         twin = make(interval=100, task=AnyProposal(), proposals=4)
         out, free = loop.step(), twin.step()
         assert out.proposals == free.proposals  # the same draws: only what is asked differs
-        held = torch.tensor([p is not None and p.question == _parity(4).question for p in out.problems]).view(2, 4)
+        held = torch.tensor([p is not None and p.question == parity(4).question for p in out.problems]).view(2, 4)
         assert torch.equal(out.reserved, held) and held.any() and not (out.valid & out.reserved).any()
         assert torch.equal(out.valid | out.reserved, free.valid)
-        assert all(p.question != _parity(4).question for _, p in out.tasks)
+        assert all(p.question != parity(4).question for _, p in out.tasks)
         assert bool((out.teacher_rewards[held] == 0).all())  # neither the invalid -1 nor a solve-based reward
         assert out.record.reserved == int(held.sum()) and out.record.validity == float(free.valid.float().mean())
 
     def test_reserved_anchors_are_redrawn(self):
-        reserved = {_parity(c).question for c in range(100) if c % 3}
+        reserved = {parity(c).question for c in range(100) if c % 3}
         loop = make(proposals=0, anchors=5, reserved=reserved)
         out = loop.step()
         assert len(out.anchors) == 5 and all(p.question not in reserved for p in out.anchors)
-        everything = make(proposals=0, anchors=1, reserved={_parity(c).question for c in range(100)})
+        everything = make(proposals=0, anchors=1, reserved={parity(c).question for c in range(100)})
         before = deterministic(everything)
         with pytest.raises(InvalidValueError, match="reserved"):
             everything.step()

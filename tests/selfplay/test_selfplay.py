@@ -14,6 +14,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("openskill")
 
+from parity_task import BLOCK, ParityTask
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from populora import Population
@@ -22,10 +23,8 @@ from populora.llm import char_tokenizer
 from populora.ratings import Ratings
 from populora.selfplay.rewards import match_scores, selfplay_fitnesses
 from populora.selfplay.selfplay import SelfPlay
-from populora.tasks import Problem, Task
 
 ROOT = Path(__file__).resolve().parents[2]
-BLOCK = ["model.layers.*.self_attn.*_proj", "model.layers.*.mlp.*_proj"]
 PAD, EOS = 0, 1
 
 
@@ -53,30 +52,6 @@ def tiny_llama() -> LlamaForCausalLM:
             _STATE.update({k: v.clone() for k, v in LlamaForCausalLM(config).state_dict().items()})
     model.load_state_dict(_STATE)
     return model.eval()
-
-
-class ParityTask(Task):
-    """A task a random model plays: a proposal is valid when its first character has an even code; the
-    student is right when the parity of its reply's length matches the problem's answer."""
-
-    name = "parity"
-
-    def _sample_one(self, generator: torch.Generator) -> Problem:
-        return _parity(int(torch.randint(0, 100, (1,), generator=generator)))
-
-    @staticmethod
-    def check_reply(problem: Problem, reply: str) -> bool:
-        return len(reply) % 2 == problem.answer
-
-    def proposal_prompt(self) -> str:
-        return "Propose a code."
-
-    def parse_proposal(self, text: str) -> Problem | None:
-        return _parity(ord(text[0])) if text and ord(text[0]) % 2 == 0 else None
-
-
-def _parity(code: int) -> Problem:
-    return Problem(task="parity", question=f"Parity of {code}?", answer=code % 2, data={"code": code})
 
 
 GEN_T = dict(max_new_tokens=6, do_sample=True, temperature=1.0)

@@ -12,38 +12,13 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("openskill")
 
+from parity_task import BLOCK, ParityTask
+
 from populora import Population
 from populora.errors import CheckpointError
 from populora.llm import tiny_chat_model
 from populora.selfplay import selfplay as selfplay_module
 from populora.selfplay.selfplay import SelfPlay
-from populora.tasks import Problem, Task
-
-BLOCK = ["model.layers.*.self_attn.*_proj", "model.layers.*.mlp.*_proj"]
-
-
-class ParityTask(Task):
-    """Valid proposals start with an even character code; a reply is right when its length has the problem's
-    parity (a random model plays it)."""
-
-    name = "parity"
-
-    def _sample_one(self, generator: torch.Generator) -> Problem:
-        return _parity(int(torch.randint(0, 100, (1,), generator=generator)))
-
-    @staticmethod
-    def check_reply(problem: Problem, reply: str) -> bool:
-        return len(reply) % 2 == problem.answer
-
-    def proposal_prompt(self) -> str:
-        return "Propose a code."
-
-    def parse_proposal(self, text: str) -> Problem | None:
-        return _parity(ord(text[0])) if text and ord(text[0]) % 2 == 0 else None
-
-
-def _parity(code: int) -> Problem:
-    return Problem(task="parity", question=f"Parity of {code}?", answer=code % 2, data={"code": code})
 
 
 def make(**kwargs) -> SelfPlay:
