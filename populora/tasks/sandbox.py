@@ -62,7 +62,9 @@ What is guaranteed
       supplementary groups and no capabilities, in a chroot of its own empty temporary directory
       (it can read and write nothing else of the filesystem; what it writes there is bounded by
       ``file_bytes`` per file and removed afterwards), cannot fork or start threads (``RLIMIT_NPROC``
-      0 is enforced for non-root uids), is held to ``cpu_s`` CPU seconds, ``memory_bytes`` of
+      0 is enforced for non-root uids), is held to ``cpu_s`` CPU seconds (``SIGPROF``; a program
+      that ignores it, possible only without the allowlist, is killed by ``RLIMIT_CPU`` at
+      ``int(cpu_s) + 2`` seconds, which the kernel checks once per scheduler tick), ``memory_bytes`` of
       address space, ``wall_s`` of wall clock and ``output_chars`` of output, and leaves no process
       behind. The network is cut when ``unshare(CLONE_NEWNET)`` succeeds, which needs
       ``CAP_SYS_ADMIN`` (granted to root outside a restricted container; a default Docker seccomp

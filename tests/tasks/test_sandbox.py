@@ -18,6 +18,9 @@ from populora.errors import InvalidTypeError, InvalidValueError
 from populora.tasks.sandbox import RUNNER, STATUSES, Job, Limits, RunResult, Sandbox
 
 LIMITS = Limits(cpu_s=0.3, wall_s=5.0, memory_bytes=128 * 2**20, output_chars=4096, file_bytes=4096)
+# a child is stopped within its CPU limit: SIGPROF at cpu_s, else RLIMIT_CPU's SIGKILL at int(cpu_s) + 2 s, which
+# the kernel checks once per scheduler tick (a program ignoring SIGPROF was measured at 2.003 s): 50 ms of slack
+MAX_CPU_S = int(LIMITS.cpu_s) + 2 + 0.05
 MARKER = RUNNER.splitlines()[0].encode()  # "# populora-sandbox-runner": in every child's command line
 ESCAPE = f"/tmp/populora-sandbox-escape-{uuid.uuid4().hex}"
 
@@ -381,8 +384,7 @@ def test_hostile_programs_are_refused_or_stopped_and_neighbours_are_unaffected(c
         hostile, neighbour = results[2 * i], results[2 * i + 1]
         assert hostile.status in expected, (name, hostile)
         assert hostile.outputs == () or hostile.status == "ok", (name, hostile)
-        # a child is stopped within its CPU limit: SIGPROF at cpu_s, RLIMIT_CPU's SIGKILL at int(cpu_s) + 2
-        assert hostile.cpu_s <= int(LIMITS.cpu_s) + 2, (name, hostile.cpu_s)
+        assert hostile.cpu_s <= MAX_CPU_S, (name, hostile.cpu_s)
         assert len(hostile.stdout) <= LIMITS.output_chars
         assert "root:" not in hostile.stdout
         assert neighbour.status == "ok" and neighbour.outputs == (f"[{i}, {2 * i}]",), (name, neighbour)
@@ -424,7 +426,7 @@ def test_os_limits_hold_without_the_allowlist(clean):
     results = box.run_many([job(source) for _, source, _ in UNCHECKED_SAFE])
     for (name, _, expected), result in zip(UNCHECKED_SAFE, results):
         assert result.status in expected, (name, result)
-        assert result.cpu_s <= int(LIMITS.cpu_s) + 2, (name, result.cpu_s)
+        assert result.cpu_s <= MAX_CPU_S, (name, result.cpu_s)
     assert "File too large" in results[-1].message  # RLIMIT_FSIZE
 
 
