@@ -20,8 +20,10 @@ base model scores about 40% there, measured on 32 problems, inside the
 addition with the successor of a 3-digit number (``Arithmetic(1)`` +
 ``Successor(3)``, base about 56% on the additions).
 
-Protocol: a held-out set (200 problems, its own seed, never used for training
-or selection) is scored before and after; a separate validation set, scored
+Protocol: a held-out set (200 draws of the task with its own seed; independent
+draws, so with ``Countdown(1)``'s 138 distinct problems it shares problems with
+the validation set and the training stream: see the results page) is scored
+before and after; a separate validation set, scored
 every ``--eval-every`` steps, chooses which centre (the ES mean at that step)
 is reported; the training problems come from a third seed. Accuracy is the
 greedy reply of the centre (the model itself) checked by the verifier. Writes

@@ -24,8 +24,10 @@ learning-rate multiplier times 0.8 or 1.2.
 
 Protocol, shared with ``examples/es_countdown.py`` so the two are comparable at equal time: the same
 task (``--task countdown``: ``Countdown(1)``), prompts (``task.prompt`` in the chat template), greedy
-evaluation with the same ``--max-new-tokens``, the same 200 held-out problems (seed 20261201, never used
-for training or selection), the same validation problems (seed 7000003) and training stream (seed 11).
+evaluation with the same ``--max-new-tokens``, the same 200 held-out draws (seed 20261201), the same
+validation draws (seed 7000003) and training stream (seed 11). The three are independent draws of the task:
+``Countdown(1)`` has only 138 distinct problems, so they share problems and the held-out accuracy is on the
+training distribution, not on unseen problems (the results page has the counts; a rerun with disjoint sets is due).
 Held-out accuracy before (the base model) and after (the validation-chosen individual), each with a
 95% Wilson interval, and the paired difference with a 95% interval (the same 200 problems). The results hold
 the prompts' SHA-256 (``heldout.prompts_sha256``), the base model's replies and per-problem verdicts, so
