@@ -85,7 +85,8 @@ from populora.llm.reasoning import (
 )
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "outputs" / "es_countdown"  # git-ignored
-SEEDS = {"heldout": 20_261_201, "validation": 7_000_003, "train": 11}  # three disjoint streams
+# three seeds, not three disjoint sets: the draws share problems when the task has few (see `exposure`)
+SEEDS = {"heldout": 20_261_201, "validation": 7_000_003, "train": 11}
 
 
 def load(which: str) -> tuple[Any, Any, str]:
@@ -155,6 +156,25 @@ def accuracy(model: Any, tokenizer: Any, task: Any, problems: list, args: argpar
 def prompts_digest(problems: list, task: Any) -> str:
     """SHA-256 of the problems' prompts: two runs with the same digest were scored on the same problems."""
     return hashlib.sha256("\x00".join(problem_prompts(problems, task)).encode()).hexdigest()
+
+
+def exposure(task: Any, heldout: list, validation: list, steps: int, prompts: int) -> dict[str, int]:
+    """How far the held-out rows are from never-seen, for a model trained ``steps`` steps of ``prompts`` problems.
+
+    The training problems are replayed from ``SEEDS["train"]`` (the training stream's only use). Returns the
+    held-out set's distinct problems and its rows whose problem is a validation problem or was trained on.
+    """
+    g = torch.Generator().manual_seed(SEEDS["train"])
+    trained = {p.question for _ in range(steps) for p in task.sample(prompts, g)}
+    questions = [p.question for p in heldout]
+    validating = {p.question for p in validation}
+    return {
+        "rows": len(questions),
+        "distinct": len(set(questions)),
+        "rows_in_validation": sum(q in validating for q in questions),
+        "rows_trained_on": sum(q in trained for q in questions),
+        "trained_steps": steps,
+    }
 
 
 def wilson(right: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -439,6 +459,7 @@ def main(argv: list[str] | None = None) -> dict:
             "paired": paired_difference(before_right, chosen_right),  # the validation-chosen centre - the base
             "right": {"before": before_right, "after": after_right, "chosen": chosen_right},
             "replies_before": before_replies,
+            "exposure": exposure(task, heldout, validation, best["step"], args.prompts),  # of the chosen centre
         },
         "validation_before": val0,
         "tokens_per_s": gen_tokens / gen_s if gen_s else 0.0,
@@ -458,6 +479,12 @@ def main(argv: list[str] | None = None) -> dict:
         f"{held['paired']['difference']:+.3f} [{held['paired']['interval'][0]:+.3f}, "
         f"{held['paired']['interval'][1]:+.3f}]; {steps} steps, {result['tokens_per_s']:.0f} tokens/s "
         f"(member generation), {wall / 60:.1f} min -> {args.out}",
+        flush=True,
+    )
+    e = held["exposure"]
+    print(
+        f"held-out exposure: {e['distinct']} distinct problems in {e['rows']} rows, {e['rows_in_validation']} rows are "
+        f"validation problems, {e['rows_trained_on']} rows were trained on by the chosen centre",
         flush=True,
     )
     return result

@@ -70,7 +70,7 @@ from populora.llm.reasoning import encode_prompts, problem_prompts, verifier_rew
 from populora.train import PBT, LRMultipliers, advantages, policy_gradient_step_
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # examples/ is not a package: the sibling script's helpers
-from es_countdown import paired_difference, wilson  # the same intervals ES reports
+from es_countdown import exposure, paired_difference, wilson  # the same intervals and exposure ES reports
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "outputs" / "rl_llm"  # git-ignored: the checkpoint and results
 SEEDS = {"heldout": 20_261_201, "validation": 7_000_003, "train": 11}  # examples/es_countdown.py's SEEDS
@@ -454,6 +454,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         after=a / n, after_interval=wilson(a, n), paired=paired_difference(state["before"], state["after"])
     )
     result["heldout"]["right"]["after"] = state["after"]
+    # of the reported individual: its step's training problems replayed from the training stream's seed
+    result["heldout"]["exposure"] = exposure(task, heldout, validation, state["best"]["step"], args.prompts)
     write(result)
     h = result["heldout"]
     say(
@@ -463,6 +465,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"[{h['after_interval'][0]:.3f}, {h['after_interval'][1]:.3f}]; difference {h['paired']['difference']:+.3f} "
         f"[{h['paired']['interval'][0]:+.3f}, {h['paired']['interval'][1]:+.3f}]; {state['step']} steps, "
         f"{clock() / 60:.1f} min -> {args.out}"
+    )
+    e = h["exposure"]
+    say(
+        f"held-out exposure: {e['distinct']} distinct problems in {e['rows']} rows, {e['rows_in_validation']} rows are "
+        f"validation problems, {e['rows_trained_on']} rows were trained on by the reported individual"
     )
     return result
 

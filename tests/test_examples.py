@@ -149,6 +149,31 @@ def test_rl_llm_and_es_countdown_score_the_same_heldout_problems_the_same_way(tm
     assert rl["heldout"]["replies_before"] == es["heldout"]["replies_before"]
     assert rl["heldout"]["right"]["before"] == es["heldout"]["right"]["before"]
     assert rl["heldout"]["before_interval"] == es["heldout"]["before_interval"]
+    for result in (rl, es):  # every run says how far its held-out rows are from never-seen
+        e = result["heldout"]["exposure"]
+        assert e["rows"] == 8 and 1 <= e["distinct"] <= 8 and 0 <= e["rows_trained_on"] <= 8
+
+
+def test_heldout_exposure_is_reported_and_matches_the_results_page():
+    """Countdown(1) has 138 distinct problems: the RL / ES held-out draws are not never-seen (docs/results.md)."""
+    import torch
+
+    from populora.tasks import Countdown
+
+    es = _example("es_countdown.py")
+    task = Countdown(1)
+    heldout = task.sample(200, torch.Generator().manual_seed(es.SEEDS["heldout"]))
+    validation = task.sample(32, torch.Generator().manual_seed(es.SEEDS["validation"]))
+    rl_chosen = es.exposure(task, heldout, validation, steps=4, prompts=4)  # RL's reported individual: step 4
+    assert rl_chosen == {
+        "rows": 200,
+        "distinct": 99,
+        "rows_in_validation": 37,
+        "rows_trained_on": 21,
+        "trained_steps": 4,
+    }
+    assert es.exposure(task, heldout, validation, steps=15, prompts=8)["rows_trained_on"] == 125  # ES's centre
+    assert es.exposure(task, heldout, validation, steps=0, prompts=8)["rows_trained_on"] == 0
 
 
 def test_the_examples_intervals():
