@@ -20,9 +20,8 @@ base model scores about 40% there, measured on 32 problems, inside the
 addition with the successor of a 3-digit number (``Arithmetic(1)`` +
 ``Successor(3)``, base about 56% on the additions).
 
-Protocol: a held-out set (200 draws of the task with its own seed; independent
-draws, so with ``Countdown(1)``'s 138 distinct problems it shares problems with
-the validation set and the training stream: see the results page) is scored
+Protocol: a held-out set (200 distinct problems, its own seed, never trained
+on: the training stream redraws held-out and validation problems) is scored
 before and after; a separate validation set, scored
 every ``--eval-every`` steps, chooses which centre (the ES mean at that step)
 is reported; the training problems come from a third seed. Accuracy is the
@@ -85,7 +84,7 @@ from populora.llm.reasoning import (
 )
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "outputs" / "es_countdown"  # git-ignored
-# three seeds, not three disjoint sets: the draws share problems when the task has few (see `exposure`)
+# held-out and validation: distinct, disjoint sets from their own seeds; training draws skip them (`training_sample`)
 SEEDS = {"heldout": 20_261_201, "validation": 7_000_003, "train": 11}
 
 
@@ -108,7 +107,9 @@ def make_task(name: str) -> tuple[Any, str]:
     from populora.tasks import Arithmetic, Countdown, Mixture, Successor
 
     if name == "countdown":
-        return Countdown(1), "Countdown, difficulty 1 (2 numbers in 1..9)"
+        return Countdown(1), "Countdown, difficulty 1 (2 numbers in 1..9; 138 distinct problems)"
+    if name == "sums":
+        return Arithmetic(2), "two-digit addition (Arithmetic(2); 8,100 distinct problems)"
     return (
         Mixture([Arithmetic(1), Successor(3)]),
         "single-digit addition (Arithmetic(1)) + successor of a 3-digit number (Successor(3)), 50/50",
@@ -158,14 +159,58 @@ def prompts_digest(problems: list, task: Any) -> str:
     return hashlib.sha256("\x00".join(problem_prompts(problems, task)).encode()).hexdigest()
 
 
-def exposure(task: Any, heldout: list, validation: list, steps: int, prompts: int) -> dict[str, int]:
+def evaluation_sets(task: Any, heldout: int, validation: int) -> tuple[list, list]:
+    """``(held-out, validation)``: distinct problems, the two sets disjoint, each from its own seed.
+
+    Raises:
+        SystemExit: the task has fewer distinct problems than the two sets need (``Countdown(1)`` has 138).
+    """
+    taken: set[str] = set()
+    sets = []
+    for n, seed in ((heldout, SEEDS["heldout"]), (validation, SEEDS["validation"])):
+        g, part = torch.Generator().manual_seed(seed), []
+        for _ in range(200 * n + 1000):
+            if len(part) == n:
+                break
+            problem = task.sample(1, g)[0]
+            if problem.question not in taken:
+                taken.add(problem.question)
+                part.append(problem)
+        if len(part) < n:
+            raise SystemExit(
+                f"{task!r} gave {len(taken)} distinct problems, fewer than --heldout {heldout} + --validation "
+                f"{validation}: a smaller set or a task with more problems (--task sums)"
+            )
+        sets.append(part)
+    return sets[0], sets[1]
+
+
+def training_sample(task: Any, n: int, generator: torch.Generator, reserved: set[str]) -> list:
+    """``n`` training problems from ``generator``, each redrawn while it is ``reserved`` (held-out or validation)."""
+    out = []
+    for _ in range(1000 * n + 1000):
+        if len(out) == n:
+            return out
+        problem = task.sample(1, generator)[0]
+        if problem.question not in reserved:
+            out.append(problem)
+    raise SystemExit(f"{task!r}: almost every draw is a held-out or validation problem; nothing left to train on")
+
+
+def exposure(
+    task: Any, heldout: list, validation: list, steps: int, prompts: int, reserved: set[str] | None = None
+) -> dict[str, int]:
     """How far the held-out rows are from never-seen, for a model trained ``steps`` steps of ``prompts`` problems.
 
-    The training problems are replayed from ``SEEDS["train"]`` (the training stream's only use). Returns the
-    held-out set's distinct problems and its rows whose problem is a validation problem or was trained on.
+    The training problems are replayed from ``SEEDS["train"]`` (the training stream's only use) with the run's
+    ``reserved`` questions (``None``: the held-out and validation sets, as :func:`training_sample` is called).
+    Returns the held-out set's distinct problems and its rows whose problem is a validation problem or was
+    trained on (0 with this protocol; the counts exist because an earlier one drew the sets independently).
     """
+    if reserved is None:
+        reserved = {p.question for p in heldout + validation}
     g = torch.Generator().manual_seed(SEEDS["train"])
-    trained = {p.question for _ in range(steps) for p in task.sample(prompts, g)}
+    trained = {p.question for _ in range(steps) for p in training_sample(task, prompts, g, reserved)}
     questions = [p.question for p in heldout]
     validating = {p.question for p in validation}
     return {
@@ -249,7 +294,7 @@ def base_evaluation(
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=["auto", "smollm2", "tiny"], default="auto")
-    parser.add_argument("--task", choices=["countdown", "arithmetic"], default="countdown")
+    parser.add_argument("--task", choices=["countdown", "sums", "arithmetic"], default="countdown")
     parser.add_argument(
         "--mode",
         choices=["blocks", "lora"],
@@ -330,8 +375,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"loading the model ({args.model}); budget {args.minutes:g} min, evaluations included", flush=True)
     base, tokenizer, model_name = load(args.model)
     task, task_name = make_task(args.task)
-    heldout = task.sample(args.heldout, torch.Generator().manual_seed(SEEDS["heldout"]))
-    validation = task.sample(args.validation, torch.Generator().manual_seed(SEEDS["validation"]))
+    heldout, validation = evaluation_sets(task, args.heldout, args.validation)
+    reserved = {p.question for p in heldout + validation}  # never trained on
     train_gen = torch.Generator().manual_seed(SEEDS["train"])
     model = wrap(base, args.mode, args.rank)
     lr = es_at_scale_lr(args.alpha, args.sigma, args.pop_size)
@@ -373,7 +418,7 @@ def main(argv: list[str] | None = None) -> dict:
         if steps > 0 and time.perf_counter() - start + step_s + 1.2 * heldout_s * 2 > budget:  # one step always runs
             break
         t_step = time.perf_counter()
-        problems = task.sample(args.prompts, train_gen)
+        problems = training_sample(task, args.prompts, train_gen, reserved)
         groups = es.groups() if args.group_size else None
         rewards, replies = verifier_rewards(
             es.ask(),
@@ -459,7 +504,7 @@ def main(argv: list[str] | None = None) -> dict:
             "paired": paired_difference(before_right, chosen_right),  # the validation-chosen centre - the base
             "right": {"before": before_right, "after": after_right, "chosen": chosen_right},
             "replies_before": before_replies,
-            "exposure": exposure(task, heldout, validation, best["step"], args.prompts),  # of the chosen centre
+            "exposure": exposure(task, heldout, validation, best["step"], args.prompts, reserved),  # chosen centre
         },
         "validation_before": val0,
         "tokens_per_s": gen_tokens / gen_s if gen_s else 0.0,

@@ -24,10 +24,11 @@ learning-rate multiplier times 0.8 or 1.2.
 
 Protocol, shared with ``examples/es_countdown.py`` so the two are comparable at equal time: the same
 task (``--task countdown``: ``Countdown(1)``), prompts (``task.prompt`` in the chat template), greedy
-evaluation with the same ``--max-new-tokens``, the same 200 held-out draws (seed 20261201), the same
-validation draws (seed 7000003) and training stream (seed 11). The three are independent draws of the task:
-``Countdown(1)`` has only 138 distinct problems, so they share problems and the held-out accuracy is on the
-training distribution, not on unseen problems (the results page has the counts; a rerun with disjoint sets is due).
+evaluation with the same ``--max-new-tokens``, the same 200 held-out problems (distinct, seed 20261201), the
+same validation problems (distinct, disjoint from them, seed 7000003) and training stream (seed 11, every draw of
+a held-out or validation problem redrawn: never-seen means never trained on). A task with too few distinct
+problems is refused (``Countdown(1)`` has 138: use ``--heldout 100 --validation 20`` there, or ``--task sums``,
+two-digit addition's 8,100). The results record ``heldout.exposure`` (distinct problems, rows trained on: 0).
 Held-out accuracy before (the base model) and after (the validation-chosen individual), each with a
 95% Wilson interval, and the paired difference with a 95% interval (the same 200 problems). The results hold
 the prompts' SHA-256 (``heldout.prompts_sha256``), the base model's replies and per-problem verdicts, so
@@ -70,7 +71,13 @@ from populora.llm.reasoning import encode_prompts, problem_prompts, verifier_rew
 from populora.train import PBT, LRMultipliers, advantages, policy_gradient_step_
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # examples/ is not a package: the sibling script's helpers
-from es_countdown import exposure, paired_difference, wilson  # the same intervals and exposure ES reports
+from es_countdown import (  # the same sets, intervals and exposure as ES
+    evaluation_sets,
+    exposure,
+    paired_difference,
+    training_sample,
+    wilson,
+)
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "outputs" / "rl_llm"  # git-ignored: the checkpoint and results
 SEEDS = {"heldout": 20_261_201, "validation": 7_000_003, "train": 11}  # examples/es_countdown.py's SEEDS
@@ -100,7 +107,9 @@ def make_task(name: str) -> tuple[Any, str]:
     from populora.tasks import Arithmetic, Countdown, Mixture, Successor
 
     if name == "countdown":
-        return Countdown(1), "Countdown, difficulty 1 (2 numbers in 1..9)"
+        return Countdown(1), "Countdown, difficulty 1 (2 numbers in 1..9; 138 distinct problems)"
+    if name == "sums":
+        return Arithmetic(2), "two-digit addition (Arithmetic(2); 8,100 distinct problems)"
     return (
         Mixture([Arithmetic(1), Successor(3)]),
         "single-digit addition (Arithmetic(1)) + successor of a 3-digit number (Successor(3)), 50/50",
@@ -193,7 +202,7 @@ def rollouts(
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=["auto", "smollm2", "tiny"], default="auto")
-    parser.add_argument("--task", choices=["countdown", "arithmetic"], default="countdown")
+    parser.add_argument("--task", choices=["countdown", "sums", "arithmetic"], default="countdown")
     parser.add_argument("--pop-size", type=int, default=4)
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--lr", type=float, default=2e-4, help="Adam learning rate at multiplier 1")
@@ -254,8 +263,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     base, tokenizer, model_name = load(args.model)
     task, task_name = make_task(args.task)
-    heldout = task.sample(args.heldout, torch.Generator().manual_seed(SEEDS["heldout"]))
-    validation = task.sample(args.validation, torch.Generator().manual_seed(SEEDS["validation"]))
+    heldout, validation = evaluation_sets(task, args.heldout, args.validation)
+    reserved = {p.question for p in heldout + validation}  # never trained on
     train_gen = torch.Generator().manual_seed(SEEDS["train"])
     sample_gen = torch.Generator().manual_seed(args.seed + 1)
     size = args.pop_size
@@ -364,7 +373,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if clock() + step_s + val_s + 1.2 * heldout_s > budget:
             break
         t_step = time.perf_counter()
-        problems = task.sample(args.prompts, train_gen)
+        problems = training_sample(task, args.prompts, train_gen, reserved)
         roll = rollouts(pop, tokenizer, task, problems, args, sample_gen)
         keys = torch.stack([torch.tensor(roll["problem"]), torch.tensor(roll["individuals"])], 1)
         adv = advantages(roll["rewards"], groups=keys, method="reinforce++")
@@ -455,7 +464,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     result["heldout"]["right"]["after"] = state["after"]
     # of the reported individual: its step's training problems replayed from the training stream's seed
-    result["heldout"]["exposure"] = exposure(task, heldout, validation, state["best"]["step"], args.prompts)
+    result["heldout"]["exposure"] = exposure(task, heldout, validation, state["best"]["step"], args.prompts, reserved)
     write(result)
     h = result["heldout"]
     say(

@@ -164,16 +164,19 @@ def test_heldout_exposure_is_reported_and_matches_the_results_page():
     task = Countdown(1)
     heldout = task.sample(200, torch.Generator().manual_seed(es.SEEDS["heldout"]))
     validation = task.sample(32, torch.Generator().manual_seed(es.SEEDS["validation"]))
-    rl_chosen = es.exposure(task, heldout, validation, steps=4, prompts=4)  # RL's reported individual: step 4
-    assert rl_chosen == {
-        "rows": 200,
-        "distinct": 99,
-        "rows_in_validation": 37,
-        "rows_trained_on": 21,
-        "trained_steps": 4,
-    }
-    assert es.exposure(task, heldout, validation, steps=15, prompts=8)["rows_trained_on"] == 125  # ES's centre
-    assert es.exposure(task, heldout, validation, steps=0, prompts=8)["rows_trained_on"] == 0
+    # the earlier protocol: independent draws, nothing reserved from training
+    rl_chosen = es.exposure(task, heldout, validation, steps=4, prompts=4, reserved=set())  # RL's reported: step 4
+    expected = {"rows": 200, "distinct": 99, "rows_in_validation": 37, "rows_trained_on": 21, "trained_steps": 4}
+    assert rl_chosen == expected
+    assert es.exposure(task, heldout, validation, steps=15, prompts=8, reserved=set())["rows_trained_on"] == 125
+    # now: distinct, disjoint, reserved sets; too few problems is an error, not a silent overlap
+    with pytest.raises(SystemExit, match="138 distinct problems, fewer than --heldout 200"):
+        es.evaluation_sets(task, 200, 32)
+    sums, _ = es.make_task("sums")
+    heldout, validation = es.evaluation_sets(sums, 200, 32)
+    assert len({p.question for p in heldout + validation}) == 232
+    e = es.exposure(sums, heldout, validation, steps=30, prompts=8)
+    assert (e["distinct"], e["rows_in_validation"], e["rows_trained_on"]) == (200, 0, 0)
 
 
 def test_the_examples_intervals():
