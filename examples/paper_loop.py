@@ -709,7 +709,8 @@ def report(results: Path, runs: Path | None = None) -> str:
             f"({r['chosen']['step']}, {r['chosen']['student']}) | "
             f"{r['validation_population_mean_final']:.3f} | "
             + " | ".join(f"{s[k]:.3f}" for k in ("template", "bare", "paraphrase", "neighbour"))
-            + f" | {g['routed_tokens_per_s']:.0f}/{g['plain_tokens_per_s']:.0f} |"
+            # no measurement when no measured step had a student row (every proposal invalid)
+            + (f" | {g['routed_tokens_per_s']:.0f}/{g['plain_tokens_per_s']:.0f} |" if g["measurements"] else " | - |")
         )
     lines += partial
     for fam, b in bases.items():
