@@ -70,49 +70,24 @@ from populora.llm.reasoning import encode_prompts, problem_prompts, verifier_rew
 from populora.train import PBT, LRMultipliers, advantages, policy_gradient_step_
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # examples/ is not a package: the sibling script's helpers
-from es_countdown import (  # the same sets, intervals and exposure as ES
+from es_countdown import (  # the same model, task, seeds, sets, intervals and exposure as ES
+    SEEDS,
     evaluation_sets,
     exposure,
+    load,
+    make_task,
     paired_difference,
     training_sample,
     wilson,
 )
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "outputs" / "rl_llm"  # git-ignored: the checkpoint and results
-SEEDS = {"heldout": 20_261_201, "validation": 7_000_003, "train": 11}  # examples/es_countdown.py's SEEDS
 CHECKPOINT_KIND = "rl_llm"
 # options that must match to continue a checkpoint (the others, --minutes and --steps included, may change)
 RUN_KEYS = (
     "model", "task", "pop_size", "rank", "lr", "lr_span", "prompts", "samples", "max_new_tokens", "temperature",
     "heldout", "validation", "eval_every", "pbt_interval", "max_grad_norm", "kl_coef", "seed",
 )  # fmt: skip
-
-
-def load(which: str) -> tuple[Any, Any, str]:
-    """``(model, tokenizer, name)``: SmolLM2-135M-Instruct, or a tiny random Llama (``which='tiny'``)."""
-    if which == "smollm2":
-        from populora.llm import load_smollm2
-
-        model, tokenizer = load_smollm2()
-        return model, tokenizer, "SmolLM2-135M-Instruct"
-    from populora.llm import tiny_chat_model
-
-    model, tokenizer = tiny_chat_model()
-    return model, tokenizer, "tiny random Llama"
-
-
-def make_task(name: str) -> tuple[Any, str]:
-    """The task and its description, as ``examples/es_countdown.py`` builds them."""
-    from populora.tasks import Arithmetic, Countdown, Mixture, Successor
-
-    if name == "countdown":
-        return Countdown(1), "Countdown, difficulty 1 (2 numbers in 1..9; 138 distinct problems)"
-    if name == "sums":
-        return Arithmetic(2), "two-digit addition (Arithmetic(2); 8,100 distinct problems)"
-    return (
-        Mixture([Arithmetic(1), Successor(3)]),
-        "single-digit addition (Arithmetic(1)) + successor of a 3-digit number (Successor(3)), 50/50",
-    )
 
 
 def correct_of(
