@@ -20,7 +20,7 @@ Tasks and their targets (issue 11):
 
 Each task runs its best measured configuration by default (``--algorithm``
 picks another), which is the task's preset
-(``populora.interact.presets.preset(task)``, the settings a user finds in
+(``populora.loops.env.presets.preset(task)``, the settings a user finds in
 the docs; ``--algorithm preset`` names it for every task): the GA for
 CartPole; for LunarLander the GA (2 episodes an individual, horizon 1000,
 stopping at a confirmed validated 200); for Pendulum EggRoll ES with ClipUp
@@ -81,7 +81,7 @@ from torch import nn
 import populora
 from populora import evolve_with_env, interact_with_env
 from populora.interact import ES, Budget, Checkpointing, EnvOptions, Episodes
-from populora.interact.presets import preset
+from populora.loops.env.presets import preset
 
 REPORT = 7_000_000  # the reporting seeds' run seed offset (play() draws them from its own stream)
 
@@ -126,7 +126,7 @@ def _identity(out: Any) -> Any:
 
 
 def _preset(task: str) -> tuple[Callable[[], nn.Module], dict[str, Any]]:
-    """The model and options of ``populora.interact.presets.preset(task)`` as a config (budget and generations
+    """The model and options of ``populora.loops.env.presets.preset(task)`` as a config (budget and generations
     are the Task's)."""
     p = preset(task)
     options = {k: v for k, v in p.kwargs.items() if k not in ("budget", "num_generations")}
@@ -324,7 +324,7 @@ def main() -> None:
         choices=["preset", "ga", "es"],
         default=None,
         help="default: the task's best measured one (see the module docstring; 'preset' is "
-        "populora.interact.presets.preset(task))",
+        "populora.loops.env.presets.preset(task))",
     )
     parser.add_argument("--budget-seconds", type=float, default=900.0, help="total wall time of all seeds")
     parser.add_argument("--json", type=Path, default=None, help="also write the runs and their histories here")

@@ -1,6 +1,6 @@
 """Evolve a LunarLander-v3 policy (gymnasium[box2d]) with its preset: 4 discrete actions, 8 observations.
 
-The settings are ``populora.interact.presets.preset("LunarLander-v3")``: 32
+The settings are ``populora.loops.env.presets.preset("LunarLander-v3")``: 32
 individuals (rank-4 LoRA adapters on an 8-32-4 MLP, genetic algorithm) play 2
 episodes each per generation, each its own, of the full 1000 steps;
 observations are normalised between generations; the top candidates are
@@ -31,7 +31,7 @@ import torch
 
 from populora import evolve_with_env, interact_with_env, is_main_rank
 from populora.interact import Budget
-from populora.interact.presets import preset
+from populora.loops.env.presets import preset
 
 
 def main() -> None:

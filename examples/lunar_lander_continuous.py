@@ -1,6 +1,6 @@
 """Evolve a LunarLanderContinuous-v3 policy (gymnasium[box2d]) with ES and ClipUp: a linear policy.
 
-The settings are ``populora.interact.presets.preset("LunarLanderContinuous-v3")``.
+The settings are ``populora.loops.env.presets.preset("LunarLanderContinuous-v3")``.
 The policy is one linear layer 8 -> 2 (main and side engine), starting at
 zero, on normalised observations; the env clips actions to [-1, 1].
 EggRoll ES (``algorithm=ES(...)``) perturbs it with 128 members (64 antithetic
@@ -31,7 +31,7 @@ import torch
 
 from populora import evolve_with_env, interact_with_env, is_main_rank
 from populora.interact import Budget
-from populora.interact.presets import preset
+from populora.loops.env.presets import preset
 
 
 def main() -> None:

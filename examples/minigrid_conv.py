@@ -4,7 +4,7 @@ MiniGrid-Empty-Random-5x5-v0: the agent starts anywhere in a 3x3 room,
 facing any way, and must reach the goal in a corner; it sees a 7x7 view in
 front of it. The view is kept as an image (``EnvOptions(flatten_obs=False)``:
 ``(N, 7, 7, C)`` tensors in a Dict whose text ``mission`` is dropped) and
-goes through :func:`populora.interact.presets.conv_policy`: two 3x3
+goes through :func:`populora.loops.env.presets.conv_policy`: two 3x3
 convolutions (fixed random features), then a linear head that each of 64
 individuals adapts with rank-4 LoRA (genetic algorithm, 4 episodes each, the
 top candidates validated every generation). MiniGrid's
@@ -38,7 +38,7 @@ from minigrid.wrappers import OneHotPartialObsWrapper
 
 from populora import evolve_with_env, interact_with_env, is_main_rank
 from populora.interact import GA, EnvOptions, Episodes
-from populora.interact.presets import conv_policy
+from populora.loops.env.presets import conv_policy
 
 HORIZON = 30
 IMAGE_OPTIONS = dict(flatten_obs=False, drop_obs_keys=("mission",))

@@ -5,7 +5,7 @@ tokens (generated plus trained), then scores it; ``--report`` prints the table o
 
 Arms (all on one frozen SmolLM2-135M-Instruct, fp32, rank-8 adapters on every block linear, ``init_scale=0``):
 
-- ``a``: the paper's loop, 4 teachers + 4 students (:data:`populora.selfplay.paper.CPU_PRESET`): REINFORCE++
+- ``a``: the paper's loop, 4 teachers + 4 students (:data:`populora.loops.selfplay.CPU_PRESET`): REINFORCE++
   for both roles every step, 4 sampled attempts per problem, the paper's rewards, Thurstone-Mosteller
   ratings, the bottom 25% of each role replaced every 5 steps;
 - ``b``: a single self-play agent, 1 teacher + 1 student (``pop_size=1``), the same RL, no evolution;
@@ -62,11 +62,11 @@ import torch
 
 from populora import Population
 from populora.llm import LLAMA_ALL
-from populora.ratings import Ratings
+from populora.loops.ratings import Ratings
 from populora.routing import BASE
-from populora.selfplay.paper import CPU_PRESET, PopuLoRA, solve_rate
-from populora.selfplay.selfplay import SelfPlay
-from populora.selfplay.text import chat_text, encode, new_tokens, pad_id
+from populora.loops.selfplay import CPU_PRESET, PopuLoRA, solve_rate
+from populora.loops.selfplay.selfplay import SelfPlay
+from populora.loops.selfplay.text import chat_text, encode, new_tokens, pad_id
 from populora.tasks import (
     Arithmetic,
     CodeFunction,

@@ -1,6 +1,6 @@
 """Evolve a Pendulum-v1 swing-up policy with its preset: continuous actions, observation normalisation, to_range.
 
-The settings are ``populora.interact.presets.preset("Pendulum-v1")``: EggRoll
+The settings are ``populora.loops.env.presets.preset("Pendulum-v1")``: EggRoll
 ES with ClipUp on a 3-16-1 tanh MLP, 128 members (64 antithetic pairs, rank-2
 noise of scale 0.5, ClipUp step 0.15), every member of a generation on the
 same start state (``Episodes(seeding="common")``: start states differ by up
@@ -31,7 +31,7 @@ import torch
 
 from populora import evolve_with_env, interact_with_env, is_main_rank
 from populora.interact import Budget
-from populora.interact.presets import preset
+from populora.loops.env.presets import preset
 
 
 def main() -> None:

@@ -40,8 +40,8 @@ import torch
 
 from populora import Population
 from populora.llm import LLAMA_ALL
-from populora.ratings import Ratings
-from populora.selfplay.selfplay import SelfPlay
+from populora.loops.ratings import Ratings
+from populora.loops.selfplay.selfplay import SelfPlay
 from populora.tasks import Arithmetic, Mixture, Successor
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "outputs" / "selfplay_arithmetic"  # git-ignored

@@ -47,7 +47,7 @@ from populora.operators import (
 from populora.optim import ClipUp
 from populora.plotting import plot_history
 from populora.population import Population, SelectionResult
-from populora.ratings import Ratings
+from populora.loops.ratings import Ratings
 from populora.routing import BASE
 from populora.selfplay import SelfPlay
 from populora.stats import GenerationStats

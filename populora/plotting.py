@@ -23,7 +23,7 @@ from populora.errors import InvalidTypeError, InvalidValueError
 __all__ = ["plot_history"]
 
 _FIELDS = ("generation", "best", "mean", "std", "validated")
-# SelfPlay's records (populora.selfplay.rewards.SelfPlayRecord): one step, both populations' fitness
+# SelfPlay's records (populora.loops.selfplay.scores.SelfPlayRecord): one step, both populations' fitness
 _SELFPLAY = ("step", "student_best", "student_mean", "teacher_best", "teacher_mean")
 
 

@@ -32,22 +32,34 @@ LAYERS = {
     "operators": 2,
     "routing": 2,
     "tasks": 2,
+    "transaction": 2,
     # 3: helpers built on the infrastructure
     "snapshots": 3,
     "fitness": 3,
     "llm": 3,
-    # 4
-    "ratings": 4,
     # 5: the population joins routing, targets and operators
     "population": 5,
     # 6: ways to improve a model
     "es": 6,
     "train": 6,
-    # 7: loops against environments and between populations
-    "interact": 7,
-    "coevolve": 7,
-    # 8: the paper's loop
-    "selfplay": 8,
+    # 7: the environment adapter (episodes of a routed model; no GA, no ES)
+    "envs": 7,
+    # 8: every loop
+    "loops": 8,
+    # 9: the 0.5.0 faces (re-exports of what moved into envs/ and loops/, and the deprecated module paths)
+    "interact": 9,
+    "coevolve": 9,
+    "selfplay": 9,
+    "ratings": 9,
+}
+
+# inside loops/: the rooms a loop may build on (a room imports its own modules and lower rooms only)
+LOOP_ROOMS = {"base": 0, "ratings": 0, "env": 1, "pbt": 1, "coevolve": 1, "selfplay": 2}
+
+# the lazy re-exports that point UP the layers (a module `__getattr__` importing on first use), by file: a
+# face keeps 0.5.0's import working without importing a higher layer when it is imported itself
+LAZY_UPWARD = {
+    "populora/train/__init__.py": {"populora.loops.pbt"},
 }
 
 # attributes of other libraries' objects that happen to start with an underscore
@@ -116,6 +128,105 @@ def test_imports_point_down_the_layers():
             if there == "populora" or LAYERS.get(there, 99) >= LAYERS[here]:
                 bad.append(f"{path.relative_to(ROOT)}:{line}: {here} (layer {LAYERS[here]}) imports {target}")
     assert not bad, "imports that do not point down the layers:\n" + "\n".join(bad)
+
+
+def test_loop_rooms_point_down():
+    bad = []
+    for path in sorted((PACKAGE / "loops").rglob("*.py")):
+        parts = path.relative_to(PACKAGE / "loops").parts
+        here = parts[0].removesuffix(".py")
+        if here == "__init__":
+            continue
+        for line, target in imports_of(path):
+            bits = target.split(".")
+            if bits[:2] != ["populora", "loops"] or len(bits) < 3 or bits[2] == here:
+                continue
+            if LOOP_ROOMS.get(bits[2], 99) >= LOOP_ROOMS[here]:
+                bad.append(f"{path.relative_to(ROOT)}:{line}: loops/{here} imports {target}")
+    assert set(LOOP_ROOMS) >= {
+        p.relative_to(PACKAGE / "loops").parts[0].removesuffix(".py") for p in (PACKAGE / "loops").rglob("*.py")
+    } - {"__init__"}
+    assert not bad, "loop rooms that do not point down:\n" + "\n".join(bad)
+
+
+def string_imports_of(path: Path) -> set[str]:
+    """The populora modules ``path`` imports by name (``importlib.import_module("populora...")``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and str(node.args[0].value).startswith("populora")
+        ):
+            found.add(node.args[0].value)
+    return found
+
+
+def moved_module(path: Path) -> str | None:
+    """The new home a deprecated 0.5.0 module path forwards to, or None when ``path`` is not such a shim."""
+    text = path.read_text()
+    if "DeprecationWarning" not in text or "sys.modules[__name__]" not in text:
+        return None
+    (target,) = string_imports_of(path)
+    return target
+
+
+def test_upward_imports_by_name_are_the_listed_lazy_faces_or_moved_paths():
+    bad = []
+    for path in modules():
+        rel = str(path.relative_to(ROOT))
+        here = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+        for target in string_imports_of(path):
+            there = unit_of(target)
+            if moved_module(path) == target or target in LAZY_UPWARD.get(rel, ()):
+                continue
+            if here != "__init__" and there != here and LAYERS.get(there, 99) >= LAYERS.get(here, -1):
+                bad.append(f"{rel}: imports {target} by name")
+    assert not bad, "upward imports by name that no list allows:\n" + "\n".join(bad)
+
+
+def test_every_moved_path_warns_once_and_is_the_new_module():
+    import importlib
+    import subprocess
+    import sys
+
+    shims = {p: moved_module(p) for p in modules() if moved_module(p)}
+    assert len(shims) >= 28
+    code = (
+        "import importlib, warnings\n"
+        f"pairs = {[('.'.join(p.relative_to(ROOT).with_suffix('').parts), new) for p, new in shims.items()]!r}\n"
+        "for old, new in pairs:\n"
+        "    with warnings.catch_warnings(record=True) as w:\n"
+        "        warnings.simplefilter('always')\n"
+        "        m = importlib.import_module(old)\n"
+        "        again = importlib.import_module(old)\n"
+        "    assert m is importlib.import_module(new) is again, old\n"
+        "    msgs = [str(x.message) for x in w if x.category is DeprecationWarning]\n"
+        "    assert len(msgs) == 1 and old in msgs[0] and new in msgs[0], (old, msgs)\n"
+        "print('ok', len(pairs))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ok", str(len(shims))]
+
+
+def test_the_faces_and_new_paths_import_silently():
+    import subprocess
+    import sys
+
+    code = (
+        "import warnings; warnings.simplefilter('error')\n"
+        "import populora, populora.interact, populora.selfplay, populora.selfplay.paper, populora.coevolve\n"
+        "import populora.train, populora.envs, populora.loops.env, populora.loops.selfplay, populora.loops.pbt\n"
+        "from populora.train import PBT; from populora.interact import evolve_with_env, EnvInteractor\n"
+        "from populora.selfplay import PopuLoRA, SelfPlay; from populora.coevolve import Coevolve\n"
+        "import sys; assert PBT.__module__ == 'populora.loops.pbt'\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
 
 
 def test_no_module_uses_another_modules_underscored_names():

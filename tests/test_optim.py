@@ -12,7 +12,7 @@ from torch import nn
 from populora import EggrollES, evolve_with_env
 from populora.errors import InvalidTypeError, InvalidValueError
 from populora.interact import ES, Validation
-from populora.interact.es_env import make_es
+from populora.loops.env.es_env import make_es
 from populora.optim import ClipUp
 
 

@@ -114,7 +114,7 @@ def test_without_matplotlib_the_error_names_the_extra(monkeypatch):
 
 
 def _selfplay_record(step, student_best, student_mean, teacher_best, teacher_mean):
-    from populora.selfplay.rewards import SelfPlayRecord
+    from populora.loops.selfplay.scores import SelfPlayRecord
 
     return SelfPlayRecord(
         step=step,

@@ -1,6 +1,6 @@
 """Coevolution of several populations, and the hall of fame of past champions."""
 
-from populora.coevolve.coevolve import Coevolve
-from populora.coevolve.hall_of_fame import HallOfFame
+from populora.loops.coevolve.coevolve import Coevolve
+from populora.loops.coevolve.hall_of_fame import HallOfFame
 
 __all__ = ["Coevolve", "HallOfFame"]

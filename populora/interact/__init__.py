@@ -3,7 +3,7 @@
 Any environment env-ssl-wrapper adapts (gymnasium, dm_control, ...), given
 as one env, a list, a vector env or a factory, becomes ``N`` slots; the
 population's individuals play their episodes in them with one routed forward
-per timestep (see :mod:`populora.interact.interactor`). Higher fitness is
+per timestep (see :mod:`populora.envs.interactor`). Higher fitness is
 better.
 
 Modules, each importing only those above it: ``actions`` (outputs to env
@@ -15,17 +15,17 @@ and :func:`build_slots`), ``rollout`` (the episode loop), ``interactor``
 champion), ``es_env`` (EggrollES individuals playing episodes),
 ``generations`` (the GA and ES loops), ``options`` (the option objects of
 :func:`evolve_with_env`), ``evolve`` (:func:`evolve_with_env`), ``presets``
-(measured settings per task, and :class:`~populora.interact.presets.ConvPolicy`
+(measured settings per task, and :class:`~populora.loops.env.presets.ConvPolicy`
 for image observations).
 """
 
-from populora.interact.actions import ActionFormat
-from populora.interact.envs import EnvStepError
-from populora.interact.evolve import EvolveResult, evolve_with_env
-from populora.interact.generations import GenerationInfo
-from populora.interact.interactor import EnvInteractor, episode_seed, episode_seeds, interact_with_env
-from populora.interact.normalize import ObsNormalizer
-from populora.interact.options import ES, GA, Budget, Checkpointing, EnvOptions, Episodes, Validation
+from populora.envs.actions import ActionFormat
+from populora.envs.slots import EnvStepError
+from populora.loops.env.evolve import EvolveResult, evolve_with_env
+from populora.loops.env.generations import GenerationInfo
+from populora.envs.interactor import EnvInteractor, episode_seed, episode_seeds, interact_with_env
+from populora.envs.normalize import ObsNormalizer
+from populora.loops.env.options import ES, GA, Budget, Checkpointing, EnvOptions, Episodes, Validation
 from populora.stats import GenerationStats
 
 __all__ = [

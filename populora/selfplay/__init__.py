@@ -2,10 +2,17 @@
 
 - :class:`SelfPlay`: evolution only (both populations evolve every step, no gradient);
 - :class:`PopuLoRA`: the paper's loop (REINFORCE++ for both roles every step, the bottom of each role replaced
-  every ``k`` steps), with :data:`PAPER_PRESET` and :data:`CPU_PRESET` (:mod:`populora.selfplay.paper`).
+  every ``k`` steps), with :data:`PAPER_PRESET` and :data:`CPU_PRESET` (all of it lives in :mod:`populora.loops.selfplay`).
 """
 
-from populora.selfplay.paper import CPU_PRESET, PAPER_PRESET, PopuLoRA, PopuLoRAOutcome, PopuLoRARecord, Preset
-from populora.selfplay.selfplay import SelfPlay
+from populora.loops.selfplay import (
+    CPU_PRESET,
+    PAPER_PRESET,
+    PopuLoRA,
+    PopuLoRAOutcome,
+    PopuLoRARecord,
+    Preset,
+    SelfPlay,
+)
 
 __all__ = ["CPU_PRESET", "PAPER_PRESET", "PopuLoRA", "PopuLoRAOutcome", "PopuLoRARecord", "Preset", "SelfPlay"]

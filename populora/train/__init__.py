@@ -16,12 +16,11 @@ backward give each individual the gradient of its own rows only. So:
   three cannot follow evolution either: their state cannot be split by individual).
 
 Modules: :mod:`~populora.train.rl` (:func:`token_logprobs`, :func:`advantages`, :func:`kl_to_base`,
-:func:`policy_gradient_step_`), :mod:`~populora.train.lr` (:class:`LRMultipliers`), :mod:`~populora.train.pbt`
-(:class:`PBT`). Nothing here imports ``transformers``.
+:func:`policy_gradient_step_`), :mod:`~populora.train.lr` (:class:`LRMultipliers`), :class:`PBT` (which lives in
+:mod:`populora.loops.pbt` and is re-exported here lazily). Nothing here imports ``transformers``.
 """
 
 from populora.train.lr import LRMultipliers
-from populora.train.pbt import PBT, Replacement
 from populora.train.rl import (
     ADVANTAGE_METHODS,
     KL_ESTIMATORS,
@@ -50,3 +49,13 @@ __all__ = [
     "policy_gradient_step_",
     "token_logprobs",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # PBT is a loop (populora.loops, above this layer): imported on first use, so `import populora.train`
+    # imports nothing above it
+    if name in ("PBT", "Replacement"):
+        import importlib
+
+        return getattr(importlib.import_module("populora.loops.pbt"), name)
+    raise AttributeError(f"module 'populora.train' has no attribute {name!r}")

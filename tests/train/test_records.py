@@ -10,7 +10,7 @@ from models import mlp
 
 from populora import Population
 from populora.train import PBT
-from populora.train.pbt import Replacement
+from populora.loops.pbt import Replacement
 from populora.train.rl import PolicyGradientStats
 
 

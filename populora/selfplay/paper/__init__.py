@@ -1,15 +1,6 @@
-"""PopuLoRA's loop as the paper runs it: RL for both roles every step, the paper's reward table, openskill
-Thurstone-Mosteller ratings, and every ``k`` steps the bottom of each role replaced by its top's children.
+"""The 0.5.0 face of the paper's loop: everything here lives in :mod:`populora.loops.selfplay`."""
 
-- :mod:`~populora.selfplay.paper.loop`: :class:`PopuLoRA`, :data:`PAPER_PRESET`, :data:`CPU_PRESET`,
-  :func:`solve_rate`;
-- :mod:`~populora.selfplay.paper.rewards`: the reward table, :func:`well_formed`, rating matches,
-  :func:`draw_margin`;
-- :mod:`~populora.selfplay.paper.replacement`: :class:`PaperRatings`, :func:`replace_` and the paper's four
-  mutations and four crossovers.
-"""
-
-from populora.selfplay.paper.loop import (
+from populora.loops.selfplay.loop import (
     CPU_PRESET,
     PAPER_PRESET,
     PopuLoRA,
@@ -18,14 +9,14 @@ from populora.selfplay.paper.loop import (
     Preset,
     solve_rate,
 )
-from populora.selfplay.paper.replacement import (
+from populora.loops.selfplay.replacement import (
     PAPER_CROSSOVERS,
     PAPER_MUTATIONS,
     PaperRatings,
     ReplacementRecord,
     replace_,
 )
-from populora.selfplay.paper.rewards import (
+from populora.loops.selfplay.rewards import (
     draw_margin,
     match_outcomes,
     student_rewards,
