@@ -40,6 +40,7 @@ from populora.fitness import NAN_POLICIES
 from populora.population.host import HostBase
 from populora.snapshots import naming
 from populora.stats import GenerationStats
+from populora.transaction import closing_on_failure
 
 if TYPE_CHECKING:
     from populora.population.host import PopulationHost
@@ -536,6 +537,14 @@ class Checkpointing(HostBase):
             for k, v in self.state_dict(include_model=False).items()
         }
 
+    def transaction_state(self: PopulationHost) -> dict[str, Any]:
+        """:meth:`snapshot`: what :func:`populora.transaction.transaction` keeps of a population."""
+        return self.snapshot()
+
+    def restore_transaction_state(self: PopulationHost, state: dict[str, Any]) -> None:
+        """Put back a :meth:`transaction_state` (bit for bit)."""
+        self.load_state_dict(state)
+
     def _check_extra(self, extra: Any) -> dict[str, Any]:
         """The extra state checked against this population, with its generator rebuilt (nothing written)."""
         check_extra(
@@ -631,10 +640,8 @@ class Checkpointing(HostBase):
         pop: Population = population(
             model, config.pop("pop_size"), config.pop("low_rank"), config.pop("lora_targets"), **config
         )
-        try:
+        with closing_on_failure() as undo:
+            undo.callback(pop.close)  # a file that does not fit gives the user's model back unwrapped
             with naming(path):
                 pop.load_state_dict(state)
-        except BaseException:
-            pop.close()
-            raise
         return pop

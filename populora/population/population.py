@@ -37,6 +37,7 @@ from populora.routing.request import RoutingTarget
 from populora.routing.router import Router
 from populora.stats import GenerationStats
 from populora.targets import find_targets, layer_dims
+from populora.transaction import transaction
 
 __all__ = ["Population", "SelectionResult", "evaluating"]
 
@@ -520,30 +521,12 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):  
         self, ids: Tensor, generator_state: Tensor | None = None, rows: OptimizerRows | None = None
     ) -> Iterator[None]:
         """If the body raises, put back the adapters of ``ids``, the generator, the counters and (``rows``) the
-        optimizer state rows of ``ids``.
+        optimizer state rows of ``ids`` (one :func:`~populora.transaction.transaction`).
 
         ``generator_state``: the state to roll back to (default: the state on entry).
         """
-        if generator_state is None:
-            generator_state = self.generator.get_state()
-        counters = (self.generation, self.eval_seed)
-        per = PerDevice(ids)  # each target's rows are saved and put back on that target's device
-        saved = [
-            (down[per.on(down.device)].clone(), up[per.on(up.device)].clone()) for down, up in self._full_factors()
-        ]
-        saved_rows = rows.save(ids) if rows else None
-        try:
+        with transaction(_Rows(self, self._full_factors(), ids, generator_state, rows)):
             yield
-        except BaseException:
-            with torch.no_grad():
-                for (down, up), (old_down, old_up) in zip(self._full_factors(), saved):
-                    down[per.on(down.device)] = old_down
-                    up[per.on(up.device)] = old_up
-            if rows and saved_rows is not None:
-                rows.restore(ids, saved_rows)
-            self.generator.set_state(generator_state)
-            self.generation, self.eval_seed = counters
-            raise
 
     @property
     def spent(self) -> bool:
@@ -632,3 +615,38 @@ def evaluating(populations: Iterable[Population]) -> Iterator[None]:
     finally:
         for mod, flag in zip(modules, flags):
             mod.training = flag
+
+
+class _Rows:
+    """Rows ``ids`` of a population's adapters, its generator and counters, and (``rows``) the optimizer state
+    rows of ``ids``: one :func:`~populora.transaction.transaction` entry, cheaper than a whole snapshot."""
+
+    def __init__(
+        self,
+        pop: Population,
+        factors: list[Factors],
+        ids: Tensor,
+        generator_state: Tensor | None,
+        rows: OptimizerRows | None,
+    ) -> None:
+        self.pop, self.factors, self.ids, self.rows = pop, factors, ids, rows
+        self.generator_state = generator_state
+        self.per = PerDevice(ids)  # each target's rows are saved and put back on that target's device
+
+    def transaction_state(self) -> tuple[Any, ...]:
+        per = self.per
+        factors = [(d[per.on(d.device)].clone(), u[per.on(u.device)].clone()) for d, u in self.factors]
+        generator = self.generator_state if self.generator_state is not None else self.pop.generator.get_state()
+        saved_rows = self.rows.save(self.ids) if self.rows else None
+        return factors, saved_rows, generator, (self.pop.generation, self.pop.eval_seed)
+
+    def restore_transaction_state(self, state: tuple[Any, ...]) -> None:
+        factors, saved_rows, generator, counters = state
+        with torch.no_grad():
+            for (down, up), (old_down, old_up) in zip(self.factors, factors):
+                down[self.per.on(down.device)] = old_down
+                up[self.per.on(up.device)] = old_up
+        if self.rows and saved_rows is not None:
+            self.rows.restore(self.ids, saved_rows)
+        self.pop.generator.set_state(generator)
+        self.pop.generation, self.pop.eval_seed = counters
