@@ -6,8 +6,8 @@ READMEs import from the top (``TorchEggrollES``, ``generate_lora_noise``, ``is_m
 classes, ...) stay importable from here too.
 """
 
-from populora.coevolve import Coevolve, HallOfFame
 from populora.distributed import is_distributed, is_main_rank, local_device, process_rank, world_size
+from populora.envs import EnvInteractor, EnvStepError, interact_with_env
 from populora.errors import (
     CheckpointError,
     ConfigMismatchError,
@@ -29,14 +29,10 @@ from populora.es import (
     generate_noise_for_shapes,
     generate_standard_noise,
 )
-from populora.interact import (
-    EnvInteractor,
-    EnvStepError,
-    EvolveResult,
-    GenerationInfo,
-    evolve_with_env,
-    interact_with_env,
-)
+from populora.loops.coevolve import Coevolve, HallOfFame
+from populora.loops.env import EvolveResult, GenerationInfo, evolve_with_env
+from populora.loops.ratings import Ratings
+from populora.loops.selfplay import SelfPlay
 from populora.operators import (
     Factors,
     register_crossover,
@@ -47,9 +43,7 @@ from populora.operators import (
 from populora.optim import ClipUp
 from populora.plotting import plot_history
 from populora.population import Population, SelectionResult
-from populora.loops.ratings import Ratings
 from populora.routing import BASE
-from populora.selfplay import SelfPlay
 from populora.stats import GenerationStats
 
 ESStats = GenerationStats  # 0.3's name of what EggrollES.tell returns (one record type for a generation)

@@ -189,7 +189,6 @@ def test_upward_imports_by_name_are_the_listed_lazy_faces_or_moved_paths():
 
 
 def test_every_moved_path_warns_once_and_is_the_new_module():
-    import importlib
     import subprocess
     import sys
 

@@ -82,10 +82,7 @@ import torch
 from torch import Tensor, nn
 
 from populora.checks import check_one_of, check_seed
-from populora.errors import CheckpointError, InvalidIndexError, InvalidTypeError, InvalidValueError
-from populora.fitness import fitness_kind
 from populora.envs.actions import ActionFn, ActionFormat, check_to_range
-from populora.envs.slots import EnvSlots, EnvStepError, SlotFailure, build_slots, caller_stacklevel
 from populora.envs.normalize import ObsNormalizer, ObsStatistics
 from populora.envs.rollout import ONE_THREAD_WORK, play
 from populora.envs.schedule import (
@@ -97,6 +94,9 @@ from populora.envs.schedule import (
     training_seeds,
     vector_reset_seed,
 )
+from populora.envs.slots import EnvSlots, EnvStepError, SlotFailure, build_slots, caller_stacklevel
+from populora.errors import CheckpointError, InvalidIndexError, InvalidTypeError, InvalidValueError
+from populora.fitness import fitness_kind
 from populora.population.population import Population
 
 __all__ = [

@@ -20,11 +20,11 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_map
 
-from populora.errors import FitnessError
 from populora.envs.actions import ActionFn, ActionFormat
-from populora.envs.slots import EnvSlots, EnvStepError, SlotFailure
 from populora.envs.normalize import ObsStatistics
 from populora.envs.schedule import WorkQueue, vector_reset_seed
+from populora.envs.slots import EnvSlots, EnvStepError, SlotFailure
+from populora.errors import FitnessError
 from populora.population.population import Population
 
 __all__ = ["ONE_THREAD_WORK", "Rollout", "is_es_individuals", "policy_mode"]

@@ -43,7 +43,6 @@ from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_map
 
 from populora.checks import check_int
-from populora.errors import InvalidTypeError, InvalidValueError, PopuloraError
 from populora.envs.sources import (
     SingleEnvs,
     SlotFailure,
@@ -55,6 +54,7 @@ from populora.envs.sources import (
 )
 from populora.envs.spaces import KeySelection, check_obs_keys
 from populora.envs.vector import VectorSource, seeded_copies
+from populora.errors import InvalidTypeError, InvalidValueError, PopuloraError
 
 __all__ = [
     "DEFAULT_NUM_ENVS",

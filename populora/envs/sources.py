@@ -33,8 +33,8 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_map
 
-from populora.errors import InvalidTypeError, InvalidValueError
 from populora.envs.spaces import KeySelection, ObsLayout
+from populora.errors import InvalidTypeError, InvalidValueError
 
 __all__ = [
     "SingleEnvs",

@@ -70,9 +70,9 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_map
 
-from populora.errors import InvalidTypeError, InvalidValueError
 from populora.envs.sources import SlotFailure, SlotSource, SubEnvSource, describe_env, every_slot_in_order
 from populora.envs.spaces import KeySelection, ObsLayout
+from populora.errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["VectorSource", "seeded_copies"]
 

@@ -20,11 +20,11 @@ for image observations).
 """
 
 from populora.envs.actions import ActionFormat
+from populora.envs.interactor import EnvInteractor, episode_seed, episode_seeds, interact_with_env
+from populora.envs.normalize import ObsNormalizer
 from populora.envs.slots import EnvStepError
 from populora.loops.env.evolve import EvolveResult, evolve_with_env
 from populora.loops.env.generations import GenerationInfo
-from populora.envs.interactor import EnvInteractor, episode_seed, episode_seeds, interact_with_env
-from populora.envs.normalize import ObsNormalizer
 from populora.loops.env.options import ES, GA, Budget, Checkpointing, EnvOptions, Episodes, Validation
 from populora.stats import GenerationStats
 

@@ -38,10 +38,10 @@ from torch import Tensor
 from populora import operators as ops
 from populora.checks import check_bool, check_float, check_int, check_seed
 from populora.errors import CheckpointError, FitnessError, InvalidTypeError, InvalidValueError
+from populora.loops.ratings import Ratings
 from populora.operators.selection import SelectionResult
 from populora.population.optimizer_rows import OptimizerRows, check_optimizer_state
 from populora.population.population import Population
-from populora.loops.ratings import Ratings
 from populora.snapshots import Snapshot
 from populora.train.lr import LRMultipliers
 

@@ -2,7 +2,8 @@
 
 - :class:`SelfPlay`: evolution only (both populations evolve every step, no gradient);
 - :class:`PopuLoRA`: the paper's loop (REINFORCE++ for both roles every step, the bottom of each role replaced
-  every ``k`` steps), with :data:`PAPER_PRESET` and :data:`CPU_PRESET` (all of it lives in :mod:`populora.loops.selfplay`).
+  every ``k`` steps), with :data:`PAPER_PRESET` and :data:`CPU_PRESET`
+  (all of it lives in :mod:`populora.loops.selfplay`).
 """
 
 from populora.loops.selfplay import (

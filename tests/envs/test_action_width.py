@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch import nn
 
-from populora.errors import InvalidTypeError, InvalidValueError
 from populora.envs.actions import ActionFormat
 from populora.envs.interactor import interact_with_env
+from populora.errors import InvalidTypeError, InvalidValueError
 
 
 def policy(inp: int, out: int) -> nn.Module:

@@ -22,9 +22,9 @@ from gymnasium.vector.utils import batch_space
 from torch import nn
 
 from populora import evolve_with_env, interact_with_env
+from populora.envs.interactor import vector_reset_seed
 from populora.errors import PopuloraError
 from populora.interact import EnvStepError
-from populora.envs.interactor import vector_reset_seed
 
 MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
 

@@ -22,10 +22,10 @@ from gymnasium.spaces import Box, Dict, Discrete, Graph, MultiBinary, MultiDiscr
 from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
 from torch import nn
 
-from populora.errors import InvalidTypeError, InvalidValueError
-from populora.envs.slots import build_slots
 from populora.envs.interactor import EnvInteractor
+from populora.envs.slots import build_slots
 from populora.envs.spaces import KeySelection, ObsLayout, check_obs_keys
+from populora.errors import InvalidTypeError, InvalidValueError
 
 
 class SpaceEnv(gym.Env):

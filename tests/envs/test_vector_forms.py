@@ -21,10 +21,10 @@ import torch
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 from torch import nn
 
-from populora.errors import InvalidTypeError
-from populora.envs.slots import build_slots
 from populora.envs.interactor import EnvInteractor, interact_with_env
+from populora.envs.slots import build_slots
 from populora.envs.vector import VectorSource
+from populora.errors import InvalidTypeError
 
 SEEDS = [3, 8, 21]
 HORIZON = 80

@@ -12,8 +12,8 @@ pytest.importorskip("openskill")
 from populora import Population
 from populora.checkpoint import atomic_save, load_checkpoint
 from populora.errors import CheckpointError, InvalidIndexError, InvalidTypeError, InvalidValueError
-from populora.operators.selection import SelectionResult
 from populora.loops.ratings import MODELS, Ratings
+from populora.operators.selection import SelectionResult
 
 
 def snapshot(r):

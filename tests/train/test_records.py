@@ -9,8 +9,8 @@ import torch
 from models import mlp
 
 from populora import Population
-from populora.train import PBT
 from populora.loops.pbt import Replacement
+from populora.train import PBT
 from populora.train.rl import PolicyGradientStats
 
 

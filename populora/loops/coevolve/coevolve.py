@@ -33,6 +33,7 @@ from torch import Tensor
 
 from populora import distributed as pd
 from populora.checks import is_int, is_real
+from populora.errors import CheckpointError, FitnessError, InvalidTypeError, InvalidValueError
 from populora.loops.coevolve.distributed import probe_distributed, sync_from_main_rank
 from populora.loops.coevolve.hall_of_fame import HallOfFame
 from populora.loops.coevolve.specs import (
@@ -47,7 +48,6 @@ from populora.loops.coevolve.specs import (
     sources,
     topological,
 )
-from populora.errors import CheckpointError, FitnessError, InvalidTypeError, InvalidValueError
 from populora.population.population import Population, evaluating
 from populora.snapshots import Snapshot
 from populora.stats import GenerationStats

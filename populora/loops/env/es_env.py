@@ -26,10 +26,10 @@ import torch
 from torch import Tensor, nn
 
 from populora.checks import check_float, check_one_of
-from populora.errors import InvalidTypeError, InvalidValueError
-from populora.es import EggrollES
 from populora.envs.interactor import EnvInteractor
 from populora.envs.schedule import training_seeds
+from populora.errors import InvalidTypeError, InvalidValueError
+from populora.es import EggrollES
 from populora.targets import select_modules
 
 __all__ = ["ES_DEFAULTS", "ES_OPTIMIZERS", "es_fitnesses", "make_es"]

@@ -27,15 +27,15 @@ from torch import nn
 from populora.checkpoint import load_checkpoint
 from populora.checks import check_bool, check_float, check_int, check_one_of
 from populora.distributed import checksum, world_size
-from populora.errors import CheckpointError, InvalidTypeError, InvalidValueError
 from populora.envs.actions import ActionFn
-from populora.loops.env.champion import Validator
+from populora.envs.interactor import EnvInteractor, interact_with_env
+from populora.envs.schedule import EPISODE_SEEDINGS
 from populora.envs.slots import DEFAULT_NUM_ENVS, is_factory
+from populora.errors import CheckpointError, InvalidTypeError, InvalidValueError
+from populora.loops.env.champion import Validator
 from populora.loops.env.es_env import make_es
 from populora.loops.env.generations import GenerationInfo, Run, run_es, run_ga
-from populora.envs.interactor import EnvInteractor, interact_with_env
 from populora.loops.env.options import ES, GA, Budget, Checkpointing, EnvOptions, Episodes, Validation
-from populora.envs.schedule import EPISODE_SEEDINGS
 from populora.population.population import Population
 from populora.stats import GenerationStats
 

@@ -23,10 +23,10 @@ from torch import Tensor, nn
 
 from populora.checkpoint import atomic_save
 from populora.distributed import is_main_rank
-from populora.loops.env.champion import Validator, fingerprint, top_candidates
-from populora.loops.env.es_env import es_fitnesses
 from populora.envs.interactor import EnvInteractor
 from populora.envs.normalize import sum_over_ranks
+from populora.loops.env.champion import Validator, fingerprint, top_candidates
+from populora.loops.env.es_env import es_fitnesses
 from populora.population.population import Population
 from populora.stats import BudgetProgress, GenerationStats
 

@@ -26,7 +26,6 @@ from populora.loops.selfplay.replacement import (
     ReplacementRecord,
     replace_,
 )
-from populora.loops.selfplay.selfplay import SelfPlay
 from populora.loops.selfplay.rewards import (
     draw_margin,
     match_outcomes,
@@ -34,6 +33,7 @@ from populora.loops.selfplay.rewards import (
     teacher_rewards,
     well_formed,
 )
+from populora.loops.selfplay.selfplay import SelfPlay
 
 __all__ = [
     "CPU_PRESET",

@@ -7,9 +7,9 @@ from typing import Any
 
 from populora.checks import check_bool
 from populora.errors import InvalidTypeError, InvalidValueError
-from populora.population.population import Population
 from populora.loops.ratings import Ratings
 from populora.loops.selfplay.text import pad_id
+from populora.population.population import Population
 from populora.tasks import Task
 
 __all__: list[str] = []

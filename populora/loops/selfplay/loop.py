@@ -46,7 +46,6 @@ from torch import Tensor
 from populora import operators as ops
 from populora.checks import check_bool, check_float, check_int, check_one_of, check_seed, is_int
 from populora.errors import CheckpointError, InvalidTypeError, InvalidValueError
-from populora.population.population import Population, evaluating
 from populora.loops.ratings import PAIRING_MODES, Ratings
 from populora.loops.selfplay.checks import check_players
 from populora.loops.selfplay.replacement import (
@@ -66,6 +65,7 @@ from populora.loops.selfplay.rewards import (
     well_formed,
 )
 from populora.loops.selfplay.text import chat_text, generate_replies, pad_id
+from populora.population.population import Population, evaluating
 from populora.snapshots import Snapshot
 from populora.tasks import Mixture, Problem, Task, check_code_replies
 from populora.train import advantages, policy_gradient_step_

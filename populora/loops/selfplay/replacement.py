@@ -36,9 +36,9 @@ from torch import Tensor
 
 from populora.checks import check_float
 from populora.errors import InvalidTypeError, InvalidValueError
-from populora.population.population import Population
 from populora.loops.ratings import Ratings
 from populora.loops.selfplay.rewards import draw_margin
+from populora.population.population import Population
 
 __all__ = ["PAPER_CROSSOVERS", "PAPER_MUTATIONS", "PaperRatings", "ReplacementRecord", "replace_"]
 

@@ -5,7 +5,8 @@ import sys
 import warnings
 
 warnings.warn(
-    "populora.selfplay.paper.replacement moved to populora.loops.selfplay.replacement in 0.6.0; this path goes in 0.7.0",
+    "populora.selfplay.paper.replacement moved to populora.loops.selfplay.replacement in 0.6.0; "
+    "this path goes in 0.7.0",
     DeprecationWarning,
     stacklevel=2,
 )

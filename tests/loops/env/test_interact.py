@@ -20,12 +20,12 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from torch import nn
 
 from populora import EvolveResult, GenerationStats, Population, evolve_with_env, interact_with_env
+from populora.envs.schedule import REPORTING_STREAM, VALIDATION_STREAM, WorkQueue, stream_seeds
+from populora.envs.slots import DEFAULT_NUM_ENVS, REPLAY_RUNS
 from populora.errors import FitnessError, InvalidIndexError, InvalidTypeError, InvalidValueError
 from populora.interact import EnvStepError, ObsNormalizer, episode_seed, episode_seeds
-from populora.envs.slots import DEFAULT_NUM_ENVS, REPLAY_RUNS
 from populora.loops.env.evolve import validation_defaults
 from populora.loops.env.options import GA, Checkpointing, EnvOptions, Episodes
-from populora.envs.schedule import REPORTING_STREAM, VALIDATION_STREAM, WorkQueue, stream_seeds
 
 # ----------------------------------------------------------------------------- helpers
 

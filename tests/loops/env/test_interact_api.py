@@ -14,15 +14,15 @@ from torch import nn
 
 from populora import EvolveResult, GenerationStats, evolve_with_env, interact_with_env
 from populora.checkpoint import atomic_save, load_checkpoint
-from populora.errors import CheckpointError
-from populora.envs.slots import EnvStepError as EnvStepErrorFromEnvs
-from populora.envs.slots import build_slots
-from populora.loops.env.evolve import CHECKPOINT_NAME
 from populora.envs.interactor import episode_seed, vector_reset_seed
 from populora.envs.normalize import ObsStatistics
-from populora.loops.env.options import Checkpointing, EnvOptions, Episodes, Validation
+from populora.envs.slots import EnvStepError as EnvStepErrorFromEnvs
+from populora.envs.slots import build_slots
 from populora.envs.sources import SingleEnvs, SubEnvSource
 from populora.envs.vector import VectorSource
+from populora.errors import CheckpointError
+from populora.loops.env.evolve import CHECKPOINT_NAME
+from populora.loops.env.options import Checkpointing, EnvOptions, Episodes, Validation
 
 
 def normalizing(num: int = 2):

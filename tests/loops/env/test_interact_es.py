@@ -18,10 +18,10 @@ import torch
 from torch import nn
 
 from populora import EggrollES, evolve_with_env, interact_with_env
+from populora.envs.schedule import VALIDATION_STREAM, stream_seeds, training_seeds
 from populora.errors import InvalidTypeError, InvalidValueError, TargetNotFoundError
 from populora.interact import ES, Budget, EnvOptions, Episodes, Validation
 from populora.loops.env.es_env import es_fitnesses, make_es
-from populora.envs.schedule import VALIDATION_STREAM, stream_seeds, training_seeds
 
 POP, HORIZON = 8, 40
 

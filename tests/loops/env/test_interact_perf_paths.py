@@ -24,10 +24,10 @@ from gymnasium.vector import SyncVectorEnv
 from torch import nn
 
 from populora import interact_with_env
-from populora.errors import InvalidTypeError, InvalidValueError
 from populora.envs.actions import ActionFormat
 from populora.envs.normalize import ObsStatistics
 from populora.envs.schedule import WorkQueue
+from populora.errors import InvalidTypeError, InvalidValueError
 
 
 class LongSeededEnv(gym.Env):

@@ -26,10 +26,10 @@ from gymnasium.vector.utils import batch_space
 from torch import nn
 
 from populora import evolve_with_env, interact_with_env
-from populora.errors import InvalidTypeError
-from populora.envs.slots import REPLAY_RUNS
-from populora.loops.env.options import Validation
 from populora.envs.schedule import VALIDATION_STREAM, stream_seeds
+from populora.envs.slots import REPLAY_RUNS
+from populora.errors import InvalidTypeError
+from populora.loops.env.options import Validation
 
 HORIZON = 60
 

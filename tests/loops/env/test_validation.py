@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from populora import GenerationStats, evolve_with_env, interact_with_env
+from populora.envs.schedule import REPORTING_STREAM, VALIDATION_STREAM, episode_seeds, stream_seeds, training_seeds
 from populora.errors import InvalidValueError
 from populora.loops.env.options import Episodes, Validation
-from populora.envs.schedule import REPORTING_STREAM, VALIDATION_STREAM, episode_seeds, stream_seeds, training_seeds
 
 POP, SEED = 8, 3
 
