@@ -727,7 +727,6 @@ def main():
         finish(fd, frame, None)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # nothing of the same uid can trace the runner either
     import ast  # noqa: F401  (before the chroot: run_program needs it after)
     import builtins  # noqa: F401
     import json  # noqa: F401
@@ -741,6 +740,9 @@ def main():
             pass
     setup = Setup()
     why = confine_runner(job, libc, setup)
+    # nothing of the same uid can trace the runner either (not earlier: a process that is not dumpable
+    # cannot write its own uid_map)
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     if why is not None:
         write_frame(fd, {"k": "setup", "message": why, "guards": setup.guards, "missing": setup.missing})
         os._exit(0)

@@ -422,7 +422,9 @@ UID_RANGE = (2**30, 2**30 + 2**16)
 # (several processes, several jobs) reserves from the same set.
 _LOCK_DIR = "/run/populora-sandbox/uids"
 
-_MAX_DEPTH = 128  # of the JSON the parent reads: the tagged values (<= 100 deep) and the frame around them
+# of the JSON the parent reads: a tagged value is two JSON levels per level of the value (at most 101),
+# plus the frame around it
+_MAX_DEPTH = 2 * 101 + 4
 
 
 class SandboxGuardError(PopuloraError, RuntimeError):
