@@ -25,13 +25,20 @@ Frames are lines of JSON on the record descriptor (never stdout). The expected o
 enter this process: the parent compares.
 """
 
+from __future__ import annotations
+
 import ctypes
 import marshal
 import os
 import resource
 import signal
 import sys
-from typing import Any
+from _json import encode_basestring as quote  # JSON string literal, non-ASCII kept, control characters escaped
+
+# typing costs a child about 4 ms to import: the annotations are for the type checker only
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 # prctl / syscall constants (linux/prctl.h, linux/sched.h, linux/seccomp.h, linux/filter.h)
 PR_SET_DUMPABLE = 4
@@ -114,11 +121,29 @@ _CLONE3 = 435
 _MACHINE_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7, "arm64": 0xC00000B7}
 
 
-def write_frame(fd, frame):
-    """One line of JSON on the record descriptor, written in full."""
-    import json
+def js(value: Any) -> str:
+    """JSON text of a frame's plain values (None, bool, int, float, str, lists, dicts with str keys), by
+    the C string encoder of ``_json``: importing ``json`` itself (and ``re`` with it) costs a child
+    several milliseconds."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    kind = type(value)
+    if kind is int or kind is float:
+        return repr(value)
+    if kind is str:
+        return quote(value)
+    if kind is list or kind is tuple:
+        return "[" + ",".join([js(v) for v in value]) + "]"
+    return "{" + ",".join([quote(k) + ":" + js(v) for k, v in value.items()]) + "}"
 
-    data = (json.dumps(frame, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8", "surrogatepass")
+
+def write_frame(fd: int, frame: dict) -> None:
+    """One line of JSON on the record descriptor, written in full."""
+    data = (js(frame) + "\n").encode("utf-8", "surrogatepass")
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
@@ -163,9 +188,6 @@ def encode(value):
     entries of dicts sorted by their own encoding, so equal values have equal texts whatever the
     insertion order or hash seed, and ``1``, ``1.0`` and ``True`` never do.
     """
-    import json
-
-    dumps = json.dumps
     kind = type(value)
     if value is None:
         return '["none"]'
@@ -176,7 +198,7 @@ def encode(value):
     if kind is float:
         return f'["float","{float.__repr__(0.0 if value == 0 else value)}"]'
     if kind is str:
-        return '["str",' + dumps(value, ensure_ascii=False) + "]"
+        return '["str",' + quote(value) + "]"
     if kind is bytes:
         return '["bytes","' + value.hex() + '"]'
     if kind is list or kind is tuple:
@@ -418,7 +440,7 @@ class Setup:
         self.missing.append(f"{name}: {why}")
 
 
-def confine_runner(job: dict, libc: Any, setup: "Setup") -> str | None:
+def confine_runner(job: dict, libc: Any, setup: Setup) -> str | None:
     """R's part, as root or in a user namespace of its own (module docstring of the sandbox)."""
     root = os.geteuid() == 0
     uid0, gid0 = os.getuid(), os.getgid()
@@ -497,7 +519,7 @@ def confine_runner(job: dict, libc: Any, setup: "Setup") -> str | None:
     return None
 
 
-def confine_program(job: dict, libc: Any, setup: "Setup", pid1: int) -> str | None:
+def confine_program(job: dict, libc: Any, setup: Setup, pid1: int) -> str | None:
     """P's part, in the process that will run the program; None or why it must not run."""
     root = os.geteuid() == 0 and "userns" not in setup.guards
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0:
@@ -673,14 +695,13 @@ def finish(fd, frame, stdout_parts):
     """Write the one result frame and end the process at once: nothing of the program runs later."""
     try:
         import gc
-        import json
 
         gc.disable()  # no finaliser of a program object runs while the frame is built
-        dumps = json.dumps
+        dumps = js
         text = '{{"k":"result","status":{},"message":{},"stdout":{},"values":[{}]}}\n'.format(
             dumps(frame["status"]),
-            dumps(frame.get("message", ""), ensure_ascii=False),
-            dumps("".join(stdout_parts or ()), ensure_ascii=False),
+            dumps(frame.get("message", "")),
+            dumps("".join(stdout_parts or ())),
             ",".join(["null" if v is None else v for v in frame.get("values", ())]),
         )
         data = text.encode("utf-8", "surrogatepass")
@@ -729,7 +750,6 @@ def main():
     libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
     import ast  # noqa: F401  (before the chroot: run_program needs it after)
     import builtins  # noqa: F401
-    import json  # noqa: F401
     import unicodedata  # noqa: F401  (NFKC normalisation of non-ASCII identifiers needs it)
 
     loaded = {}
