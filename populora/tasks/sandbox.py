@@ -5,35 +5,63 @@ parses or executes program text: it writes a job file, starts one fresh interpre
 reads back at most a bounded number of bytes of JSON.
 
 How one program runs (:meth:`Sandbox.run`)
-    1. The parent checks only sizes (text lengths, no parsing), makes a fresh temporary directory
-       (mode 0700, owned by the sandbox uid when running as root) and writes the job (``marshal`` of
-       plain strings and numbers) into it.
-    2. It starts ``sys.executable -s -S -B [-P] -c RUNNER`` in that directory, in a new session
-       (its own process group), with the environment cleared except ``PYTHONHASHSEED`` (``-I`` would
-       ignore that variable, so ``-s -S -B`` and an empty environment stand in for it), stdin from
-       ``/dev/null`` and stdout + stderr on one pipe.
-    3. The runner (trusted code, :data:`RUNNER`) reads and deletes the job, starts a CPU timer (``ITIMER_PROF``:
-       ``SIGPROF`` kills the process at ``cpu_s``; ``RLIMIT_CPU`` backs it up a second later, ``RLIMIT_CORE`` = 0),
-       imports the standard modules the program may use, and then, as root: cuts the network (``setns`` into an empty
-       network namespace, one with only a down loopback, that the parent makes once per process: a helper child calls
-       ``unshare(CLONE_NEWNET)`` and the parent keeps a descriptor of its namespace; joining one costs far less than
-       making a fresh one per run, about 50 ms of kernel latency), sets ``no_new_privs``, ``chroot``\\ s into the
-       temporary directory, drops every group and sets real, effective and saved uid and gid to ``uid`` / ``gid``
-       (65534, ``nobody``, by default) and checks that ``setuid(0)`` now fails. If any of chroot or the uid drop fails
-       it refuses to run the program (status ``error``). Then, for everyone, ``RLIMIT_AS`` (memory), ``RLIMIT_FSIZE``
-       (bytes per written file), ``RLIMIT_NOFILE``, ``RLIMIT_NPROC`` = 0 (no fork, no thread: enforced because the
-       process is no longer root) and ``RLIMIT_MSGQUEUE`` = 0.
-    4. Only now does it read program text: ``ast.parse`` and the allowlist below (refusal is status
-       ``refused``), ``compile``, ``exec`` with a restricted builtins table, then one call of the
-       entry function (``f``) per input. Inputs are argument lists written as Python literals
-       (``[1, 2], 3``), read with ``ast.literal_eval``. Every return value must be a plain literal
-       (exact ``int float bool str bytes None list tuple dict set``, nested at most 100 deep) whose
-       ``repr`` reads back equal with ``ast.literal_eval``; its ``repr`` is the output. ``print``
-       goes to a bounded buffer, returned as ``stdout``.
-    5. The parent reads at most ``8 * output_chars + 64 KiB`` bytes before ``wall_s`` runs out;
-       past either it kills the process group (``SIGKILL``), otherwise it kills the group anyway
-       after EOF (nothing outlives a run), reaps the child (``wait4``: its CPU time is reported)
-       and removes the temporary directory.
+    1. The parent checks only sizes (text lengths, no parsing), makes a fresh directory (mode 0700),
+       writes the job (``marshal`` of plain strings and numbers, never the expected outputs) into it
+       and, as root, reserves a uid of its own for the run (a file per uid, locked with ``flock``, under
+       ``/run/populora-sandbox/uids``, from :data:`UID_RANGE`, 2^30 upward: two sandboxes of one
+       host never share one).
+    2. It starts ``sys.executable -s -S -B -P populora/tasks/_runner.py`` (:data:`RUNNER_PATH`, a
+       module file importing only the standard library) in that directory, in a new session, with
+       an empty environment but ``PYTHONHASHSEED``, stdin from ``/dev/null``, stdout + stderr on one
+       pipe (read only for diagnostics) and a second pipe, the record descriptor.
+    3. The runner (R) reads and deletes the job, imports what programs may use (and ``unicodedata``,
+       which NFKC normalisation of non-ASCII identifiers needs), joins the empty network namespace
+       that the parent made once per process, makes new PID, IPC and mount namespaces, mounts a tmpfs
+       of ``disk_bytes`` / ``disk_files`` on the run directory (which hides it) and chroots into it.
+       With a PID namespace it forks a reaper (PID 1 of the namespace) that forks the program's
+       process (P, PID 2: the CPU timer's ``SIGPROF`` kills it as any process); else it forks P.
+    4. P takes the run's uid and gid with no groups, drops every capability, sets ``no_new_privs``,
+       ``PR_SET_DUMPABLE`` 0, the parent-death signal, the resource limits (``RLIMIT_AS``,
+       ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``, ``RLIMIT_NPROC`` 0, ``RLIMIT_MSGQUEUE`` 0, ``RLIMIT_CORE``
+       0, ``ITIMER_PROF`` + ``RLIMIT_CPU``) and a seccomp filter (classic BPF installed with
+       ``prctl`` through ``ctypes``) that denies ``ptrace``, ``process_vm_readv`` / ``writev``,
+       ``keyctl`` / ``add_key`` / ``request_key``, ``unshare``, ``setns``, ``mount`` and the other
+       mount calls, ``chroot``, ``perf_event_open``, ``bpf``, ``userfaultfd``, ``kcmp``,
+       ``io_uring_setup`` and ``clone`` with a namespace flag (``clone3`` answers ENOSYS). It writes
+       the ``guards`` frame, and only then reads program text: the allowlist below (refusal is status
+       ``refused``), ``compile``, ``exec`` with a restricted builtins table, one call of ``f`` per
+       input. Every return value must be a plain literal (exact ``int float bool str bytes None list
+       tuple dict set``, at most 100 deep) that reads back with ``ast.literal_eval``; P writes each as
+       canonical type-tagged JSON in one ``result`` frame and ends with ``os._exit`` at once, so no
+       finaliser, generator ``finally:``, ``atexit`` or buffered flush runs after its record.
+    5. The process that forked P writes the ``exit`` frame (P's wait status). The parent reads at
+       most a bound of bytes from each pipe before ``wall_s``, kills the process group (the PID
+       namespace dies with its reaper), reaps the child (``wait4``: its CPU time is reported),
+       removes the directory without recursion and releases the uid.
+    6. The verdict is the parent's: it reads the record with :func:`read_json` (no recursion,
+       bounded depth), accepts exactly ``guards, result, exit`` (or ``guards, exit`` for a program
+       that died), writes the outputs from the tagged values (:func:`tagged_repr`: sets and dicts
+       in canonical order) and compares them with the expected outputs, which a separate child
+       that runs no program encodes: type-exact, ``1``, ``1.0`` and ``True`` differ, also as dict
+       keys and in sets. Printed text is bounded in characters (``output_chars``).
+
+The modes (what :attr:`RunResult.guards` holds; :attr:`RunResult.missing` says why a guard is absent)
+    ========================  ======================================================================
+    mode                      guards
+    ========================  ======================================================================
+    root                      ``netns pidns ipcns mountns tmpfs chroot uid caps nnp nodump rlimits
+                              nproc seccomp``: a uid per run, no uid separation lost anywhere
+    not root, user namespaces ``userns netns pidns ipcns mountns tmpfs chroot caps nnp nodump
+                              rlimits nproc seccomp``; ``uid`` missing: the program runs as the
+                              parent's own uid (the PID namespace, chroot and seccomp isolate it)
+    neither                   ``caps nnp nodump rlimits nproc seccomp`` (seccomp where the kernel
+                              has it); no chroot, no namespaces: the allowlist is the file-system
+                              barrier
+    ========================  ======================================================================
+
+    A guard the kernel refuses (a restricted container's seccomp profile refusing ``unshare``, an
+    architecture with no filter here) is left out with its reason; ``Sandbox(require=(...))`` (and
+    the code tasks' ``require=``) raises :class:`SandboxGuardError` instead of running with fewer.
 
 The AST allowlist (:data:`ALLOWED_MODULES` and the deny lists below)
     Statements and expressions of plain functions only: no ``class``, ``with``, ``async``,
@@ -56,38 +84,27 @@ Statuses (:data:`STATUSES`)
     than ``output_chars``, or more bytes on the pipe than the parent reads); ``error`` (the program
     raised, returned something that is not a plain literal, or the runner could not set up);
     ``nondeterministic`` (:meth:`Sandbox.validate`: two runs with ``PYTHONHASHSEED`` 0 and 1 differ).
+    A program killed by ``SIGPROF`` / ``SIGXCPU`` / ``SIGKILL`` is ``timeout`` only when it used its CPU
+    time (a program that kills itself is ``error``); ``memory`` comes only from a ``MemoryError`` the
+    runner caught, never from printed text.
 
 What is guaranteed
-    - As root (the usual case in containers and CI): every program runs as ``uid`` / ``gid`` with no
-      supplementary groups and no capabilities, in a chroot of its own empty temporary directory
-      (it can read and write nothing else of the filesystem; what it writes there is bounded by
-      ``file_bytes`` per file and removed afterwards), cannot fork or start threads (``RLIMIT_NPROC``
-      0 is enforced for non-root uids), is held to ``cpu_s`` CPU seconds (``SIGPROF``; a program
-      that ignores it, possible only without the allowlist, is killed by ``RLIMIT_CPU`` at
-      ``int(cpu_s) + 2`` seconds, which the kernel checks once per scheduler tick), ``memory_bytes`` of
-      address space, ``wall_s`` of wall clock and ``output_chars`` of output, and leaves no process
-      behind. The network is cut when ``unshare(CLONE_NEWNET)`` succeeds, which needs
-      ``CAP_SYS_ADMIN`` (granted to root outside a restricted container; a default Docker seccomp
-      profile refuses it); :attr:`RunResult.guards` lists ``"netns"`` exactly when it did. Children
-      running at the same time share that namespace: no interface is up in it, so they reach
-      nothing, but two that both got past the allowlist could talk through an abstract unix socket.
-    - Not as root: the resource limits above still hold (``RLIMIT_NPROC`` = 0 stops forks because
-      the limit is checked against all processes of the user, which include the child itself), but
-      there is no chroot and no uid change: the program could read and write what the user can if
-      it got past the allowlist, which is then the only file-system barrier. The network is cut only
-      where unprivileged user namespaces are enabled (``unshare(CLONE_NEWUSER | CLONE_NEWNET)``).
+    - No output of any program makes a public function of the sandbox or the code tasks raise: a
+      record that is not the one valid sequence of frames is status ``error`` for its run only.
+    - A program cannot forge its verdict: the expected outputs are never in its process, and all it
+      can put in its record, even outside the allowlist, is values it could have returned.
+    - As root, every program runs as a uid no other process uses, in PID, IPC and mount namespaces
+      of its own (it sees no other process, and its SysV IPC objects and files die with it), in a
+      chroot of a tmpfs bounded in bytes and files, without capabilities, unable to trace anything
+      or use a keyring, held to ``cpu_s``, ``memory_bytes``, ``wall_s`` and ``output_chars``.
     - Under the allowlist a program reaches no module that touches files, processes, signals or
-      sockets; the OS limits hold whether or not it is on (``ast_check=False``, a switch for tests,
-      runs the program with the full builtins so that only the OS limits hold it).
-    - Not guaranteed: isolation between programs that run at the same time as the same uid if one
-      got past the allowlist (it could signal the other, e.g. ``kill(-1, SIGKILL)``); protection
-      against kernel or interpreter bugs; a constant CPU cost (the CPU limit is per program, the
-      machine is shared).
+      sockets; the OS layer holds whether or not it is on (``ast_check=False``, a switch for tests).
+    - Not guaranteed: protection against kernel or interpreter bugs; a constant CPU cost.
 
 Cost
-    One child costs about 50-60 ms of CPU (interpreter start-up and the runner's imports), so a
-    2-core machine runs about 12 small programs per second one at a time and 15-18 with
-    ``workers=2`` (``benchmarks/sandbox.py``; measured on a shared, busy machine).
+    One child costs about 25-30 ms of CPU on the machine of the 0.6.0 measurement, where the new
+    sandbox ran 0.84 (1 worker) and 0.85 (2 workers) of 0.5.0's programs per second
+    (``benchmarks/sandbox.py``, both in one process).
 
 Example:
     >>> sandbox = Sandbox(Limits(cpu_s=1.0, wall_s=10.0))
