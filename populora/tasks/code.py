@@ -541,7 +541,12 @@ def _fence(source: str) -> str:
 
 def _sandbox_for(problem: Problem, workers: int = 1) -> Sandbox:
     limits = problem.data.get("limits")
-    return Sandbox(Limits(**limits) if isinstance(limits, Mapping) else Limits(), workers=workers)
+    require = problem.data.get("require")
+    return Sandbox(
+        Limits(**limits) if isinstance(limits, Mapping) else Limits(),
+        workers=workers,
+        require=tuple(require) if isinstance(require, (list, tuple)) else (),
+    )
 
 
 def _reply_job(problem: Problem, reply: str) -> Job | None:
@@ -572,17 +577,25 @@ class CodeTask(Task):
             ``Limits()``); stored in each problem's ``data["limits"]``, so that
             :meth:`~populora.tasks.base.Problem.check` uses them after a checkpoint.
         workers: sandbox children at a time in :meth:`sample` and :meth:`parse_proposal`.
+        require: sandbox guards (:data:`~populora.tasks.sandbox.GUARDS`) without which no program may
+            run: where the machine refuses one, every run raises
+            :class:`~populora.tasks.sandbox.SandboxGuardError` instead of checking with fewer guards;
+            stored in each problem's ``data["require"]`` like the limits.
     """
 
     max_difficulty = 5
     marker: ClassVar[str] = ""
 
-    def __init__(self, difficulty: int = 1, *, limits: Limits | None = None, workers: int = 2) -> None:
+    def __init__(
+        self, difficulty: int = 1, *, limits: Limits | None = None, workers: int = 2, require: Sequence[str] = ()
+    ) -> None:
         super().__init__(difficulty)
         if limits is not None and not isinstance(limits, Limits):
             raise InvalidTypeError(f"`limits` must be a Limits or None, got {type(limits).__name__}")
         self.limits = limits if limits is not None else Limits()
-        self.sandbox = Sandbox(self.limits, workers=check_int("workers", workers, low=1, high=64))
+        workers = check_int("workers", workers, low=1, high=64)
+        self.sandbox = Sandbox(self.limits, workers=workers, require=require)  # checks `require`
+        self.require = tuple(require)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(difficulty={self.difficulty})"
@@ -661,7 +674,10 @@ class CodeTask(Task):
         )
 
     def _limits_data(self) -> dict[str, Any]:
-        return dataclasses.asdict(self.limits)
+        data: dict[str, Any] = {"limits": dataclasses.asdict(self.limits)}
+        if self.require:
+            data["require"] = list(self.require)
+        return data
 
 
 class CodeOutput(CodeTask):
@@ -676,7 +692,7 @@ class CodeOutput(CodeTask):
             self.name,
             question,
             outputs[0],
-            {"program": program, "input": inputs[0], "output": outputs[0], "limits": self._limits_data()},
+            {"program": program, "input": inputs[0], "output": outputs[0], **self._limits_data()},
         )
 
     @staticmethod
@@ -711,7 +727,7 @@ class CodeInput(CodeTask):
             self.name,
             question,
             inputs[0],
-            {"program": program, "input": inputs[0], "output": outputs[0], "limits": self._limits_data()},
+            {"program": program, "input": inputs[0], "output": outputs[0], **self._limits_data()},
         )
 
     @staticmethod
@@ -768,7 +784,7 @@ class CodeFunction(CodeTask):
                 "outputs": tuple(outputs),
                 "visible": visible,
                 "message": message,
-                "limits": self._limits_data(),
+                **self._limits_data(),
             },
         )
 
@@ -810,7 +826,10 @@ def check_code_replies(problems: Sequence[Problem], replies: Sequence[str], *, w
         if problem.task in (CodeInput.name, CodeFunction.name):
             job = _reply_job(problem, reply)
             if job is not None:
-                key = tuple(sorted(dict(problem.data.get("limits") or {}).items()))
+                key = (
+                    tuple(sorted(dict(problem.data.get("limits") or {}).items())),
+                    tuple(problem.data.get("require") or ()),
+                )
                 batches.setdefault(key, []).append((i, job))
         else:
             out[i] = problem.check(reply)

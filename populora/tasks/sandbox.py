@@ -5,35 +5,63 @@ parses or executes program text: it writes a job file, starts one fresh interpre
 reads back at most a bounded number of bytes of JSON.
 
 How one program runs (:meth:`Sandbox.run`)
-    1. The parent checks only sizes (text lengths, no parsing), makes a fresh temporary directory
-       (mode 0700, owned by the sandbox uid when running as root) and writes the job (``marshal`` of
-       plain strings and numbers) into it.
-    2. It starts ``sys.executable -s -S -B [-P] -c RUNNER`` in that directory, in a new session
-       (its own process group), with the environment cleared except ``PYTHONHASHSEED`` (``-I`` would
-       ignore that variable, so ``-s -S -B`` and an empty environment stand in for it), stdin from
-       ``/dev/null`` and stdout + stderr on one pipe.
-    3. The runner (trusted code, :data:`RUNNER`) reads and deletes the job, starts a CPU timer (``ITIMER_PROF``:
-       ``SIGPROF`` kills the process at ``cpu_s``; ``RLIMIT_CPU`` backs it up a second later, ``RLIMIT_CORE`` = 0),
-       imports the standard modules the program may use, and then, as root: cuts the network (``setns`` into an empty
-       network namespace, one with only a down loopback, that the parent makes once per process: a helper child calls
-       ``unshare(CLONE_NEWNET)`` and the parent keeps a descriptor of its namespace; joining one costs far less than
-       making a fresh one per run, about 50 ms of kernel latency), sets ``no_new_privs``, ``chroot``\\ s into the
-       temporary directory, drops every group and sets real, effective and saved uid and gid to ``uid`` / ``gid``
-       (65534, ``nobody``, by default) and checks that ``setuid(0)`` now fails. If any of chroot or the uid drop fails
-       it refuses to run the program (status ``error``). Then, for everyone, ``RLIMIT_AS`` (memory), ``RLIMIT_FSIZE``
-       (bytes per written file), ``RLIMIT_NOFILE``, ``RLIMIT_NPROC`` = 0 (no fork, no thread: enforced because the
-       process is no longer root) and ``RLIMIT_MSGQUEUE`` = 0.
-    4. Only now does it read program text: ``ast.parse`` and the allowlist below (refusal is status
-       ``refused``), ``compile``, ``exec`` with a restricted builtins table, then one call of the
-       entry function (``f``) per input. Inputs are argument lists written as Python literals
-       (``[1, 2], 3``), read with ``ast.literal_eval``. Every return value must be a plain literal
-       (exact ``int float bool str bytes None list tuple dict set``, nested at most 100 deep) whose
-       ``repr`` reads back equal with ``ast.literal_eval``; its ``repr`` is the output. ``print``
-       goes to a bounded buffer, returned as ``stdout``.
-    5. The parent reads at most ``8 * output_chars + 64 KiB`` bytes before ``wall_s`` runs out;
-       past either it kills the process group (``SIGKILL``), otherwise it kills the group anyway
-       after EOF (nothing outlives a run), reaps the child (``wait4``: its CPU time is reported)
-       and removes the temporary directory.
+    1. The parent checks only sizes (text lengths, no parsing), makes a fresh directory (mode 0700),
+       writes the job (``marshal`` of plain strings and numbers, never the expected outputs) into it
+       and, as root, reserves a uid of its own for the run (a file per uid, locked with ``flock``, under
+       ``/run/populora-sandbox/uids``, from :data:`UID_RANGE`, 2^30 upward: two sandboxes of one
+       host never share one).
+    2. It starts ``sys.executable -s -S -B -P populora/tasks/_runner.py`` (:data:`RUNNER_PATH`, a
+       module file importing only the standard library) in that directory, in a new session, with
+       an empty environment but ``PYTHONHASHSEED``, stdin from ``/dev/null``, stdout + stderr on one
+       pipe (read only for diagnostics) and a second pipe, the record descriptor.
+    3. The runner (R) reads and deletes the job, imports what programs may use (and ``unicodedata``,
+       which NFKC normalisation of non-ASCII identifiers needs), joins the empty network namespace
+       that the parent made once per process, makes new PID, IPC and mount namespaces, mounts a tmpfs
+       of ``disk_bytes`` / ``disk_files`` on the run directory (which hides it) and chroots into it.
+       With a PID namespace it forks a reaper (PID 1 of the namespace) that forks the program's
+       process (P, PID 2: the CPU timer's ``SIGPROF`` kills it as any process); else it forks P.
+    4. P takes the run's uid and gid with no groups, drops every capability, sets ``no_new_privs``,
+       ``PR_SET_DUMPABLE`` 0, the parent-death signal, the resource limits (``RLIMIT_AS``,
+       ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``, ``RLIMIT_NPROC`` 0, ``RLIMIT_MSGQUEUE`` 0, ``RLIMIT_CORE``
+       0, ``ITIMER_PROF`` + ``RLIMIT_CPU``) and a seccomp filter (classic BPF installed with
+       ``prctl`` through ``ctypes``) that denies ``ptrace``, ``process_vm_readv`` / ``writev``,
+       ``keyctl`` / ``add_key`` / ``request_key``, ``unshare``, ``setns``, ``mount`` and the other
+       mount calls, ``chroot``, ``perf_event_open``, ``bpf``, ``userfaultfd``, ``kcmp``,
+       ``io_uring_setup`` and ``clone`` with a namespace flag (``clone3`` answers ENOSYS). It writes
+       the ``guards`` frame, and only then reads program text: the allowlist below (refusal is status
+       ``refused``), ``compile``, ``exec`` with a restricted builtins table, one call of ``f`` per
+       input. Every return value must be a plain literal (exact ``int float bool str bytes None list
+       tuple dict set``, at most 100 deep) that reads back with ``ast.literal_eval``; P writes each as
+       canonical type-tagged JSON in one ``result`` frame and ends with ``os._exit`` at once, so no
+       finaliser, generator ``finally:``, ``atexit`` or buffered flush runs after its record.
+    5. The process that forked P writes the ``exit`` frame (P's wait status). The parent reads at
+       most a bound of bytes from each pipe before ``wall_s``, kills the process group (the PID
+       namespace dies with its reaper), reaps the child (``wait4``: its CPU time is reported),
+       removes the directory without recursion and releases the uid.
+    6. The verdict is the parent's: it reads the record with :func:`read_json` (no recursion,
+       bounded depth), accepts exactly ``guards, result, exit`` (or ``guards, exit`` for a program
+       that died), writes the outputs from the tagged values (:func:`tagged_repr`: sets and dicts
+       in canonical order) and compares them with the expected outputs, which a separate child
+       that runs no program encodes: type-exact, ``1``, ``1.0`` and ``True`` differ, also as dict
+       keys and in sets. Printed text is bounded in characters (``output_chars``).
+
+The modes (what :attr:`RunResult.guards` holds; :attr:`RunResult.missing` says why a guard is absent)
+    ========================  ======================================================================
+    mode                      guards
+    ========================  ======================================================================
+    root                      ``netns pidns ipcns mountns tmpfs chroot uid caps nnp nodump rlimits
+                              nproc seccomp``: a uid per run, no uid separation lost anywhere
+    not root, user namespaces ``userns netns pidns ipcns mountns tmpfs chroot caps nnp nodump
+                              rlimits nproc seccomp``; ``uid`` missing: the program runs as the
+                              parent's own uid (the PID namespace, chroot and seccomp isolate it)
+    neither                   ``caps nnp nodump rlimits nproc seccomp`` (seccomp where the kernel
+                              has it); no chroot, no namespaces: the allowlist is the file-system
+                              barrier
+    ========================  ======================================================================
+
+    A guard the kernel refuses (a restricted container's seccomp profile refusing ``unshare``, an
+    architecture with no filter here) is left out with its reason; ``Sandbox(require=(...))`` (and
+    the code tasks' ``require=``) raises :class:`SandboxGuardError` instead of running with fewer.
 
 The AST allowlist (:data:`ALLOWED_MODULES` and the deny lists below)
     Statements and expressions of plain functions only: no ``class``, ``with``, ``async``,
@@ -56,38 +84,27 @@ Statuses (:data:`STATUSES`)
     than ``output_chars``, or more bytes on the pipe than the parent reads); ``error`` (the program
     raised, returned something that is not a plain literal, or the runner could not set up);
     ``nondeterministic`` (:meth:`Sandbox.validate`: two runs with ``PYTHONHASHSEED`` 0 and 1 differ).
+    A program killed by ``SIGPROF`` / ``SIGXCPU`` / ``SIGKILL`` is ``timeout`` only when it used its CPU
+    time (a program that kills itself is ``error``); ``memory`` comes only from a ``MemoryError`` the
+    runner caught, never from printed text.
 
 What is guaranteed
-    - As root (the usual case in containers and CI): every program runs as ``uid`` / ``gid`` with no
-      supplementary groups and no capabilities, in a chroot of its own empty temporary directory
-      (it can read and write nothing else of the filesystem; what it writes there is bounded by
-      ``file_bytes`` per file and removed afterwards), cannot fork or start threads (``RLIMIT_NPROC``
-      0 is enforced for non-root uids), is held to ``cpu_s`` CPU seconds (``SIGPROF``; a program
-      that ignores it, possible only without the allowlist, is killed by ``RLIMIT_CPU`` at
-      ``int(cpu_s) + 2`` seconds, which the kernel checks once per scheduler tick), ``memory_bytes`` of
-      address space, ``wall_s`` of wall clock and ``output_chars`` of output, and leaves no process
-      behind. The network is cut when ``unshare(CLONE_NEWNET)`` succeeds, which needs
-      ``CAP_SYS_ADMIN`` (granted to root outside a restricted container; a default Docker seccomp
-      profile refuses it); :attr:`RunResult.guards` lists ``"netns"`` exactly when it did. Children
-      running at the same time share that namespace: no interface is up in it, so they reach
-      nothing, but two that both got past the allowlist could talk through an abstract unix socket.
-    - Not as root: the resource limits above still hold (``RLIMIT_NPROC`` = 0 stops forks because
-      the limit is checked against all processes of the user, which include the child itself), but
-      there is no chroot and no uid change: the program could read and write what the user can if
-      it got past the allowlist, which is then the only file-system barrier. The network is cut only
-      where unprivileged user namespaces are enabled (``unshare(CLONE_NEWUSER | CLONE_NEWNET)``).
+    - No output of any program makes a public function of the sandbox or the code tasks raise: a
+      record that is not the one valid sequence of frames is status ``error`` for its run only.
+    - A program cannot forge its verdict: the expected outputs are never in its process, and all it
+      can put in its record, even outside the allowlist, is values it could have returned.
+    - As root, every program runs as a uid no other process uses, in PID, IPC and mount namespaces
+      of its own (it sees no other process, and its SysV IPC objects and files die with it), in a
+      chroot of a tmpfs bounded in bytes and files, without capabilities, unable to trace anything
+      or use a keyring, held to ``cpu_s``, ``memory_bytes``, ``wall_s`` and ``output_chars``.
     - Under the allowlist a program reaches no module that touches files, processes, signals or
-      sockets; the OS limits hold whether or not it is on (``ast_check=False``, a switch for tests,
-      runs the program with the full builtins so that only the OS limits hold it).
-    - Not guaranteed: isolation between programs that run at the same time as the same uid if one
-      got past the allowlist (it could signal the other, e.g. ``kill(-1, SIGKILL)``); protection
-      against kernel or interpreter bugs; a constant CPU cost (the CPU limit is per program, the
-      machine is shared).
+      sockets; the OS layer holds whether or not it is on (``ast_check=False``, a switch for tests).
+    - Not guaranteed: protection against kernel or interpreter bugs; a constant CPU cost.
 
 Cost
-    One child costs about 50-60 ms of CPU (interpreter start-up and the runner's imports), so a
-    2-core machine runs about 12 small programs per second one at a time and 15-18 with
-    ``workers=2`` (``benchmarks/sandbox.py``; measured on a shared, busy machine).
+    One child costs about 25-30 ms of CPU on the machine of the 0.6.0 measurement, where the new
+    sandbox ran 0.84 (1 worker) and 0.85 (2 workers) of 0.5.0's programs per second
+    (``benchmarks/sandbox.py``, both in one process).
 
 Example:
     >>> sandbox = Sandbox(Limits(cpu_s=1.0, wall_s=10.0))
@@ -100,36 +117,44 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import marshal
 import os
 import re
+import secrets
 import selectors
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from populora.checks import check_bool, check_float, check_int
-from populora.errors import InvalidTypeError, InvalidValueError
+from populora.errors import InvalidTypeError, InvalidValueError, PopuloraError
 
 __all__ = [
     "ALLOWED_MODULES",
     "DENIED_ATTRIBUTES",
     "DENIED_NAMES",
-    "RUNNER",
+    "GUARDS",
+    "RUNNER_PATH",
     "SAFE_BUILTINS",
     "STATUSES",
+    "UID_RANGE",
     "Job",
     "Limits",
     "RunResult",
     "Sandbox",
+    "SandboxGuardError",
+    "read_json",
+    "tagged_repr",
 ]
 
 STATUSES = ("ok", "refused", "timeout", "memory", "output_limit", "error", "nondeterministic")
@@ -386,346 +411,42 @@ sys.stdout.flush()
 sys.stdin.read()
 """
 
-# The runner: trusted code that the child interpreter runs with `-c`. It reads the job, confines
-# itself, and only then reads program text (module docstring, steps 3 and 4).
-RUNNER = r'''# populora-sandbox-runner
-import os, sys, marshal, signal, resource
+#: The runner, a module file of its own that the child interpreter runs by path (module docstring).
+RUNNER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_runner.py")
+
+#: Every guard :attr:`RunResult.guards` can name (the modes table of the module docstring).
+GUARDS = (
+    "rlimits",
+    "nproc",
+    "netns",
+    "pidns",
+    "ipcns",
+    "mountns",
+    "tmpfs",
+    "chroot",
+    "userns",
+    "uid",
+    "caps",
+    "nnp",
+    "nodump",
+    "seccomp",
+)
+
+#: The default range of per-run user and group ids (as root): far above any uid a distribution hands out.
+UID_RANGE = (2**30, 2**30 + 2**16)
+
+# Where the per-uid lock files live: one directory per machine, so that every Sandbox of the host
+# (several processes, several jobs) reserves from the same set.
+_LOCK_DIR = "/run/populora-sandbox/uids"
+
+# of the JSON the parent reads: a tagged value is two JSON levels per level of the value (at most 101),
+# plus the frame around it
+_MAX_DEPTH = 2 * 101 + 4
 
 
-def _emit(record):
-    import _json
-    enc = _json.encode_basestring_ascii
-
-    def js(x):
-        if x is None:
-            return "null"
-        if x is True:
-            return "true"
-        if x is False:
-            return "false"
-        if isinstance(x, (int, float)):
-            return repr(x)
-        if isinstance(x, str):
-            return enc(x)
-        if isinstance(x, (list, tuple)):
-            return "[" + ",".join(js(v) for v in x) + "]"
-        return "{" + ",".join(enc(k) + ":" + js(v) for k, v in x.items()) + "}"
-
-    data = ("\n" + js(record) + "\n").encode("ascii")
-    view = memoryview(data)
-    while view:
-        view = view[os.write(1, view):]
-
-
-def _check(tree, allowed, denied_names, denied_attrs, max_nodes):
-    import ast
-    nodes_ok = {
-        "Module", "FunctionDef", "Return", "Delete", "Assign", "AugAssign", "AnnAssign", "For", "While", "If",
-        "Raise", "Try", "Assert", "Import", "ImportFrom", "Nonlocal", "Expr", "Pass", "Break", "Continue",
-        "BoolOp", "NamedExpr", "BinOp", "UnaryOp", "Lambda", "IfExp", "Dict", "Set", "ListComp", "SetComp",
-        "DictComp", "GeneratorExp", "Yield", "YieldFrom", "Compare", "Call", "FormattedValue", "JoinedStr",
-        "Constant", "Attribute", "Subscript", "Starred", "Name", "List", "Tuple", "Slice",
-        "Load", "Store", "Del", "And", "Or", "Add", "Sub", "Mult", "Div", "Mod", "Pow", "LShift", "RShift",
-        "BitOr", "BitXor", "BitAnd", "FloorDiv", "Invert", "Not", "UAdd", "USub", "Eq", "NotEq", "Lt", "LtE",
-        "Gt", "GtE", "Is", "IsNot", "In", "NotIn", "comprehension", "ExceptHandler", "arguments", "arg",
-        "keyword", "alias",
-    }
-
-    def bad_name(name):
-        return name is not None and (name.startswith("__") or name in denied_names)
-
-    count = 0
-    for node in ast.walk(tree):
-        count += 1
-        if count > max_nodes:
-            return "the program has more than %d syntax nodes" % max_nodes
-        kind = type(node).__name__
-        if kind not in nodes_ok:
-            return "`%s` is not allowed" % kind
-        if kind == "Name" and bad_name(node.id):
-            return "the name `%s` is not allowed" % node.id
-        if kind == "Attribute" and (node.attr.startswith("_") or node.attr in denied_attrs):
-            return "the attribute `.%s` is not allowed" % node.attr
-        if kind == "FunctionDef" and bad_name(node.name):
-            return "the function name `%s` is not allowed" % node.name
-        if kind == "arg" and bad_name(node.arg):
-            return "the argument name `%s` is not allowed" % node.arg
-        if kind == "keyword" and bad_name(node.arg):
-            return "the keyword `%s` is not allowed" % node.arg
-        if kind == "ExceptHandler" and bad_name(node.name):
-            return "the name `%s` is not allowed" % node.name
-        if kind == "Nonlocal" and any(bad_name(n) for n in node.names):
-            return "a name in `nonlocal` is not allowed"
-        if kind == "Import":
-            for a in node.names:
-                if a.name not in allowed:
-                    return "importing `%s` is not allowed (allowed: %s)" % (a.name, ", ".join(sorted(allowed)))
-                if bad_name(a.asname):
-                    return "the name `%s` is not allowed" % a.asname
-        if kind == "ImportFrom":
-            if node.level or node.module not in allowed:
-                return "importing from `%s` is not allowed (allowed: %s)" % (node.module, ", ".join(sorted(allowed)))
-            names = allowed[node.module]
-            for a in node.names:
-                if (a.name == "*" or a.name.startswith("_") or bad_name(a.asname)
-                        or (names is not None and a.name not in names)):
-                    return "`from %s import %s` is not allowed" % (node.module, a.name)
-    return None
-
-
-def _plain(value, max_items):
-    """None when `value` is a plain literal (exact builtin types, at most 100 deep), "large" when it
-    has more than max_items items, else the name of the first type that is not plain."""
-    scalars = (int, float, bool, str, bytes, type(None))
-    stack = [(value, 0)]
-    seen = 0
-    while stack:
-        item, depth = stack.pop()
-        seen += 1
-        if seen > max_items:
-            return "large"
-        if depth > 100:
-            return "a structure over 100 levels deep"
-        kind = type(item)
-        if kind in scalars:
-            continue
-        if kind in (list, tuple, set):
-            stack.extend((x, depth + 1) for x in item)
-        elif kind is dict:
-            for k, v in item.items():
-                stack.append((k, depth + 1))
-                stack.append((v, depth + 1))
-        else:
-            return kind.__name__
-    return None
-
-
-def _same(a, b):
-    """Equal values of the same types, all the way down."""
-    if type(a) is not type(b):
-        return False
-    if type(a) in (list, tuple):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if type(a) is dict:
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if type(a) is float and a != a:
-        return b != b
-    return a == b
-
-
-def _literal(text):
-    import ast
-    return ast.literal_eval(text.strip())
-
-
-def _arguments(text, entry):
-    import ast
-    tree = ast.parse(entry + "(" + text + "\n)", mode="eval")
-    call = tree.body
-    if (type(call) is not ast.Call or type(call.func) is not ast.Name or call.func.id != entry or call.keywords
-            or any(type(a) is ast.Starred for a in call.args)):
-        raise ValueError("not an argument list")
-    return tuple(ast.literal_eval(a) for a in call.args)
-
-
-def _describe(exc):
-    try:
-        text = str(exc)
-    except BaseException:
-        text = ""
-    return (type(exc).__name__ + (": " + text if text else ""))[:300]
-
-
-class _Capture:
-    def __init__(self, limit):
-        self.parts = []
-        self.size = 0
-        self.limit = limit
-        self.over = False
-
-    def write(self, text):
-        if type(text) is not str:
-            raise TypeError("print writes str")
-        self.size += len(text)
-        if self.size > self.limit:
-            self.over = True
-            raise RuntimeError("output limit reached")
-        self.parts.append(text)
-        return len(text)
-
-    def flush(self):
-        pass
-
-
-def _main():
-    with open("job.bin", "rb") as fh:
-        job = marshal.loads(fh.read())
-    os.unlink("job.bin")
-    signal.setitimer(signal.ITIMER_PROF, job["cpu_s"])
-    hard = int(job["cpu_s"]) + 1
-    resource.setrlimit(resource.RLIMIT_CPU, (hard, hard + 1))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    import ast, builtins, _json
-    loaded = {}
-    for name in job["preload"]:
-        try:
-            loaded[name] = __import__(name)
-        except Exception:
-            pass
-    guards = ["rlimits"]
-    root = os.geteuid() == 0
-    if root or job["net"]:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-    if job["net"]:
-        fd = job["netns_fd"]
-        joined = fd is not None and libc.setns(fd, 0x40000000) == 0  # CLONE_NEWNET
-        if fd is not None:
-            os.close(fd)
-        flags = 0x40000000 if root else 0x40000000 | 0x10000000  # CLONE_NEWNET (| CLONE_NEWUSER)
-        if joined or libc.unshare(flags) == 0:
-            guards.append("netns")
-    if root:
-        try:
-            libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
-            os.chroot(".")
-            os.chdir("/")
-            guards.append("chroot")
-            uid, gid = job["uid"], job["gid"]
-            os.setgroups([])
-            os.setresgid(gid, gid, gid)
-            os.setresuid(uid, uid, uid)
-            if os.getresuid() != (uid, uid, uid) or os.getgroups() not in ([], [gid]):
-                raise OSError("the uid did not change")
-            try:
-                os.setuid(0)
-            except PermissionError:
-                pass
-            else:
-                raise OSError("setuid(0) still works")
-            guards.append("uid")
-        except OSError as exc:
-            _emit({"status": "error", "message": "could not drop privileges: " + _describe(exc), "guards": guards})
-            return
-    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
-    resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (job["file_bytes"], job["file_bytes"]))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (job["open_files"], job["open_files"]))
-    resource.setrlimit(resource.RLIMIT_AS, (job["memory_bytes"], job["memory_bytes"]))
-    guards.append("nproc")
-
-    limit = job["out_chars"]
-    record = {"status": "ok", "outputs": [], "matches": [], "stdout": "", "message": "", "guards": guards}
-    capture = _Capture(limit)
-    try:
-        _run(job, record, capture, loaded, builtins, ast)
-    except MemoryError:
-        record["status"], record["message"] = "memory", "MemoryError"
-    except BaseException as exc:
-        record["status"], record["message"] = "error", _describe(exc)
-    if capture.over:
-        record["status"], record["message"] = "output_limit", "printed text or an output over %d characters" % limit
-    record["stdout"] = "".join(capture.parts)
-    _emit(record)
-
-
-def _run(job, record, capture, loaded, builtins, ast):
-    limit = job["out_chars"]
-    if job["mode"] == "same":
-        try:
-            record["matches"] = [_same(_literal(job["a"]), _literal(job["b"]))]
-        except BaseException as exc:
-            record["matches"], record["message"] = [False], _describe(exc)
-        return
-    entry = job["entry"]
-    if job["ast"]:
-        try:
-            tree = ast.parse(job["source"], "<program>", "exec")
-        except BaseException as exc:
-            record["status"], record["message"] = "refused", _describe(exc)
-            return
-        problem = _check(tree, job["allowed"], set(job["denied_names"]), set(job["denied_attrs"]), 20000)
-        if problem is None and not any(type(node) is ast.FunctionDef and node.name == entry for node in tree.body):
-            problem = "the program defines no function `%s`" % entry
-        if problem is not None:
-            record["status"], record["message"] = "refused", problem
-            return
-        proxies = {}
-        for name, names in job["allowed"].items():
-            if name not in loaded:
-                continue
-            module, proxy = loaded[name], type(sys)(name)
-            public = names if names is not None else [n for n in dir(module) if not n.startswith("_")]
-            for attr in public:
-                value = getattr(module, attr, None)
-                if value is not None and type(value) is not type(sys):
-                    setattr(proxy, attr, value)
-            proxies[name] = proxy
-
-        def importer(name, globals=None, locals=None, fromlist=(), level=0):
-            if level or name not in proxies:
-                raise ImportError("importing %s is not allowed" % name)
-            return proxies[name]
-
-        table = {n: getattr(builtins, n) for n in job["builtins"] if hasattr(builtins, n)}
-        table["__import__"] = importer
-        scope = {"__builtins__": table, "__name__": "__program__"}
-        try:
-            code = compile(tree, "<program>", "exec", dont_inherit=True)
-        except BaseException as exc:
-            record["status"], record["message"] = "refused", _describe(exc)
-            return
-    else:
-        scope = {"__builtins__": builtins, "__name__": "__program__"}
-        try:
-            code = compile(job["source"], "<program>", "exec", dont_inherit=True)
-        except BaseException as exc:
-            record["status"], record["message"] = "refused", _describe(exc)
-            return
-    try:
-        args = [_arguments(text, entry) for text in job["inputs"]]
-        expect = None if job["expect"] is None else [_literal(text) for text in job["expect"]]
-    except BaseException as exc:
-        record["status"] = "refused"
-        record["message"] = "an input or expected output is not a literal: " + _describe(exc)
-        return
-    sys.stdout = capture
-    try:
-        exec(code, scope)
-        fn = scope.get(entry)
-        if type(fn).__name__ != "function":
-            raise NameError("the program defines no function `%s`" % entry)
-        outputs, values = [], []
-        for values_in in args:
-            value = fn(*values_in)
-            if capture.over:
-                return
-            problem = _plain(value, limit)
-            if problem == "large":
-                capture.over = True
-                return
-            if problem is not None:
-                raise TypeError("the output is not a plain literal (it holds %s)" % problem)
-            text = repr(value)
-            if len(text) > limit:
-                capture.over = True
-                return
-            if not _same(ast.literal_eval(text), value):
-                raise ValueError("the output %s does not read back as a literal" % text[:100])
-            outputs.append(text)
-            values.append(value)
-    finally:
-        sys.stdout = sys.__stdout__
-    record["outputs"] = outputs
-    if expect is not None:
-        record["matches"] = [_same(v, e) for v, e in zip(values, expect)]
-
-
-try:
-    _main()
-except BaseException as exc:
-    _emit({"status": "error", "message": "runner failed: " + _describe(exc), "guards": []})
-'''
+class SandboxGuardError(PopuloraError, RuntimeError):
+    """A guard that ``Sandbox(require=...)`` asked for cannot be had on this machine (raised before any
+    program text is read)."""
 
 
 @dataclass(frozen=True)
@@ -739,6 +460,8 @@ class Limits:
         output_chars: characters of printed text, and of each output's ``repr``.
         file_bytes: bytes of any one file the child writes (``RLIMIT_FSIZE``).
         open_files: file descriptors (``RLIMIT_NOFILE``).
+        disk_bytes: bytes of all the files of a run together (the size of its tmpfs, where one is had).
+        disk_files: files and directories of a run together (the tmpfs's inodes).
     """
 
     cpu_s: float = 1.0
@@ -747,6 +470,8 @@ class Limits:
     output_chars: int = 2**16
     file_bytes: int = 2**16
     open_files: int = 16
+    disk_bytes: int = 2**22
+    disk_files: int = 256
 
     def __post_init__(self) -> None:
         check_float("cpu_s", self.cpu_s, low=0.0, high=600.0, low_open=True)
@@ -757,6 +482,8 @@ class Limits:
         check_int("output_chars", self.output_chars, low=16, high=2**26)
         check_int("file_bytes", self.file_bytes, low=0, high=2**40)
         check_int("open_files", self.open_files, low=4, high=2**16)
+        check_int("disk_bytes", self.disk_bytes, low=2**16, high=2**40)
+        check_int("disk_files", self.disk_files, low=4, high=2**20)
 
 
 @dataclass(frozen=True)
@@ -805,14 +532,16 @@ class RunResult:
 
     Attributes:
         status: one of :data:`STATUSES`.
-        outputs: the ``repr`` of each call's return value (``status == "ok"`` only).
-        matches: with ``Job.expect``: whether each output equals its expected value
-            (:meth:`Sandbox.same_value`: one entry).
-        stdout: what the program printed (at most ``output_chars``).
+        outputs: each call's return value as a literal (``status == "ok"`` only), written by the parent
+            from the canonical value: sets and dicts in canonical order (:func:`tagged_repr`).
+        matches: with ``Job.expect``: whether each output is the expected value, type-exact all the way
+            down (``1``, ``1.0`` and ``True`` differ, in dict keys and sets too).
+        stdout: what the program printed (at most ``output_chars`` characters).
         message: why it was refused or failed ("" when ok).
-        guards: the confinement that was in effect: ``"rlimits"``, ``"nproc"``, ``"netns"``
-            (network cut), ``"chroot"``, ``"uid"`` (privileges dropped).
+        guards: the guards that held (:data:`GUARDS`; the modes table of the module docstring).
+        missing: ``"guard: why"`` for each guard that this machine refused.
         cpu_s: CPU seconds the child used (0.0 when it never started).
+        values: each output as canonical type-tagged JSON (what ``matches`` compares).
     """
 
     status: str
@@ -822,6 +551,8 @@ class RunResult:
     message: str = ""
     guards: tuple[str, ...] = ()
     cpu_s: float = 0.0
+    missing: tuple[str, ...] = ()
+    values: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -834,12 +565,16 @@ class Sandbox:
     Args:
         limits: the :class:`Limits` of every run.
         workers: how many children :meth:`run_many` and :meth:`validate_many` run at once.
-        uid: the user id the child drops to when this process is root.
-        gid: the group id the child drops to when this process is root.
+        uid: DEPRECATED: the first user id of the per-run range (use ``uid_range``).
+        gid: DEPRECATED: the first group id of the per-run range (use ``uid_range``).
         cut_network: try to give the child an empty network namespace.
         ast_check: TEST ONLY. False skips the allowlist and gives the program the full builtins, so
-            that only the OS limits hold it.
-        tmp_dir: where the per-run temporary directories go (default: the system's temp dir).
+            that only the OS layer holds it.
+        tmp_dir: where the per-run directories go (default: the system's temp dir).
+        uid_range: ``(first, end)``: as root, each run takes a user and group id of its own from this
+            range, reserved machine-wide by a lock file per id under ``/run/populora-sandbox/uids``.
+        require: guards (:data:`GUARDS`) without which nothing may run: when the machine refuses one,
+            every run raises :class:`SandboxGuardError` before any program text is read.
     """
 
     def __init__(
@@ -847,26 +582,57 @@ class Sandbox:
         limits: Limits | None = None,
         *,
         workers: int = 1,
-        uid: int = 65534,
-        gid: int = 65534,
+        uid: int | None = None,
+        gid: int | None = None,
         cut_network: bool = True,
         ast_check: bool = True,
         tmp_dir: str | os.PathLike[str] | None = None,
+        uid_range: tuple[int, int] = UID_RANGE,
+        require: Sequence[str] = (),
     ) -> None:
         if limits is None:
             limits = Limits()
         if not isinstance(limits, Limits):
             raise InvalidTypeError(f"`limits` must be a Limits, got {type(limits).__name__}")
-        self.limits = limits
-        self.workers = check_int("workers", workers, low=1, high=256)
-        self.uid = check_int("uid", uid, low=1, high=2**32 - 2)
-        self.gid = check_int("gid", gid, low=1, high=2**32 - 2)
-        self.cut_network = check_bool("cut_network", cut_network)
-        self.ast_check = check_bool("ast_check", ast_check)
+        workers = check_int("workers", workers, low=1, high=256)
+        if not isinstance(uid_range, tuple) or len(uid_range) != 2:
+            raise InvalidTypeError(f"`uid_range` must be a tuple (first, end), got {uid_range!r}")
+        first = check_int("uid_range[0]", uid_range[0], low=1000, high=2**32 - 3)
+        end = check_int("uid_range[1]", uid_range[1], low=first + 1, high=2**32 - 2)
+        gid_first = first
+        for name, value in (("uid", uid), ("gid", gid)):
+            if value is not None:
+                warnings.warn(
+                    f"Sandbox(`{name}`=...) is deprecated: every run takes an id of its own from `uid_range`; "
+                    f"{name}={value} is used as the start of that range",
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
+        if uid is not None:
+            first = check_int("uid", uid, low=1, high=2**32 - 3)
+            end = min(2**32 - 2, first + (end - uid_range[0]))
+        if gid is not None:
+            gid_first = check_int("gid", gid, low=1, high=2**32 - 3)
+        elif uid is not None:
+            gid_first = first
+        if isinstance(require, str) or not isinstance(require, Sequence):
+            raise InvalidTypeError(f"`require` must be a sequence of guard names, got {require!r}")
+        unknown = [name for name in require if name not in GUARDS]
+        if unknown:
+            raise InvalidValueError(f"`require` names unknown guards {unknown}; the guards are {list(GUARDS)}")
         if tmp_dir is not None and not os.path.isdir(tmp_dir):
             raise InvalidValueError(f"`tmp_dir` must be an existing directory, got {tmp_dir!r}")
+        self.limits = limits
+        self.workers = workers
+        self.uid_range = (first, end)
+        self._gid_first = gid_first
+        self.cut_network = check_bool("cut_network", cut_network)
+        self.ast_check = check_bool("ast_check", ast_check)
+        self.require = tuple(require)
         self.tmp_dir = None if tmp_dir is None else os.fspath(tmp_dir)
         self._argv = [sys.executable, "-s", "-S", "-B"] + (["-P"] if sys.version_info >= (3, 11) else [])
+        self._encoded: dict[str, str | None] = {}  # literal text -> tagged value (None: not a literal)
+        self._encoded_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"Sandbox({self.limits}, workers={self.workers}, ast_check={self.ast_check})"
@@ -875,12 +641,16 @@ class Sandbox:
 
     def run(self, job: Job, *, hash_seed: int = 0) -> RunResult:
         """Run ``job`` once in a fresh child with ``PYTHONHASHSEED=hash_seed``."""
-        return self._run_job(self._check_job(job), check_int("hash_seed", hash_seed, low=0, high=2**32 - 1))
+        job = self._check_job(job)
+        seed = check_int("hash_seed", hash_seed, low=0, high=2**32 - 1)
+        self._encode_expected([job])
+        return self._run_job(job, seed)
 
     def run_many(self, jobs: Sequence[Job], *, hash_seed: int = 0) -> list[RunResult]:
         """Run every job once (``workers`` at a time); results in the order of ``jobs``."""
         jobs = [self._check_job(job) for job in jobs]
         seed = check_int("hash_seed", hash_seed, low=0, high=2**32 - 1)
+        self._encode_expected(jobs)
         return self._map(lambda job: self._run_job(job, seed), jobs)
 
     def validate(self, job: Job) -> RunResult:
@@ -891,19 +661,20 @@ class Sandbox:
     def validate_many(self, jobs: Sequence[Job]) -> list[RunResult]:
         """:meth:`validate` for every job (``workers`` children at a time)."""
         jobs = [self._check_job(job) for job in jobs]
+        self._encode_expected(jobs)
         pairs = [(job, seed) for job in jobs for seed in (0, 1)]
         runs = self._map(lambda pair: self._run_job(*pair), pairs)
         return [_agree(runs[2 * i], runs[2 * i + 1]) for i in range(len(jobs))]
 
     def same_value(self, a: str, b: str) -> bool:
-        """Whether the literals ``a`` and ``b`` are equal values of the same types (read in a child: the
-        text may be model-written). False when either is not a literal or the child fails."""
+        """Whether the literals ``a`` and ``b`` are equal values of the same types (read in a child that
+        runs no program: the text may be model-written). False when either is not a literal."""
         if not isinstance(a, str) or not isinstance(b, str):
             raise InvalidTypeError(f"`a` and `b` must be str, got {type(a).__name__} and {type(b).__name__}")
         if len(a) + len(b) > MAX_TEXT_CHARS:
             return False
-        result = self._spawn({"mode": "same", "a": a, "b": b, "preload": []}, 0)
-        return result.ok and result.matches == (True,)
+        encoded = self._encode_texts([a, b])
+        return encoded[a] is not None and encoded[a] == encoded[b]
 
     # ------------------------------------------------------------------ internals
 
@@ -912,24 +683,54 @@ class Sandbox:
             raise InvalidTypeError(f"a job must be a Job, got {type(job).__name__}")
         return job
 
-    def _map(self, fn, items: list) -> list:
+    def _map(self, fn: Callable[[Any], RunResult], items: list) -> list[RunResult]:
         if self.workers == 1 or len(items) <= 1:
             return [fn(item) for item in items]
         with ThreadPoolExecutor(max_workers=min(self.workers, len(items))) as pool:
             return list(pool.map(fn, items))
 
+    def _encode_expected(self, jobs: list[Job]) -> None:
+        """The tagged values of every expected output of ``jobs``, read in one child that runs no program
+        (the expected outputs never enter the child of a program)."""
+        texts = [t for job in jobs if job.expect is not None and _job_size(job) <= MAX_TEXT_CHARS for t in job.expect]
+        self._encode_texts(texts)
+
+    def _encode_texts(self, texts: list[str]) -> dict[str, str | None]:
+        with self._encoded_lock:
+            todo = list(dict.fromkeys(t for t in texts if t not in self._encoded))
+        batch: list[str] = []
+        size = 0
+        for text in [*todo, None]:
+            if text is None or (batch and size + len(text) > MAX_TEXT_CHARS):
+                if batch:
+                    values = self._spawn_encode(batch)
+                    with self._encoded_lock:
+                        if len(self._encoded) > 4096:
+                            self._encoded.clear()
+                        self._encoded.update(zip(batch, values))
+                batch, size = [], 0
+            if text is not None:
+                batch.append(text)
+                size += len(text)
+        with self._encoded_lock:
+            return {t: self._encoded.get(t) for t in texts}
+
     def _run_job(self, job: Job, seed: int) -> RunResult:
         if len(job.source) > MAX_SOURCE_CHARS:
             return RunResult("refused", message=f"the program has over {MAX_SOURCE_CHARS} characters")
-        text = sum(map(len, job.inputs)) + (sum(map(len, job.expect)) if job.expect is not None else 0)
-        if text > MAX_TEXT_CHARS:
+        if _job_size(job) > MAX_TEXT_CHARS:
             return RunResult("refused", message=f"the inputs and outputs have over {MAX_TEXT_CHARS} characters")
+        expected: list[str | None] = []
+        if job.expect is not None:
+            encoded = self._encode_texts(list(job.expect))
+            expected = [encoded[t] for t in job.expect]
+            if any(e is None for e in expected):
+                return RunResult("refused", message="an expected output is not a plain literal")
         payload = {
             "mode": "run",
             "source": job.source,
             "inputs": list(job.inputs),
             "entry": job.entry,
-            "expect": None if job.expect is None else list(job.expect),
             "ast": self.ast_check,
             "preload": _preload(job.source, self.ast_check),
             "allowed": {k: (None if v is None else list(v)) for k, v in ALLOWED_MODULES.items()},
@@ -937,10 +738,24 @@ class Sandbox:
             "denied_names": sorted(DENIED_NAMES),
             "denied_attrs": sorted(DENIED_ATTRIBUTES),
         }
-        return self._spawn(payload, seed)
+        result = self._spawn(payload, seed, len(job.inputs))
+        if result.ok and job.expect is not None:
+            result = dataclasses.replace(result, matches=tuple(v == e for v, e in zip(result.values, expected)))
+        return result
 
-    def _spawn(self, payload: dict, seed: int) -> RunResult:
+    def _spawn_encode(self, texts: list[str]) -> list[str | None]:
+        result = self._spawn({"mode": "encode", "texts": texts}, 0, len(texts))
+        if not result.ok or len(result.values) != len(texts):
+            return [None] * len(texts)
+        return [None if v == "null" else v for v in result.values]
+
+    def _spawn(self, payload: dict, seed: int, count: int) -> RunResult:
         limits = self.limits
+        root = os.geteuid() == 0
+        lease = _UidLease(self.uid_range) if root and payload["mode"] == "run" else None
+        uid = lease.uid if lease is not None else os.getuid()
+        gid = (self._gid_first + uid - self.uid_range[0]) if lease is not None else os.getgid()
+        netns = _shared_netns() if self.cut_network and root and payload["mode"] == "run" else None
         payload = dict(
             payload,
             cpu_s=float(limits.cpu_s),
@@ -948,48 +763,96 @@ class Sandbox:
             out_chars=limits.output_chars,
             file_bytes=limits.file_bytes,
             open_files=limits.open_files,
-            uid=self.uid,
-            gid=self.gid,
+            disk_bytes=limits.disk_bytes,
+            disk_files=limits.disk_files,
+            uid=uid,
+            gid=gid,
             net=self.cut_network,
+            netns_fd=netns,
+            require=list(self.require),
         )
-        payload.setdefault("ast", True)
-        root = os.geteuid() == 0
-        netns = _shared_netns() if self.cut_network and root else None
-        payload["netns_fd"] = netns
+        read_end, write_end = os.pipe()
+        payload["record_fd"] = write_end
         workdir = tempfile.mkdtemp(prefix="populora-sandbox-", dir=self.tmp_dir)
+        proc: subprocess.Popen | None = None
         try:
             with open(os.path.join(workdir, "job.bin"), "wb") as fh:
                 fh.write(marshal.dumps(payload))
-            if root:
-                os.chown(workdir, self.uid, self.gid)
-            proc = subprocess.Popen(
-                [*self._argv, "-c", RUNNER],
-                cwd=workdir,
-                env={"PYTHONHASHSEED": str(seed)},
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                close_fds=True,
-                pass_fds=() if netns is None else (netns,),
-                start_new_session=True,
-            )
+            if lease is not None:
+                os.chown(workdir, uid, gid)  # without a tmpfs the program writes here
+            try:
+                proc = subprocess.Popen(
+                    [*self._argv, RUNNER_PATH],
+                    cwd=workdir,
+                    env={"PYTHONHASHSEED": str(seed)},
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    close_fds=True,
+                    pass_fds=(write_end,) if netns is None else (write_end, netns),
+                    start_new_session=True,
+                )
+            finally:
+                os.close(write_end)
+            out_cap = 8 * limits.output_chars + 2**16
+            record_cap = 6 * limits.output_chars + count * (4 * (12 * limits.output_chars + 64) + 8) + 2**16
             cpu = 0.0
             try:
-                data, stop = _collect(proc, limits.wall_s, 8 * limits.output_chars + 2**16)
+                record, tail, stop = _collect(proc, read_end, limits.wall_s, record_cap, out_cap)
             finally:
-                # the group is killed while its leader is not yet reaped, so its id cannot be reused
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+                # the group is killed while its leader is not yet reaped, so its id cannot be reused; the
+                # reaper of a PID namespace is in the group, and the namespace dies with it
+                for kill in (os.killpg, os.kill):
+                    try:
+                        kill(proc.pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
                 assert proc.stdout is not None  # stdout=PIPE
                 proc.stdout.close()
                 _, status, usage = os.wait4(proc.pid, 0)
                 proc.returncode = os.waitstatus_to_exitcode(status)
                 cpu = usage.ru_utime + usage.ru_stime
         finally:
+            os.close(read_end)
             _remove(workdir)
-        return dataclasses.replace(_classify(data, stop, proc.returncode, limits), cpu_s=cpu)
+            if lease is not None:
+                lease.release()
+        result = _classify(record, tail, stop, proc.returncode, cpu, limits, payload["mode"])
+        if self.require and payload["mode"] == "run" and result.status != "timeout":
+            absent = [name for name in self.require if name not in result.guards]
+            if absent:
+                why = [m for m in result.missing if m.split(":")[0] in absent]
+                raise SandboxGuardError(f"required guards {absent} are unavailable here: {why or result.message}")
+        return dataclasses.replace(result, cpu_s=cpu)
+
+
+def _job_size(job: Job) -> int:
+    return sum(map(len, job.inputs)) + (sum(map(len, job.expect)) if job.expect is not None else 0)
+
+
+class _UidLease:
+    """A user id of the range held for one run: an ``flock`` on its file in :data:`_LOCK_DIR`, shared by
+    every process of the machine, so two sandboxes never run programs as the same uid at once."""
+
+    def __init__(self, uid_range: tuple[int, int]) -> None:
+        first, end = uid_range
+        os.makedirs(_LOCK_DIR, mode=0o700, exist_ok=True)
+        span = end - first
+        start = secrets.randbelow(span)
+        for i in range(min(span, 4096)):
+            uid = first + (start + i) % span
+            fd = os.open(os.path.join(_LOCK_DIR, str(uid)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self.uid, self._fd = uid, fd
+            return
+        raise RuntimeError(f"no free uid in {uid_range}: 4096 tried, all held by other runs")
+
+    def release(self) -> None:
+        os.close(self._fd)  # closing the last descriptor drops the lock
 
 
 def _shared_netns() -> int | None:
@@ -1039,86 +902,338 @@ def _preload(source: str, ast_check: bool) -> list[str]:
     return sorted(names & allowed)
 
 
-def _collect(proc: subprocess.Popen, wall_s: float, cap: int) -> tuple[bytes, str]:
-    """Read the child's output until EOF and exit (``"done"``), the deadline (``"wall"``) or more than
-    ``cap`` bytes (``"output"``)."""
+def _collect(
+    proc: subprocess.Popen, record_fd: int, wall_s: float, record_cap: int, out_cap: int
+) -> tuple[bytes, bytes, str]:
+    """Read the record descriptor and the child's stdout + stderr until both are closed and the child
+    has exited (``"done"``), the deadline (``"wall"``) or more than a cap (``"output"``). Returns the
+    record, the last bytes of stdout + stderr (for a message) and why it stopped."""
     deadline = time.monotonic() + wall_s
     assert proc.stdout is not None  # started with stdout=PIPE
-    fd = proc.stdout.fileno()
-    os.set_blocking(fd, False)
-    chunks: list[bytes] = []
-    size = 0
+    out_fd = proc.stdout.fileno()
+    record: list[bytes] = []
+    tail = b""
+    sizes = {record_fd: 0, out_fd: 0}
+    caps = {record_fd: record_cap, out_fd: out_cap}
     with selectors.DefaultSelector() as selector:
-        selector.register(fd, selectors.EVENT_READ)
-        while True:
+        for fd in (record_fd, out_fd):
+            os.set_blocking(fd, False)
+            selector.register(fd, selectors.EVENT_READ)
+        open_fds = 2
+        while open_fds:
             left = deadline - time.monotonic()
             if left <= 0:
-                return b"".join(chunks), "wall"
-            if not selector.select(left):
-                continue
-            try:
-                chunk = os.read(fd, 2**16)
-            except BlockingIOError:
-                continue
-            if not chunk:
-                break
-            size += len(chunk)
-            chunks.append(chunk)
-            if size > cap:
-                return b"".join(chunks), "output"
-    data = b"".join(chunks)
+                return b"".join(record), tail, "wall"
+            for key, _ in selector.select(left):
+                fd = key.fd
+                try:
+                    chunk = os.read(fd, 2**16)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    selector.unregister(fd)
+                    open_fds -= 1
+                    continue
+                sizes[fd] += len(chunk)
+                if fd == record_fd:
+                    record.append(chunk)
+                else:
+                    tail = (tail + chunk)[-2000:]
+                if sizes[fd] > caps[fd]:
+                    return b"".join(record), tail, "output"
     # EOF came first; the exit follows at once. WNOWAIT leaves the child unreaped (its process
     # group id stays reserved until the caller has killed the group).
     while os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is None:
         if time.monotonic() >= deadline:
-            return data, "wall"
+            return b"".join(record), tail, "wall"
         time.sleep(0.001)
-    return data, "done"
+    return b"".join(record), tail, "done"
 
 
-def _classify(data: bytes, stop: str, returncode: int | None, limits: Limits) -> RunResult:
+# ---------------------------------------------------------------------------------------- reading records
+
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]{0,30})(?:\.[0-9]{1,30})?(?:[eE][-+]?[0-9]{1,4})?")
+_SPACE = re.compile(r"[ \t\r\n]*")
+_SCANSTRING: Callable[[str, int, bool], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
+
+
+class _BadRecord(ValueError):
+    pass
+
+
+def read_json(text: str, max_depth: int = _MAX_DEPTH) -> Any:
+    """One JSON document, read without recursion, at most ``max_depth`` containers deep: lists, dicts
+    (str keys), str, int, float, bool, None. Linear in the text; raises ValueError for anything else."""
+    stack: list[tuple[Any, str | None]] = []  # open containers and, for a dict, the key of the value being read
+    pos, end = 0, len(text)
+    value: Any = None
+    while True:
+        pos = _SPACE.match(text, pos).end()  # type: ignore[union-attr]  # matches the empty string too
+        if pos >= end:
+            raise _BadRecord("the text ends inside a value")
+        char = text[pos]
+        top = stack[-1][0] if stack else None
+        if type(top) is dict and stack[-1][1] is None:
+            # a key (or the end of the dict)
+            if char == "}" and not top:
+                pos += 1
+                value = stack.pop()[0]
+            elif char == '"':
+                name, pos = _SCANSTRING(text, pos + 1, True)
+                pos = _SPACE.match(text, pos).end()  # type: ignore[union-attr]
+                if pos >= end or text[pos] != ":":
+                    raise _BadRecord(f"expected ':' at {pos}")
+                stack[-1] = (top, name)
+                pos += 1
+                continue
+            else:
+                raise _BadRecord(f"expected a key at {pos}")
+        elif char == "[" or char == "{":
+            if len(stack) >= max_depth:
+                raise _BadRecord(f"nested over {max_depth} deep")
+            stack.append(([] if char == "[" else {}, None))
+            pos += 1
+            if char == "[":
+                pos = _SPACE.match(text, pos).end()  # type: ignore[union-attr]
+                if pos < end and text[pos] == "]":
+                    pos += 1
+                    value = stack.pop()[0]
+                else:
+                    continue
+            else:
+                continue
+        elif char == '"':
+            value, pos = _SCANSTRING(text, pos + 1, True)
+        elif text.startswith("true", pos):
+            value, pos = True, pos + 4
+        elif text.startswith("false", pos):
+            value, pos = False, pos + 5
+        elif text.startswith("null", pos):
+            value, pos = None, pos + 4
+        else:
+            match = _NUMBER.match(text, pos)
+            if match is None:
+                raise _BadRecord(f"unexpected {char!r} at {pos}")
+            token = match.group()
+            value = float(token) if any(c in token for c in ".eE") else int(token)
+            pos = match.end()
+        # a value is complete: attach it, then close every container that ends here
+        while True:
+            if not stack:
+                pos = _SPACE.match(text, pos).end()  # type: ignore[union-attr]
+                if pos != end:
+                    raise _BadRecord(f"text after the document at {pos}")
+                return value
+            container, key = stack[-1]
+            if type(container) is list:
+                container.append(value)
+            else:
+                assert key is not None  # a key is read before every value of a dict
+                if key in container:
+                    raise _BadRecord(f"the key {key[:50]!r} appears twice")
+                container[key] = value
+                stack[-1] = (container, None)
+            pos = _SPACE.match(text, pos).end()  # type: ignore[union-attr]
+            if pos >= end:
+                raise _BadRecord("the text ends inside a container")
+            closer = "]" if type(container) is list else "}"
+            if text[pos] == ",":
+                pos += 1
+                break
+            if text[pos] != closer:
+                raise _BadRecord(f"expected ',' or {closer!r} at {pos}")
+            pos += 1
+            value = stack.pop()[0]
+
+
+_SCALAR_TAGS = {"none": 0, "bool": bool, "int": str, "float": str, "str": str, "bytes": str}
+_SEQUENCE_TAGS = {"list": ("[", "]"), "tuple": ("(", ")"), "set": ("{", "}")}
+_INT_TEXT = re.compile(r"-?(?:0|[1-9][0-9]*)")
+_FLOAT_TEXT = re.compile(r"-?(?:inf|nan|[0-9]+\.[0-9]+(?:e[-+][0-9]+)?|[0-9]+e[-+][0-9]+)")
+_HEX = re.compile(r"(?:[0-9a-f]{2})*")
+
+
+def tagged_repr(tree: Any) -> str:
+    """The Python literal of a tagged value (:func:`populora.tasks._runner.encode`, read by
+    :func:`read_json`), without recursion; raises ValueError when ``tree`` is not a well-formed one."""
+    parts: list[str] = []
+    # work items: a tagged value to write, or a plain text to append
+    work: list[tuple[bool, Any]] = [(True, tree)]
+    while work:
+        is_value, item = work.pop()
+        if not is_value:
+            parts.append(item)
+            continue
+        if type(item) is not list or not item or type(item[0]) is not str:
+            raise _BadRecord("not a tagged value")
+        tag = item[0]
+        if tag == "none" and len(item) == 1:
+            parts.append("None")
+            continue
+        if len(item) != 2:
+            raise _BadRecord(f"a {tag[:20]!r} value has {len(item)} fields")
+        payload = item[1]
+        if tag == "bool" and type(payload) is bool:
+            parts.append("True" if payload else "False")
+        elif tag == "int" and type(payload) is str and _INT_TEXT.fullmatch(payload) and len(payload) < 5000:
+            parts.append(payload)
+        elif tag == "float" and type(payload) is str and _FLOAT_TEXT.fullmatch(payload) and len(payload) < 40:
+            parts.append(payload)
+        elif tag == "str" and type(payload) is str:
+            parts.append(repr(payload))
+        elif tag == "bytes" and type(payload) is str and _HEX.fullmatch(payload):
+            parts.append(repr(bytes.fromhex(payload)))
+        elif tag in _SEQUENCE_TAGS and type(payload) is list:
+            open_, close = _SEQUENCE_TAGS[tag]
+            if tag == "set" and not payload:
+                parts.append("set()")
+                continue
+            if tag == "tuple" and len(payload) == 1:
+                close = ",)"
+            items: list[tuple[bool, Any]] = [(False, open_)]
+            for i, x in enumerate(payload):
+                if i:
+                    items.append((False, ", "))
+                items.append((True, x))
+            items.append((False, close))
+            work.extend(reversed(items))
+        elif tag == "dict" and type(payload) is list:
+            items = [(False, "{")]
+            for i, pair in enumerate(payload):
+                if type(pair) is not list or len(pair) != 2:
+                    raise _BadRecord("a dict entry is not a [key, value] pair")
+                if i:
+                    items.append((False, ", "))
+                items += [(True, pair[0]), (False, ": "), (True, pair[1])]
+            items.append((False, "}"))
+            work.extend(reversed(items))
+        else:
+            raise _BadRecord(f"a malformed {tag[:20]!r} value")
+    return "".join(parts)
+
+
+def _frames(data: bytes) -> list[dict]:
+    """The frames of a record: lines of JSON objects, each with a str ``k``."""
+    if not data:
+        return []
+    if not data.endswith(b"\n"):
+        raise _BadRecord("the record does not end with a whole line")
+    frames = []
+    for line in data[:-1].split(b"\n"):
+        frame = read_json(line.decode("utf-8", "surrogatepass"))
+        if type(frame) is not dict or type(frame.get("k")) is not str:
+            raise _BadRecord("a frame is not an object with a kind")
+        frames.append(frame)
+    return frames
+
+
+def _strings(frame: dict, name: str) -> tuple[str, ...]:
+    value = frame.get(name, [])
+    if type(value) is not list or not all(type(x) is str for x in value):
+        raise _BadRecord(f"`{name}` is not a list of str")
+    return tuple(value)
+
+
+def _text(frame: dict, name: str) -> str:
+    value = frame.get(name, "")
+    if type(value) is not str:
+        raise _BadRecord(f"`{name}` is not a str")
+    return value
+
+
+def _classify(
+    record: bytes, tail: bytes, stop: str, returncode: int | None, cpu: float, limits: Limits, mode: str
+) -> RunResult:
+    """The verdict of one run, from the frames of the record (never from printed text)."""
     if stop == "wall":
         return RunResult("timeout", message=f"wall-clock limit ({limits.wall_s} s)")
     if stop == "output":
         return RunResult("output_limit", message="the child wrote more than the parent reads")
-    lines = data.rstrip(b"\n").rsplit(b"\n", 1)
-    record = None
     try:
-        record = json.loads(lines[-1].decode("ascii"))
-    except (UnicodeDecodeError, ValueError):
-        pass
-    if returncode == 0 and isinstance(record, dict) and record.get("status") in STATUSES:
-        try:
+        frames = _frames(record)
+        kinds = [frame["k"] for frame in frames]
+        if kinds and kinds[0] == "setup" and kinds[1:] in ([], ["exit"]):
+            message = _text(frames[0], "message")[:500]
             return RunResult(
-                status=record["status"],
-                outputs=tuple(str(x) for x in record.get("outputs") or ()),
-                matches=tuple(x is True for x in record.get("matches") or ()),
-                stdout=str(record.get("stdout") or ""),
-                message=str(record.get("message") or ""),
-                guards=tuple(str(x) for x in record.get("guards") or ()),
+                "error",
+                message="the runner refused to run the program: " + message,
+                guards=_strings(frames[0], "guards"),
+                missing=_strings(frames[0], "missing"),
             )
-        except (TypeError, AttributeError):
-            pass
-    if returncode is not None and returncode < 0:
-        sig = -returncode
-        if sig in (signal.SIGPROF, signal.SIGXCPU, signal.SIGKILL):
-            return RunResult("timeout", message=f"CPU limit ({limits.cpu_s} s): killed by {signal.Signals(sig).name}")
+        if mode == "encode":
+            if kinds != ["guards", "result"] or returncode != 0:
+                raise _BadRecord(f"frames {kinds[:5]}, exit code {returncode}")
+            return _result(frames[1], (), ())
+        if kinds not in (["guards", "result", "exit"], ["guards", "exit"]):
+            raise _BadRecord(f"frames {kinds[:5]}")
+        guards, missing = _strings(frames[0], "guards"), _strings(frames[0], "missing")
+        exit_frame = frames[-1]
+        code, sig, child_cpu = exit_frame.get("code"), exit_frame.get("signal"), exit_frame.get("cpu")
+        if type(code) is not int or type(sig) is not int or type(child_cpu) not in (int, float):
+            raise _BadRecord("a malformed exit frame")
+        if returncode != 0:
+            raise _BadRecord(f"the runner exited with {returncode}")
+    except (_BadRecord, ValueError, UnicodeDecodeError) as exc:
+        text = tail[-300:].decode("utf-8", "replace")
+        return RunResult("error", message=f"no valid record ({str(exc)[:200]}; exit code {returncode}): {text!r}")
+    if sig:
         try:
             name = signal.Signals(sig).name
         except ValueError:
             name = str(sig)
-        return RunResult("error", message=f"the child was killed by {name}")
-    tail = data[-300:].decode("utf-8", "replace")
-    if b"MemoryError" in data[-2000:]:
-        return RunResult("memory", message="MemoryError outside the program")
-    return RunResult("error", message=f"the child exited with code {returncode} and no result: {tail!r}")
+        # the CPU timer's SIGPROF, RLIMIT_CPU's SIGXCPU and SIGKILL: a timeout only when the CPU was spent
+        if sig in (signal.SIGPROF, signal.SIGXCPU, signal.SIGKILL) and cpu >= limits.cpu_s - 0.02:
+            return RunResult(
+                "timeout", message=f"CPU limit ({limits.cpu_s} s): killed by {name}", guards=guards, missing=missing
+            )
+        return RunResult("error", message=f"the program was killed by {name}", guards=guards, missing=missing)
+    if kinds[1] != "result":
+        if code == 3:
+            return RunResult("memory", message="MemoryError while writing the result", guards=guards, missing=missing)
+        return RunResult(
+            "error", message=f"the program exited with code {code} and no result", guards=guards, missing=missing
+        )
+    if code != 0:
+        return RunResult("error", message=f"the program exited with code {code}", guards=guards, missing=missing)
+    try:
+        return _result(frames[1], guards, missing)
+    except (_BadRecord, ValueError) as exc:
+        return RunResult("error", message=f"a malformed result ({str(exc)[:200]})", guards=guards, missing=missing)
+
+
+def _result(frame: dict, guards: tuple[str, ...], missing: tuple[str, ...]) -> RunResult:
+    status = frame.get("status")
+    if status not in STATUSES or status == "nondeterministic":
+        raise _BadRecord(f"the status {str(status)[:30]!r}")
+    values = frame.get("values", [])
+    if type(values) is not list:
+        raise _BadRecord("`values` is not a list")
+    texts, outputs = [], []
+    for tree in values:
+        if tree is None:
+            texts.append("null")
+            outputs.append("")
+            continue
+        outputs.append(tagged_repr(tree))
+        texts.append(json.dumps(tree, ensure_ascii=False, separators=(",", ":")))
+    if status != "ok":
+        texts, outputs = [], []
+    return RunResult(
+        status=status,
+        outputs=tuple(outputs),
+        stdout=_text(frame, "stdout"),
+        message=_text(frame, "message")[:500],
+        guards=guards,
+        missing=missing,
+        values=tuple(texts),
+    )
 
 
 def _agree(first: RunResult, second: RunResult) -> RunResult:
     for result in (first, second):
         if not result.ok:
             return result
-    if (first.outputs, first.matches, first.stdout) != (second.outputs, second.matches, second.stdout):
+    if (first.values, first.matches, first.stdout) != (second.values, second.matches, second.stdout):
         return dataclasses.replace(
             first,
             status="nondeterministic",
@@ -1128,13 +1243,43 @@ def _agree(first: RunResult, second: RunResult) -> RunResult:
 
 
 def _remove(path: str) -> None:
-    """Remove a run's directory, even one whose files the child made unreadable."""
-    shutil.rmtree(path, ignore_errors=True)
-    if os.path.exists(path):
-        for root, dirs, _ in os.walk(path):
-            for name in dirs:
+    """Remove a run's directory without recursion and without long paths (one directory descriptor at
+    a time, going down and back up with ``..``), even a tree the child made unreadable or thousands deep."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return
+    names: list[str] = []  # the path below `path` of the directory `fd` is
+    try:
+        while True:
+            sub = None
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        sub = entry.name
+                        break
+                    try:
+                        os.unlink(entry.name, dir_fd=fd)
+                    except FileNotFoundError:
+                        pass
+            if sub is not None:
                 try:
-                    os.chmod(os.path.join(root, name), 0o700)
+                    os.chmod(sub, 0o700, dir_fd=fd, follow_symlinks=True)  # a directory (checked above)
+                    child = os.open(sub, flags, dir_fd=fd)
                 except OSError:
-                    pass
-        shutil.rmtree(path, ignore_errors=True)
+                    os.rmdir(sub, dir_fd=fd)  # raises when it cannot be had: the caller learns of it
+                    continue
+                os.close(fd)
+                fd = child
+                names.append(sub)
+                continue
+            if not names:
+                break
+            parent = os.open("..", flags, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            os.rmdir(names.pop(), dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(path)

@@ -15,13 +15,13 @@ import uuid
 import pytest
 
 from populora.errors import InvalidTypeError, InvalidValueError
-from populora.tasks.sandbox import RUNNER, STATUSES, Job, Limits, RunResult, Sandbox
+from populora.tasks.sandbox import RUNNER_PATH, STATUSES, UID_RANGE, Job, Limits, RunResult, Sandbox
 
 LIMITS = Limits(cpu_s=0.3, wall_s=5.0, memory_bytes=128 * 2**20, output_chars=4096, file_bytes=4096)
 # a child is stopped within its CPU limit: SIGPROF at cpu_s, else RLIMIT_CPU's SIGKILL at int(cpu_s) + 2 s, which
 # the kernel checks once per scheduler tick (a program ignoring SIGPROF was measured at 2.003 s): 50 ms of slack
 MAX_CPU_S = int(LIMITS.cpu_s) + 2 + 0.05
-MARKER = RUNNER.splitlines()[0].encode()  # "# populora-sandbox-runner": in every child's command line
+MARKER = RUNNER_PATH.encode()  # in every child's command line
 ESCAPE = f"/tmp/populora-sandbox-escape-{uuid.uuid4().hex}"
 
 
@@ -61,7 +61,7 @@ def clean(tmp_path):
     after = _processes()
     stray = [pid for pid, (_, cmd) in after.items() if MARKER in cmd]
     assert stray == [], f"sandbox processes survived: {stray}"
-    new_uid = [pid for pid, (uid, _) in after.items() if uid == 65534 and pid not in before]
+    new_uid = [pid for pid, (uid, _) in after.items() if UID_RANGE[0] <= uid < UID_RANGE[1] and pid not in before]
     assert new_uid == [], f"processes of the sandbox uid survived: {new_uid}"
     assert not os.path.exists(ESCAPE)
 
@@ -119,7 +119,7 @@ def f(xs: List[int]) -> tuple:
     result = Sandbox(LIMITS, tmp_dir=clean).run(job(source, "[3, 1, 2]"))
     assert result.status == "ok", result
     assert result.outputs == (
-        "(6, [3, 4, 6], 1, 2, 'abc', 'a#b#', 1, 6, [('a', 2), ('b', 1), ('c', 1)], 832040, {1: 2, 0: 1}, [3, 1, 2])",
+        "(6, [3, 4, 6], 1, 2, 'abc', 'a#b#', 1, 6, [('a', 2), ('b', 1), ('c', 1)], 832040, {0: 1, 1: 2}, [3, 1, 2])",
     )
 
 
