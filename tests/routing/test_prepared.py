@@ -278,7 +278,8 @@ def test_stacks_swapped_between_calls_are_never_mixed_up():
         for seed in range(4):
             gen = torch.Generator().manual_seed(seed)
             stacks = [
-                Factors(torch.randn(d.shape, generator=gen), torch.randn(u.shape, generator=gen)) for d, u in pop.factors()
+                Factors(torch.randn(d.shape, generator=gen), torch.randn(u.shape, generator=gen))
+                for d, u in pop.factors()
             ]
             with torch.inference_mode():
                 got = pop.forward_factors(stacks, x, individuals=ids)
