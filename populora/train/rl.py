@@ -208,7 +208,7 @@ def _vocab_size(model: nn.Module) -> int | None:
             embedding = None
         if isinstance(embedding, nn.Embedding):
             return int(embedding.num_embeddings)
-    size = getattr(getattr(model, "config", None), "vocab_size", None)
+    size: Any = getattr(getattr(model, "config", None), "vocab_size", None)
     return int(size) if is_int(size) and size > 0 else None
 
 
