@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -356,8 +356,11 @@ def play(
         return torch.from_numpy(rollout.returns)
     module = options.get("module") if rollout.es else model.model if rollout.routed else model
     started = time.perf_counter()
+    # one evaluation, run start to end, is one scope of a population's prepared routes (routing.prepared):
+    # what was written before it is seen, and nothing it prepared outlives it
+    scope = model.prepared_scope() if isinstance(model, Population) else nullcontext()
     try:
-        with policy_mode(module, rollout.device, slots.num):
+        with policy_mode(module, rollout.device, slots.num), scope:
             returns = rollout.run()
     finally:
         counters["env_steps"] += rollout.env_steps

@@ -281,11 +281,16 @@ class Population(Checkpointing, AdapterIO, nn.Module, RoutedModel, Evolvable):  
         """A :meth:`route` block standing in for ``pop(x, **routing)`` in a loop that calls the population with the
         same routing many times (an environment loop between two ends of episodes, a decode loop).
 
+        Freshness: weights written inside the block, between two of its forwards, are not seen until the block
+        is re-entered; a write made before an entry is always seen (each entry is one scope of prepared work,
+        :mod:`populora.routing.prepared`).
+
         ``with block: out = pop.model(x)`` gives what ``pop(x, **routing)`` gives (``x`` on the population's
         device, ``k`` times the routed rows as in :meth:`route`), without the per-call work of the routing
-        front end; its routes are planned once and, without grad, prepared once
-        (:mod:`populora.routing.prepared`). The block routes only while it is entered: enter it around each
-        forward.
+        front end; its routes are planned once and, without grad, prepared once per entry (per
+        :meth:`prepared_scope <populora.routing.front.RoutedModel.prepared_scope>` when one is open around the
+        loop, as the environment loop opens one per evaluation). The block routes only while it is entered:
+        enter it around each forward.
 
         Returns:
             The block, or ``None`` when calling the population does more than its routed forward (a

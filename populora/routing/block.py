@@ -1,5 +1,11 @@
 """Route every forward made inside a block: ``with pop.route(...) as route:``.
 
+Freshness: weights written inside the block, between two of its forwards, are not seen until the block is
+re-entered. Without grad, each entry of the block (``__enter__`` to ``__exit__``) is one scope of
+:mod:`populora.routing.prepared`: merged weights and gathered adapters are made from the weights as they are
+at its first forward and dropped at its exit, so the next entry (and any call outside the block) reads the
+weights as they are then, whatever wrote them (a fused optimizer, ``param.data``, a load).
+
 See :meth:`~populora.routing.front.RoutedModel.route`.
 
 A :class:`RouteBlock` keeps its model's router active from ``__enter__`` to
@@ -40,6 +46,7 @@ from torch import Tensor
 
 from populora.errors import InvalidIndexError, InvalidTypeError, InvalidValueError, RouteError
 from populora.routing.plan import PLANNER
+from populora.routing.prepared import PreparedRoutes
 from populora.routing.recompute import follow_checkpointing
 from populora.routing.request import RouteRequest, RoutingTarget
 from populora.routing.route import Origin, Route
@@ -51,6 +58,9 @@ __all__ = ["RouteBlock"]
 
 class RouteBlock:
     """The route of a ``with pop.route(...)`` block (returned by ``__enter__``).
+
+    Weights written inside the block, between two of its forwards, are not seen until the block is re-entered
+    (each entry is one scope of prepared work: the module docstring).
 
     Args:
         target: the model, router and adapters the block routes through.
@@ -84,6 +94,7 @@ class RouteBlock:
         self.last_rows: int | None = None
         self._plans: dict[int, Route] = {}
         self._active: Active | None = None
+        self._scope: PreparedRoutes | None = None  # the prepared work whose scope this entry opened
 
     # -- the router calls this for each target forward inside the block
     def resolve(self, rows: int, name: str) -> Route:
@@ -186,9 +197,18 @@ class RouteBlock:
         if torch.is_grad_enabled() and self._target.model.training:
             follow_checkpointing(self._target.model, router)
         self._active.__enter__()
+        prepared = router.prepared
+        if prepared is not None:
+            prepared.enter()
+            self._scope = prepared
         return self
 
     def __exit__(self, kind: Any, error: Any, trace: Any) -> None:
         active, self._active = self._active, None
-        if active is not None:
-            active.__exit__(kind, error, trace)
+        scope, self._scope = self._scope, None
+        try:
+            if active is not None:
+                active.__exit__(kind, error, trace)
+        finally:
+            if scope is not None:
+                scope.exit()

@@ -69,6 +69,7 @@ also a NumPy array). An empty batch routes in every layout and gives
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -306,6 +307,10 @@ class RoutedModel:
     def route(self, *, individual: Any = None, individuals: Any = None, all_individuals: bool = False) -> Any:
         """A block routing every forward of the model made inside it: ``with pop.route(individuals=ids) as route:``.
 
+        Freshness: weights written inside the block, between two of its forwards, are not seen until the block
+        is re-entered (without grad, merged weights and gathered adapters are made at the entry's first
+        forward and dropped at its exit: :mod:`populora.routing.prepared`); any write before an entry is seen.
+
         Every forward reaching a target layer inside the block
         (``model.generate``, a decode loop, a value head) must see ``k`` times
         the routed rows (``k = 1``, or the ``(b k)`` expansion of
@@ -333,6 +338,19 @@ class RoutedModel:
             target.num, individual=individual, individuals=individuals, all_individuals=all_individuals
         )
         return RouteBlock(target, request)
+
+    def prepared_scope(self) -> contextlib.AbstractContextManager:
+        """A scope in which routed forwards without grad keep prepared work (merged weights, gathered adapters)
+        across calls: ``with pop.prepared_scope(): ...``.
+
+        Weights written inside the scope, between two of its forwards, are not seen until it is left (the
+        forwards may use what an earlier one prepared); everything prepared is dropped on exit, even on error.
+        Open it only around work that writes no weight: the library opens one around each environment
+        evaluation. Outside any scope (and any route block), a routed call reads the weights as they are.
+        Scopes nest. For a routed model without prepared work, a scope that does nothing.
+        """
+        prepared = self._routing_target().router.prepared
+        return contextlib.nullcontext() if prepared is None else prepared.scope()
 
     def generate(
         self,

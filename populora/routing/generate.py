@@ -17,6 +17,9 @@ no generator): with ``generator=`` the call forks the RNG
 (``torch.random.fork_rng``) and seeds it from one draw of ``generator``, so
 the tokens are reproducible from its seed and the global RNG is untouched.
 
+One call is one scope of prepared routes (:mod:`populora.routing.prepared`): every decode step may reuse
+what the first prepared, and the next call reads the weights as they are then.
+
 Generic: ``model`` only needs a ``generate`` method.
 """
 

@@ -13,17 +13,31 @@ loop repeats the same gathers and forms. :class:`PreparedRoutes` keeps, per targ
   it; a call is then ONE batched product ``x @ W_g + b`` (equal to the uncached path to float rounding,
   about ``1e-6`` relative in float32).
 
-Everything kept is stamped with the version counters and storage of the adapters it was made from (and of
-the layer's weight and bias): any in-place write (``Population``'s operators, ``load_state_dict``,
-``set_factors_``, a ``torch.optim`` step, a write through a ``detach()``-ed view) bumps a version,
-``param.data = ...`` or ``.to()`` changes the storage, and a swapped tensor fails the identity check, so a
-stale entry is never used. (A write through ``param.data`` itself, ``param.data.add_(...)``, bumps no
-version counter that PyTorch keeps: write to the parameter under ``torch.no_grad()`` instead, as
-``torch.optim`` and populora do.) It is used only
-while grad is disabled (``torch.no_grad`` / ``torch.inference_mode``: an env loop, generation), never under
-``torch.compile`` or autocast, and never for inference tensors (they carry no version counter). Entries are
-bounded in bytes (:attr:`PreparedRoutes.budget`, least recently used dropped first); merged weights are
-never formed for a layer larger than :data:`~populora.routing.cost.MERGED_MAX_ELEMENTS`.
+Freshness is by scope, not by version counters. Some writes leave no trace a cache could check: torch's
+fused optimizers (``Adam(fused=True)``) keep ``_version`` and the storage, a write through ``param.data``
+bumps no counter PyTorch keeps, and ``param.data = w`` twice (or ``half()`` then ``float()``) can land at
+the freed address with the same version. So prepared work is made and used only inside a *scope*
+(:meth:`PreparedRoutes.scope`), and everything is dropped when the outermost scope ends. Scopes are:
+
+- one entry of a route block (``with pop.route(...)`` / :meth:`Population.loop_route
+  <populora.Population.loop_route>`, from ``__enter__`` to ``__exit__``): a ``generate`` call is one;
+- work the library runs start to end (one environment evaluation), through
+  :meth:`RoutedModel.prepared_scope <populora.routing.front.RoutedModel.prepared_scope>`.
+
+A routed call outside any scope (``pop(x, ...)`` under ``torch.no_grad``) runs the uncached path, so it
+always reads the weights as they are. Writes made *inside* a scope, between two of its forwards, are not
+seen until the next scope (the docstrings of the blocks say so). Inside a scope the entries are still
+stamped with the version counters, storage and identity of the tensors they were made from (the
+population's own writes, an optimizer's ``foreach`` step, a swapped parameter rebuild them), but the scope,
+not the stamp, is what makes them fresh.
+
+Preparation is used only while grad is disabled (``torch.no_grad`` / ``torch.inference_mode``), never
+under ``torch.compile`` or autocast, never for inference tensors, and never for a layer whose weight is
+computed (``torch.nn.utils.parametrize``, ``weight_norm``, ``torch.nn.utils.prune``: no ``weight``
+parameter of its own): those take the uncached path, which reads the weight the layer's forward computes.
+Entries are bounded in bytes (:attr:`PreparedRoutes.budget`, least recently used dropped first; ``0``
+turns preparation off); merged weights are never formed for a layer larger than
+:data:`~populora.routing.cost.MERGED_MAX_ELEMENTS`.
 
 One :class:`PreparedRoutes` belongs to each :class:`~populora.routing.router.Router` (so to each
 population); the population clears it on every write of its adapters.
@@ -31,8 +45,10 @@ population); the population clears it on every write of its adapters.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections import OrderedDict
+from collections.abc import Iterator
 from functools import partial
 from typing import NamedTuple
 
@@ -40,6 +56,8 @@ import torch
 from torch import Tensor, nn
 
 from populora.adapters import Adapter
+from populora.checks import is_int
+from populora.errors import InvalidTypeError, InvalidValueError
 from populora.routing.cost import choose_form
 from populora.routing.delta import add_product, down_product, gather_budget
 from populora.routing.route import Route
@@ -50,6 +68,25 @@ PREPARED_BYTES = 8 << 20
 """Default bound of the bytes one :class:`PreparedRoutes` holds (merged weights and gathered factors)."""
 
 _MAX_ENTRIES = 512  # entries of routes no longer in use are dropped with the least recently used
+
+
+def _check_budget(value: object) -> int:
+    """``value`` as a byte budget: an int ``>= 0`` (a bool, a float or a negative number is refused)."""
+    if not is_int(value):
+        raise InvalidTypeError(f"`budget` must be an int number of bytes (0 turns preparation off), got {value!r}")
+    budget = int(value)  # type: ignore[call-overload]
+    if budget < 0:
+        raise InvalidValueError(f"`budget` must be >= 0 bytes (0 turns preparation off), got {budget}")
+    return budget
+
+
+def _own_weights(params: dict) -> tuple[Tensor, Tensor | None] | None:
+    """The layer's weight and bias when both are its own parameters (or it has no bias), else ``None``: a
+    computed weight (parametrized, pruned, a plain attribute) is read by the layer's forward alone."""
+    weight = params.get("weight")
+    if weight is None or "bias" not in params:
+        return None
+    return weight, params["bias"]
 
 
 class _Entry(NamedTuple):
@@ -117,18 +154,27 @@ class PreparedRoutes:
     and dropping entries in turn would cost more than it saves: preparation stops until the next
     :meth:`clear` (the population's next write of its adapters) or change of the budget.
 
+    Entries are made and used only inside a scope (:meth:`scope`; the module docstring says why), and the end
+    of the outermost scope drops them all.
+
     Args:
-        budget: most bytes held (least recently used entries dropped first); ``0`` turns preparation off.
+        budget: most bytes held (least recently used entries dropped first); ``0`` turns preparation off:
+            nothing is made or used, every call takes the uncached path.
 
     Attributes:
-        budget: as above; lowering it drops entries until the rest fit.
+        budget: as above; lowering it drops entries until the rest fit (``0``: all of them).
+        depth: scopes open now (``0``: no preparation).
+
+    Raises:
+        InvalidTypeError, InvalidValueError: a ``budget`` that is not an int ``>= 0`` (setting it too).
         nbytes: bytes held now (a view of a stack counts the whole stack: an upper bound).
         hits, builds: calls that used a prepared entry, and entries made (counts, for tests and benchmarks).
         stopped: whether preparation stopped for lack of room (see above).
     """
 
     def __init__(self, budget: int = PREPARED_BYTES):
-        self._budget = budget
+        self._budget = _check_budget(budget)
+        self.depth = 0
         self.nbytes = 0
         self.hits = self.builds = 0
         self._entries: OrderedDict[tuple, _Entry] = OrderedDict()
@@ -144,15 +190,43 @@ class PreparedRoutes:
 
     @budget.setter
     def budget(self, value: int) -> None:
-        self._budget = int(value)
+        self._budget = _check_budget(value)
         self._forms.clear()  # (a form depends on the bytes allowed)
         self._skip.clear()
+        if self._budget == 0:  # (zero-byte entries, the "zero" form, would fit a budget of 0)
+            self.clear()
         self.stopped = False
         self._evict(0)
 
+    def enter(self) -> None:
+        """Open a scope (:meth:`scope` without the ``with``; pair each call with :meth:`exit`)."""
+        self.depth += 1
+
+    def exit(self) -> None:
+        """Close a scope opened by :meth:`enter`; the outermost one drops every entry."""
+        if self.depth > 0:
+            self.depth -= 1
+        if self.depth == 0 and (self._entries or self._skip):
+            self.clear()
+            self._skip.clear()  # (its keys hold ids of index tensors, which may be reused once freed)
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[PreparedRoutes]:
+        """A scope in which routed forwards without grad may keep prepared work across calls.
+
+        Weights written inside the scope, between two of its forwards, may not be seen by the later ones:
+        open one only around work that writes no weight (one environment evaluation, one ``generate``).
+        Scopes nest; the end of the outermost drops everything prepared, even on error.
+        """
+        self.enter()
+        try:
+            yield self
+        finally:
+            self.exit()
+
     def __getstate__(self) -> dict:
-        """A copy (``copy.deepcopy``, pickling a population) starts empty: entries hold weak references to the
-        tensors they were made from, which neither pickle nor belong to the copy."""
+        """A copy (``copy.deepcopy``, pickling a population) starts empty and outside any scope: entries hold
+        weak references to the tensors they were made from, which neither pickle nor belong to the copy."""
         return {"_budget": self._budget}
 
     def __setstate__(self, state: dict) -> None:
@@ -183,9 +257,10 @@ class PreparedRoutes:
             adapter: the target's stacks.
             plain: ``inner`` is ``nn.Linear``'s own forward (a merged weight may replace it).
 
-        Call only with grad disabled and outside ``torch.compile`` (the router checks).
+        Call only with grad disabled and outside ``torch.compile`` (the router checks). Outside a scope, or
+        with a budget of ``0``, always ``None``.
         """
-        if self.stopped:
+        if not self.depth or self.stopped or not self._budget:
             return None
         index = route.index
         layout: object
@@ -203,9 +278,11 @@ class PreparedRoutes:
             return self._miss(key, i, module, inner, x, route, adapter, plain)
         if route.dest is not None or route.base_rows is not None or adapter.bias is not None or x.shape[0] != route.n:
             return None
-        params = module._parameters  # (the dict itself: Module.__getattr__ costs a microsecond a name)
-        weight: Tensor = params["weight"]  # type: ignore[assignment]
-        bias = params.get("bias")
+        # (the dict itself: Module.__getattr__ costs a microsecond a name)
+        own = _own_weights(module._parameters)
+        if own is None:  # (parametrized or pruned since the entry was made: the layer computes its weight)
+            return None
+        weight, bias = own
         if (
             not _fresh(entry, adapter.down, adapter.up, weight, bias, x.dtype)
             or (layout.__class__ is int and entry.refs[4]() is not index)
@@ -239,12 +316,13 @@ class PreparedRoutes:
             return None
         down, up = adapter.down, adapter.up
         dtype, device = x.dtype, x.device
-        params = module._parameters
-        weight, bias = params["weight"], params.get("bias")
+        own = _own_weights(module._parameters)
+        if own is None:  # a computed weight: the uncached path, through the layer's own forward
+            return None
+        weight, bias = own
         if (
             down.dtype != dtype
             or up.dtype != dtype
-            or weight is None
             or weight.dtype != dtype
             or down.is_inference()
             or up.is_inference()

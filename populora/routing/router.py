@@ -97,8 +97,9 @@ class Router:
         names: the target paths, in order.
         active: the :class:`Activation` in force, or ``None``; set only by :meth:`activate`.
         removed: whether :meth:`remove` was called (the router never activates again).
-        prepared: the :class:`~populora.routing.prepared.PreparedRoutes` of routed forwards without grad
-            (``None`` in a subclass that overrides :meth:`add_delta`: its deltas are its own).
+        prepared: the :class:`~populora.routing.prepared.PreparedRoutes` of routed forwards without grad,
+            used only inside its scopes (``None`` in a subclass that overrides :meth:`add_delta`: its deltas are
+            its own).
     """
 
     def __init__(self, targets: dict[str, nn.Module]):
@@ -174,8 +175,11 @@ class Router:
         if activation is None:
             return inner(input)
         prepared = self.prepared
-        if (  # an env loop's or a decode loop's forward (a compiled graph keeps its own: never prepared)
-            prepared is not None and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+        if (  # an env loop's or a decode loop's forward in a scope (a compiled graph keeps its own: never prepared)
+            prepared is not None
+            and prepared.depth
+            and not torch.is_grad_enabled()
+            and not torch.compiler.is_compiling()
         ):
             found = activation.route
             resolved: Route | None

@@ -197,6 +197,40 @@ def _rows(population: Any, prompts: Any, replies: Any, individuals: Any, *, allo
     return p, r, ids
 
 
+def _vocab_size(model: nn.Module) -> int | None:
+    """The number of token ids ``model`` embeds, where it says: its input embedding's ``num_embeddings``
+    (``get_input_embeddings()``), else ``config.vocab_size``; ``None`` when neither is known."""
+    get = getattr(model, "get_input_embeddings", None)
+    if callable(get):
+        try:
+            embedding = get()
+        except (NotImplementedError, AttributeError):
+            embedding = None
+        if isinstance(embedding, nn.Embedding):
+            return int(embedding.num_embeddings)
+    size: Any = getattr(getattr(model, "config", None), "vocab_size", None)
+    return int(size) if is_int(size) and size > 0 else None
+
+
+def _check_vocab(population: Any, rows: dict[str, list[Tensor]], pad_id: int) -> None:
+    """Every token id (and ``pad_id``) below the model's vocabulary size, where it is known; the first id
+    beyond it is named with its row, before any forward (torch's embedding would raise a bare IndexError)."""
+    size = _vocab_size(population.model)
+    if size is None:
+        return
+    for name, table in rows.items():
+        for k, row in enumerate(table):
+            if row.numel() and int(row.max()) >= size:
+                bad = int(row.max())
+                at = int((row == bad).nonzero()[0])
+                raise InvalidIndexError(
+                    f"`{name}[{k}]` holds the token id {bad} (position {at}), out of the model's vocabulary "
+                    f"[0, {size}) (its input embedding's num_embeddings / config.vocab_size)"
+                )
+    if pad_id >= size:
+        raise InvalidIndexError(f"`pad_id` is {pad_id}, out of the model's vocabulary [0, {size})")
+
+
 def _real_rows(name: str, values: Any, n: int, error: type[Exception]) -> Tensor:
     """``(n,)`` finite float64 values; a non-finite one is named by its row."""
     t = as_fitnesses(values, name)
@@ -296,11 +330,12 @@ def token_logprobs(
 
     Raises:
         InvalidTypeError, InvalidValueError: malformed rows (the row is named), lengths that differ.
-        InvalidIndexError: an id out of range.
+        InvalidIndexError: an id out of range, a token id (or ``pad_id``) beyond the model's vocabulary.
     """
     prompt_rows, reply_rows, ids = _rows(population, prompts, replies, individuals, allow_base=True)
     micro_batch = check_int("micro_batch", micro_batch, low=1)
     pad_id = check_int("pad_id", pad_id, low=0)
+    _check_vocab(population, {"prompts": prompt_rows, "replies": reply_rows}, pad_id)
     n = len(ids)
     width = max((len(r) for r in reply_rows), default=0)
     parts, masks = [], []
@@ -531,18 +566,22 @@ def policy_gradient_step_(
 
     Raises:
         InvalidTypeError: rows or ids of the wrong type (a float id), not an optimizer.
-        InvalidIndexError: an id out of ``[0, P)`` (its row named).
+        InvalidIndexError: an id out of ``[0, P)`` (its row named); a token id, or ``pad_id``, beyond the
+            model's vocabulary where it is known (``get_input_embeddings().num_embeddings``,
+            ``config.vocab_size``; the id and its row named).
         FitnessError: a non-finite advantage (its row named).
         InvalidValueError: lengths that differ, an optimizer holding none of the adapters, a bad option.
 
     Every check runs before anything is written: on a bad input no parameter, gradient or optimizer state has
-    changed.
+    changed. The caller's ``.grad`` tensors (of every parameter the optimizers hold) are kept, and put back
+    as they were if the forward or the backward raises.
     """
     prompt_rows, reply_rows, ids = _rows(population, prompts, replies, individuals, allow_base=False)
     n, size = len(ids), population.pop_size
     adv = _real_rows("advantages", advantages, n, FitnessError)
     optimizers = _optimizers(optimizer)
     pad_id = check_int("pad_id", pad_id, low=0)
+    _check_vocab(population, {"prompts": prompt_rows, "replies": reply_rows}, pad_id)
     micro_batch = check_int("micro_batch", micro_batch, low=1)
     reduction = check_one_of("reduction", reduction, REDUCTIONS)
     kl_coef = check_float("kl_coef", kl_coef, low=0.0)
@@ -584,6 +623,9 @@ def policy_gradient_step_(
         weight = torch.ones(n, dtype=torch.float64)
 
     flags = [p.requires_grad for p in params]
+    # (zero_grad drops every held parameter's .grad: the caller's, put back if the forward or backward raises)
+    held = list({id(p): p for opt in optimizers for g in opt.param_groups for p in g["params"]}.values())
+    saved = [p.grad for p in held]
     loss_total = torch.zeros((), dtype=torch.float64)
     kl_sum = torch.zeros(size, dtype=torch.float64)
     work = [j for j in range(n) if len(reply_rows[j]) and (kl_coef > 0 or adv[j] != 0)]
@@ -625,8 +667,8 @@ def policy_gradient_step_(
                 for p in params:
                     p.grad.mul_(scale.to(p.grad.device, p.grad.dtype).view(-1, *[1] * (p.dim() - 1)))
     except BaseException:
-        for p in params:
-            p.grad = None
+        for p, grad in zip(held, saved):
+            p.grad = grad
         raise
     finally:
         for p, flag in zip(params, flags):

@@ -3,9 +3,10 @@
 - a prepared forward equals the uncached one: bitwise where the same kernels run (gathered factors), to
   1e-6 where a merged weight replaces the two products (every merged form, with or without the layer's own
   product), in every layout an env loop meets (one row per id, every id, ``individual=``, repeated ids);
-- any write of the adapters or of the layer's weights invalidates what was prepared: ``mutate_``,
-  ``evolve_``, ``set_factors_``, ``load_state_dict``, a ``torch.optim`` step, ``param.data = ...``, a
-  swapped stack (``forward_factors``);
+- prepared work is made and used only inside a scope (``prepared_scope``, a route block's entry); inside
+  one, the population's writes and the detectable ones rebuild it too: ``mutate_``, ``evolve_``,
+  ``set_factors_``, ``load_state_dict``, a ``torch.optim`` step, ``param.data = ...``, a swapped stack
+  (``forward_factors``) (every write outside a scope: ``test_prepared_freshness.py``);
 - preparation is off while grad is enabled, for inference tensors, and it holds at most its budget;
 - the cost model is a pure function of shapes, dtype and device (the same answer every time, no clock read).
 """
@@ -79,12 +80,13 @@ def test_merged_forms_equal_the_uncached_forward(monkeypatch, form, name, route,
     pop = population()
     x = torch.randn(rows, 4, generator=torch.Generator().manual_seed(2))
     want = reference(pop, x, route)
-    first, second = routed(pop, x, route), routed(pop, x, route)
-    close(first, want)
-    close(second, want)
-    store = pop._router.prepared
-    assert {entry.form for entry in store._entries.values()} >= {form, "stack"} or name == "every id"
-    assert store.hits >= 2  # the second call used what the first prepared (both targets)
+    with pop.prepared_scope():
+        first, second = routed(pop, x, route), routed(pop, x, route)
+        close(first, want)
+        close(second, want)
+        store = pop._router.prepared
+        assert {entry.form for entry in store._entries.values()} >= {form, "stack"} or name == "every id"
+        assert store.hits >= 2  # the second call used what the first prepared (both targets)
 
 
 @pytest.mark.parametrize("form", ["merged", "merged-broadcast"])
@@ -94,11 +96,12 @@ def test_merged_forms_of_layers_without_bias_and_of_token_rows(monkeypatch, form
     torch.manual_seed(0)
     pop = population(nn.Sequential(nn.Linear(4, 16, bias=False), nn.Tanh(), nn.Linear(16, 2)))
     x = torch.randn(5, 3, 4)  # 5 rows of 3 tokens
-    for route in ({"individuals": IDS["one row per id"]}, {"individual": 2}):
-        want = reference(pop, x, route)
-        close(routed(pop, x, route), want)
-        close(routed(pop, x, route), want)
-    assert pop._router.prepared.hits >= 4
+    with pop.prepared_scope():
+        for route in ({"individuals": IDS["one row per id"]}, {"individual": 2}):
+            want = reference(pop, x, route)
+            close(routed(pop, x, route), want)
+            close(routed(pop, x, route), want)
+        assert pop._router.prepared.hits >= 4
 
 
 @pytest.mark.parametrize("name, route, rows", list(routes()))
@@ -116,13 +119,14 @@ def test_a_target_whose_forward_cannot_be_skipped_adds_the_merged_delta(monkeypa
     pop = Population(model, pop_size=8, low_rank=2, seed=2, init_scale=1.0)  # wraps first's wrappers
     assert first._router._plain == [False, True] and pop._router._plain == [False, False]
     x = torch.randn(rows, 4, generator=torch.Generator().manual_seed(3))
-    for p in (first, pop):
-        want = reference(p, x, route)
-        close(routed(p, x, route), want)
-        close(routed(p, x, route), want)
-    stacks = [entry for key, entry in first._router.prepared._entries.items() if key[1] == "stack"]
-    assert sorted(entry.plain for entry in stacks) == [False, True]
-    assert all(not e.plain for key, e in pop._router.prepared._entries.items() if key[1] == "stack")
+    with first.prepared_scope(), pop.prepared_scope():
+        for p in (first, pop):
+            want = reference(p, x, route)
+            close(routed(p, x, route), want)
+            close(routed(p, x, route), want)
+        stacks = [entry for key, entry in first._router.prepared._entries.items() if key[1] == "stack"]
+        assert sorted(entry.plain for entry in stacks) == [False, True]
+        assert all(not e.plain for key, e in pop._router.prepared._entries.items() if key[1] == "stack")
 
 
 @pytest.mark.parametrize("name", ["one row per id", "repeated ids"])
@@ -135,11 +139,12 @@ def test_gathered_factors_give_bitwise_the_uncached_forward(name):
     ids = IDS[name]
     x = torch.randn(len(ids), 300, generator=torch.Generator().manual_seed(4))
     want = reference(pop, x, {"individuals": ids})
-    for _ in range(2):
-        assert torch.equal(routed(pop, x, {"individuals": ids}), want)
-    store = pop._router.prepared
-    assert [entry.form for entry in store._entries.values()] == ["factors", "factors"]
-    assert store.hits == 2
+    with pop.prepared_scope():
+        for _ in range(2):
+            assert torch.equal(routed(pop, x, {"individuals": ids}), want)
+        store = pop._router.prepared
+        assert [entry.form for entry in store._entries.values()] == ["factors", "factors"]
+        assert store.hits == 2
 
 
 def test_the_policy_of_an_env_loop_is_merged_and_prepared_once_per_assignment():
@@ -147,14 +152,15 @@ def test_the_policy_of_an_env_loop_is_merged_and_prepared_once_per_assignment():
     store = pop._router.prepared
     x = torch.randn(16, 4)
     ids = np.sort(np.random.default_rng(0).choice(64, 16, replace=False))
-    for _ in range(5):
-        routed(pop, x, {"individuals": ids})
-    assert store.builds == 4  # per target: every individual's merged weights, then this assignment's
-    assert store.hits == 8
-    routed(pop, x, {"individuals": ids[::-1].copy()})  # a new assignment: gathered from the kept stacks
-    assert store.builds == 6
-    forms = {entry.form for entry in store._entries.values()}
-    assert "factors" not in forms and forms & set(cost.FORMS)
+    with pop.prepared_scope():
+        for _ in range(5):
+            routed(pop, x, {"individuals": ids})
+        assert store.builds == 4  # per target: every individual's merged weights, then this assignment's
+        assert store.hits == 8
+        routed(pop, x, {"individuals": ids[::-1].copy()})  # a new assignment: gathered from the kept stacks
+        assert store.builds == 6
+        forms = {entry.form for entry in store._entries.values()}
+        assert "factors" not in forms and forms & set(cost.FORMS)
 
 
 def test_the_environment_loop_uses_prepared_routes_and_scores_as_without_them():
@@ -195,22 +201,25 @@ def test_the_environment_loop_uses_prepared_routes_and_scores_as_without_them():
 
 def test_work_prepared_for_a_route_goes_with_it():
     """Gathered work is keyed on the route's index tensor: when the route goes (a route block dropped at the
-    end of an episode), so does the work (no stale entry waits for eviction)."""
+    end of an episode), so does the work (no stale entry waits for eviction); the end of the scope drops the
+    rest."""
     pop = population(P=32)
     store = pop._router.prepared
     x = torch.randn(6, 4)
     ids = np.array([1, 5, 9, 12, 20, 31])
     want = reference(pop, x, {"individuals": ids})
-    with torch.inference_mode():
-        block = pop.route(individuals=ids)
-        for _ in range(3):
-            with block:
-                close(pop.model(x), want)
-    per_route = [key for key in store._entries if key[1] != "stack"]
-    assert len(per_route) == 2 and store.hits == 4  # both targets, prepared on the first forward
-    del block
-    assert [key for key in store._entries if key[1] != "stack"] == []
-    assert store.nbytes == sum(entry.nbytes for entry in store._entries.values()) > 0  # the stacks stay
+    with pop.prepared_scope():  # (an env evaluation's: the block is entered once per timestep)
+        with torch.inference_mode():
+            block = pop.route(individuals=ids)
+            for _ in range(3):
+                with block:
+                    close(pop.model(x), want)
+        per_route = [key for key in store._entries if key[1] != "stack"]
+        assert len(per_route) == 2 and store.hits == 4  # both targets, prepared on the first forward
+        del block
+        assert [key for key in store._entries if key[1] != "stack"] == []
+        assert store.nbytes == sum(entry.nbytes for entry in store._entries.values()) > 0  # the stacks stay
+    assert len(store) == 0 and store.nbytes == 0
 
 
 WRITES = {
@@ -249,14 +258,15 @@ def test_any_write_invalidates_what_was_prepared(write, name):
     pop = population()
     ids = IDS[name]
     x = torch.randn(len(ids), 4, generator=torch.Generator().manual_seed(5))
-    before = routed(pop, x, {"individuals": ids})
-    routed(pop, x, {"individuals": ids})
-    assert pop._router.prepared.hits > 0
-    WRITES[write](pop)
-    want = reference(pop, x, {"individuals": ids})
-    assert not torch.allclose(want, before)  # the write changed the outputs
-    close(routed(pop, x, {"individuals": ids}), want)
-    close(routed(pop, x, {"individuals": ids}), want)
+    with pop.prepared_scope():  # (the stamps, inside a scope)
+        before = routed(pop, x, {"individuals": ids})
+        routed(pop, x, {"individuals": ids})
+        assert pop._router.prepared.hits > 0
+        WRITES[write](pop)
+        want = reference(pop, x, {"individuals": ids})
+        assert not torch.allclose(want, before)  # the write changed the outputs
+        close(routed(pop, x, {"individuals": ids}), want)
+        close(routed(pop, x, {"individuals": ids}), want)
 
 
 def test_stacks_swapped_between_calls_are_never_mixed_up():
@@ -264,17 +274,19 @@ def test_stacks_swapped_between_calls_are_never_mixed_up():
     pop = population()
     x = torch.randn(5, 4)
     ids = IDS["one row per id"]
-    for seed in range(4):
-        gen = torch.Generator().manual_seed(seed)
-        stacks = [
-            Factors(torch.randn(d.shape, generator=gen), torch.randn(u.shape, generator=gen)) for d, u in pop.factors()
-        ]
-        with torch.inference_mode():
-            got = pop.forward_factors(stacks, x, individuals=ids)
-        with uncached(pop), torch.inference_mode():
-            want = pop.forward_factors(stacks, x, individuals=ids)
-        close(got, want)
-        del stacks
+    with pop.prepared_scope():
+        for seed in range(4):
+            gen = torch.Generator().manual_seed(seed)
+            stacks = [
+                Factors(torch.randn(d.shape, generator=gen), torch.randn(u.shape, generator=gen))
+                for d, u in pop.factors()
+            ]
+            with torch.inference_mode():
+                got = pop.forward_factors(stacks, x, individuals=ids)
+            with uncached(pop), torch.inference_mode():
+                want = pop.forward_factors(stacks, x, individuals=ids)
+            close(got, want)
+            del stacks
 
 
 def test_preparation_is_off_while_grad_is_enabled():
@@ -284,14 +296,15 @@ def test_preparation_is_off_while_grad_is_enabled():
         out = pop(x, individuals=IDS["one row per id"])
     out.sum().backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in pop.adapter_parameters())
-    with torch.no_grad():  # no_grad counts like inference_mode
-        pop(x, individuals=IDS["one row per id"])
-    store = pop._router.prepared
-    assert store.builds > 0 and store.hits == 0
-    store.clear()
-    with torch.enable_grad():
-        pop(x, individuals=IDS["one row per id"])
-    assert store.builds > 0 and len(store) == 0
+    with pop.prepared_scope():
+        with torch.no_grad():  # no_grad counts like inference_mode
+            pop(x, individuals=IDS["one row per id"])
+        store = pop._router.prepared
+        assert store.builds > 0 and store.hits == 0
+        store.clear()
+        with torch.enable_grad():
+            pop(x, individuals=IDS["one row per id"])
+        assert store.builds > 0 and len(store) == 0
 
 
 def test_a_plan_made_under_inference_mode_is_not_reused_with_grad():
@@ -313,12 +326,13 @@ def test_zero_adapters_give_exactly_the_base_model(name, route, rows):
     base = policy()
     pop = Population(model, pop_size=8, low_rank=3, seed=1, init_scale=0.0)
     x = torch.randn(rows, 4, generator=torch.Generator().manual_seed(6))
-    for _ in range(2):
-        assert torch.equal(routed(pop, x, route), base(x))
-    assert {entry.form for key, entry in pop._router.prepared._entries.items() if key[1] != "stack"} == {"zero"}
-    pop.mutate_(all_individuals=True, epsilon=0.1)
-    close(routed(pop, x, route), reference(pop, x, route))
-    assert not torch.allclose(routed(pop, x, route), base(x))
+    with pop.prepared_scope():
+        for _ in range(2):
+            assert torch.equal(routed(pop, x, route), base(x))
+        assert {entry.form for key, entry in pop._router.prepared._entries.items() if key[1] != "stack"} == {"zero"}
+        pop.mutate_(all_individuals=True, epsilon=0.1)
+        close(routed(pop, x, route), reference(pop, x, route))
+        assert not torch.allclose(routed(pop, x, route), base(x))
 
 
 def test_inference_tensors_are_never_prepared():
@@ -337,26 +351,28 @@ def test_the_prepared_bytes_stay_within_the_budget(budget):
     store = pop._router.prepared
     store.budget = budget
     gen = np.random.default_rng(0)
-    for step in range(20):  # many assignments, as an env loop's ends of episodes make
-        ids = np.sort(gen.choice(32, 6, replace=False))
-        x = torch.randn(6, 4)
-        close(routed(pop, x, {"individuals": ids}), reference(pop, x, {"individuals": ids}))
-        held = sum(entry.nbytes for entry in store._entries.values())
-        assert store.nbytes == held <= budget
-    if budget == 0:
-        assert len(store) == 0 and store.builds == 0
-    else:
-        assert store.builds > 0
-    store.budget = 0  # lowering it drops what no longer fits
-    assert store.nbytes == 0 and len(store) == 0
+    with pop.prepared_scope():
+        for step in range(20):  # many assignments, as an env loop's ends of episodes make
+            ids = np.sort(gen.choice(32, 6, replace=False))
+            x = torch.randn(6, 4)
+            close(routed(pop, x, {"individuals": ids}), reference(pop, x, {"individuals": ids}))
+            held = sum(entry.nbytes for entry in store._entries.values())
+            assert store.nbytes == held <= budget
+        if budget == 0:
+            assert len(store) == 0 and store.builds == 0
+        else:
+            assert store.builds > 0
+        store.budget = 0  # lowering it drops what no longer fits
+        assert store.nbytes == 0 and len(store) == 0
 
 
 def test_the_population_drops_its_prepared_work_when_it_writes():
     pop = population()
-    routed(pop, torch.randn(5, 4), {"individuals": IDS["one row per id"]})
-    assert len(pop._router.prepared) > 0
-    pop.mutate_(individual=2, epsilon=0.1)
-    assert len(pop._router.prepared) == 0 and pop._router.prepared.nbytes == 0
+    with pop.prepared_scope():
+        routed(pop, torch.randn(5, 4), {"individuals": IDS["one row per id"]})
+        assert len(pop._router.prepared) > 0
+        pop.mutate_(individual=2, epsilon=0.1)
+        assert len(pop._router.prepared) == 0 and pop._router.prepared.nbytes == 0
 
 
 def test_the_cost_model_is_a_pure_function_of_shapes(monkeypatch):
@@ -436,13 +452,15 @@ def test_copies_and_pickles_of_a_population_start_with_nothing_prepared():
 
     pop = population()
     x, route = torch.randn(5, 4), {"individuals": IDS["one row per id"]}
-    want = routed(pop, x, route)
-    assert len(pop._router.prepared) > 0
-    for twin in (copy.deepcopy(pop), pickle.loads(pickle.dumps(pop))):
-        assert len(twin._router.prepared) == 0 and twin._router.prepared.budget == pop._router.prepared.budget
-        close(routed(twin, x, route), want)
-        twin.mutate_(all_individuals=True, epsilon=0.5)  # its own adapters: the original's entries stay valid
-        close(routed(pop, x, route), want)
+    with pop.prepared_scope():
+        want = routed(pop, x, route)
+        assert len(pop._router.prepared) > 0
+        for twin in (copy.deepcopy(pop), pickle.loads(pickle.dumps(pop))):
+            assert len(twin._router.prepared) == 0 and twin._router.prepared.budget == pop._router.prepared.budget
+            assert twin._router.prepared.depth == 0  # (the copy is outside its original's scope)
+            close(routed(twin, x, route), want)
+            twin.mutate_(all_individuals=True, epsilon=0.5)  # its own adapters: the original's entries stay valid
+            close(routed(pop, x, route), want)
 
 
 def test_the_cost_model_script_fits_every_constant_and_writes_the_committed_file(tmp_path, monkeypatch):
@@ -475,8 +493,8 @@ def test_a_loop_route_stands_in_for_the_routed_call_unless_the_call_does_more():
         block = pop.loop_route(**route)
         with torch.inference_mode():
             for _ in range(2):
-                with block:
-                    assert torch.equal(pop.model(x), want)
+                with block:  # (merged weights inside the block, the products outside: to rounding)
+                    close(pop.model(x), want)
             assert pop._router.active is None  # routing only while entered
     handle = pop.register_forward_hook(lambda module, args, out: out * 2)
     assert pop.loop_route(individual=1) is None
@@ -506,14 +524,15 @@ def test_preparation_stops_when_the_models_work_does_not_fit_together():
     store.budget = int(2.5 * per_target)
     x = torch.randn(len(ids), 300, generator=torch.Generator().manual_seed(7))
     want = reference(pop, x, {"individuals": ids})
-    assert torch.equal(routed(pop, x, {"individuals": ids}), want)
-    assert store.stopped and store.builds == 2 and store.nbytes <= store.budget
-    for _ in range(3):
+    with pop.prepared_scope():
         assert torch.equal(routed(pop, x, {"individuals": ids}), want)
-    assert store.builds == 2 and store.hits == 0  # nothing made or used once stopped
-    pop.mutate_(all_individuals=True, epsilon=0.1)
-    assert not store.stopped
-    store.budget = 4 * per_target  # now all fit: prepared once, then used
-    for _ in range(2):
-        close(routed(pop, x, {"individuals": ids}), reference(pop, x, {"individuals": ids}))
-    assert not store.stopped and store.hits == 4
+        assert store.stopped and store.builds == 2 and store.nbytes <= store.budget
+        for _ in range(3):
+            assert torch.equal(routed(pop, x, {"individuals": ids}), want)
+        assert store.builds == 2 and store.hits == 0  # nothing made or used once stopped
+        pop.mutate_(all_individuals=True, epsilon=0.1)
+        assert not store.stopped
+        store.budget = 4 * per_target  # now all fit: prepared once, then used
+        for _ in range(2):
+            close(routed(pop, x, {"individuals": ids}), reference(pop, x, {"individuals": ids}))
+        assert not store.stopped and store.hits == 4

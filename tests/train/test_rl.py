@@ -20,6 +20,9 @@ from populora.train import LRMultipliers, kl_to_base, policy_gradient_step_, tok
 TARGETS = ["model.layers.*.self_attn.q_proj", "model.layers.*.self_attn.v_proj", "model.layers.*.mlp.down_proj"]
 
 
+VOCAB = tiny_chat_model()[0].get_input_embeddings().num_embeddings
+
+
 def population(P: int = 3, init_scale: float = 0.5, **kw) -> Population:
     model, _ = tiny_chat_model()
     return Population(model.double(), P, 2, TARGETS, seed=1, init_scale=init_scale, **kw)
@@ -193,6 +196,17 @@ BAD = {
         "holds none of the population's adapter parameters",
     ),
     "lr multipliers": (dict(lr_multipliers=LRMultipliers(4)), InvalidValueError, "holds 4 multipliers"),
+    "token beyond the vocabulary": (
+        dict(replies=[[3], [4, 10**6], [5]]),
+        InvalidIndexError,
+        r"`replies\[1\]` holds the token id 1000000 \(position 1\), out of the model's vocabulary \[0, \d+\)",
+    ),
+    "prompt token at the vocabulary size": (
+        dict(prompts=[[3, 4], torch.tensor([5, VOCAB]), [5]]),
+        InvalidIndexError,
+        rf"`prompts\[1\]` holds the token id {VOCAB} \(position 1\), out of the model's vocabulary \[0, {VOCAB}\)",
+    ),
+    "pad_id beyond the vocabulary": (dict(pad_id=VOCAB + 3), InvalidIndexError, rf"`pad_id` is {VOCAB + 3}"),
 }
 
 
@@ -224,6 +238,64 @@ def test_bad_input_raises_before_anything_moves(case):
     for k, entry in state["state"].items():
         assert all(torch.equal(entry[key], after["state"][k][key]) for key in entry)
     assert all(p.requires_grad for p in pop.adapter_parameters())
+
+
+@pytest.mark.parametrize("where", ["forward", "backward", "unknown vocabulary"])
+def test_a_step_that_raises_inside_puts_the_callers_gradients_back(where, monkeypatch):
+    """A forward or backward that raises after a micro batch already ran (and, with the vocabulary unknown to
+    the checks, torch's own IndexError): the caller's ``.grad`` tensors come back, the same objects with the
+    same values, on every parameter the optimizer holds; parameters, optimizer state and flags unchanged."""
+    pop = population(requires_grad=True)
+    extra = torch.nn.Parameter(torch.ones(3))
+    extra.grad = torch.full((3,), 7.0)
+    opt = torch.optim.Adam([*pop.adapter_parameters(), extra], lr=1e-2)
+    prompts, replies = [[3, 4], [5, 6, 7], [5]], [[8, 9], [10], [11, 12]]
+    policy_gradient_step_(pop, opt, prompts, replies, [0, 1, 2], [1.0, -1.0, 0.5])  # state exists, grads are set
+    extra.grad = torch.full((3,), 7.0)
+    held = [*pop.adapter_parameters(), extra]
+    grads = [p.grad for p in held]
+    values = [g.clone() for g in grads]
+    params, state = adapters(pop), copy.deepcopy(opt.state_dict())
+    calls = [0]
+    if where == "unknown vocabulary":
+        model = pop.model
+        monkeypatch.setattr(model, "get_input_embeddings", lambda: None)
+        monkeypatch.delattr(model.config, "vocab_size", raising=False)
+        monkeypatch.setattr(type(model.config), "vocab_size", None, raising=False)
+        replies = [[8, 9], [10, 10**6], [11, 12]]
+        error: type[BaseException] = IndexError
+    else:
+        forward = pop.forward
+        error = RuntimeError
+
+        def failing(*args, **kwargs):
+            calls[0] += 1
+            out = forward(*args, **kwargs)
+            if calls[0] == 2:  # the second micro batch: the first one's backward already ran
+                if where == "forward":
+                    raise RuntimeError("out of memory (simulated)")
+                out.logits.register_hook(lambda grad: (_ for _ in ()).throw(RuntimeError("backward (simulated)")))
+            return out
+
+        monkeypatch.setattr(pop, "forward", failing)
+    with pytest.raises(error):
+        policy_gradient_step_(pop, opt, prompts, replies, [0, 1, 2], [1.0, 0.5, -1.0], micro_batch=1)
+    assert where == "unknown vocabulary" or calls[0] == 2
+    assert all(p.grad is g for p, g in zip(held, grads))
+    assert all(torch.equal(p.grad, v) for p, v in zip(held, values))
+    assert all(torch.equal(a, b) for a, b in zip(adapters(pop), params))
+    after = opt.state_dict()
+    for k, entry in state["state"].items():
+        assert all(torch.equal(entry[key], after["state"][k][key]) for key in entry)
+    assert all(p.requires_grad for p in pop.adapter_parameters())
+
+
+def test_token_logprobs_refuses_a_token_beyond_the_vocabulary():
+    pop = population()
+    with pytest.raises(InvalidIndexError, match=rf"`prompts\[0\]` holds the token id {VOCAB} \(position 0\)"):
+        token_logprobs(pop, [[VOCAB, 4]], [[5]], [0])
+    with pytest.raises(InvalidIndexError, match=r"`pad_id`"):
+        token_logprobs(pop, [[3, 4]], [[5]], [0], pad_id=VOCAB)
 
 
 def test_token_logprobs_checks_its_rows_too():
