@@ -28,7 +28,7 @@ import torch
 
 from populora.errors import InvalidTypeError
 
-__all__ = ["Attributes", "Transactional", "closing_on_failure", "transaction"]
+__all__ = ["Attributes", "Grads", "Transactional", "closing_on_failure", "transaction"]
 
 
 @runtime_checkable
@@ -59,6 +59,21 @@ class Attributes:
     def restore_transaction_state(self, state: dict[str, Any]) -> None:
         for name, value in state.items():
             setattr(self.owner, name, value)
+
+
+class Grads:
+    """The ``.grad`` of each parameter as one transaction entry: the gradient tensors themselves (not copies),
+    so a failed step gives the caller back the very gradient objects it held (``None`` included)."""
+
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        self.params = params
+
+    def transaction_state(self) -> list[torch.Tensor | None]:
+        return [p.grad for p in self.params]
+
+    def restore_transaction_state(self, state: list[torch.Tensor | None]) -> None:
+        for p, grad in zip(self.params, state):
+            p.grad = grad
 
 
 def _snapshot(obj: Any) -> Any:
@@ -113,7 +128,8 @@ def transaction(*objects: Any) -> Iterator[None]:
             try:
                 _restore(obj, state)
             except Exception as restore_error:  # keep restoring the others; report, do not mask
-                error.add_note(f"populora.transaction: restoring a {type(obj).__name__} failed: {restore_error!r}")
+                if hasattr(error, "add_note"):  # Python 3.11+
+                    error.add_note(f"populora.transaction: restoring a {type(obj).__name__} failed: {restore_error!r}")
         raise
 
 

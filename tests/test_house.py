@@ -73,6 +73,7 @@ FOREIGN_PRIVATE = {
     "_parameters",
     "_modules",
     "_buffers",
+    "_exit",  # os._exit: the sandbox runner ends without running a program's finalizers
 }
 
 
@@ -226,6 +227,56 @@ def test_the_faces_and_new_paths_import_silently():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
+
+
+# the only functions that catch BaseException (a bare `except:` counts too): the transaction (it restores and
+# re-raises), atomic file writes (they remove a half-written file and re-raise), and the sandbox's runner (the
+# child process that runs a program: whatever the program raises is its result)
+CATCH_BASE_EXCEPTION = {
+    ("populora/transaction.py", "transaction"),
+    ("populora/checkpoint.py", "_write_atomically"),
+    ("populora/llm/peft.py", "_write_folder"),
+    ("populora/tasks/_runner.py", "*"),
+}
+
+
+def base_exception_handlers(path: Path) -> list[tuple[str, int]]:
+    """``(function, line)`` of every handler in ``path`` that catches BaseException (or everything)."""
+    found: list[tuple[str, int]] = []
+
+    def catches_all(node: ast.ExceptHandler) -> bool:
+        kinds = node.type.elts if isinstance(node.type, ast.Tuple) else [node.type]
+        return node.type is None or any(isinstance(k, ast.Name) and k.id == "BaseException" for k in kinds)
+
+    def walk(node: ast.AST, where: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                walk(child, child.name)
+            else:
+                if isinstance(child, ast.ExceptHandler) and catches_all(child):
+                    found.append((where, child.lineno))
+                walk(child, where)
+
+    walk(ast.parse(path.read_text(), filename=str(path)), "<module>")
+    return found
+
+
+def test_only_the_listed_functions_catch_base_exception():
+    bad = []
+    for path in modules():
+        rel = str(path.relative_to(ROOT))
+        for where, line in base_exception_handlers(path):
+            if (rel, where) not in CATCH_BASE_EXCEPTION and (rel, "*") not in CATCH_BASE_EXCEPTION:
+                bad.append(f"{rel}:{line}: {where} catches BaseException (use populora.transaction)")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_base_exception_check_sees_bare_and_tuple_handlers(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text(
+        "def f():\n    try: pass\n    except: raise\ndef g():\n    try: pass\n    except (ValueError, BaseException): raise\n"
+    )
+    assert base_exception_handlers(src) == [("f", 3), ("g", 6)]
 
 
 def test_no_module_uses_another_modules_underscored_names():

@@ -98,6 +98,7 @@ from populora.envs.slots import EnvSlots, EnvStepError, SlotFailure, build_slots
 from populora.errors import CheckpointError, InvalidIndexError, InvalidTypeError, InvalidValueError
 from populora.fitness import fitness_kind
 from populora.population.population import Population
+from populora.transaction import closing_on_failure
 
 __all__ = [
     "ENV_INIT_SCALE",
@@ -670,8 +671,6 @@ def interact_with_env(
     slots = build_slots(
         envs, num_envs=num_envs, flatten_obs=flatten_obs, obs_keys=obs_keys, drop_obs_keys=drop_obs_keys
     )
-    try:
+    with closing_on_failure() as undo:
+        undo.callback(slots.close)  # the envs a factory made would otherwise leak
         return EnvInteractor(slots, device=device, normalize_obs=normalize_obs, obs_clip=obs_clip)
-    except BaseException:
-        slots.close()  # the envs a factory made would otherwise leak
-        raise

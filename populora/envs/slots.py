@@ -55,6 +55,7 @@ from populora.envs.sources import (
 from populora.envs.spaces import KeySelection, check_obs_keys
 from populora.envs.vector import VectorSource, seeded_copies
 from populora.errors import InvalidTypeError, InvalidValueError, PopuloraError
+from populora.transaction import closing_on_failure
 
 __all__ = [
     "DEFAULT_NUM_ENVS",
@@ -283,7 +284,8 @@ class EnvSlots:
         """
         sources: list[SlotSource] = []
         created: list[Any] = []
-        try:
+        with closing_on_failure() as undo:
+            undo.callback(_close_all, created)
             for src in self.sources:
                 if src.whole:
                     assert isinstance(src, VectorSource)  # the one source reset as a whole
@@ -292,9 +294,6 @@ class EnvSlots:
                     created += made
                 else:
                     sources.append(src)
-        except BaseException:
-            _close_all(created)
-            raise
         return EnvSlots(sources, flatten_obs=self.flatten_obs, created=created)
 
     def replay_problem(self, action_space: Any) -> tuple[str | None, int]:
@@ -511,11 +510,9 @@ def build_slots(
             raise InvalidValueError(f"`num_envs={num_envs}` only applies to a factory; `envs` is one env")
         raw = [envs]
 
-    try:
+    with closing_on_failure() as undo:
+        undo.callback(_close_all, created)
         sources = _sources(raw, flatten_obs, keys)
-    except BaseException:
-        _close_all(created)
-        raise
     return EnvSlots(sources, flatten_obs=flatten_obs, created=created)
 
 

@@ -73,6 +73,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from populora.envs.sources import SlotFailure, SlotSource, SubEnvSource, describe_env, every_slot_in_order
 from populora.envs.spaces import KeySelection, ObsLayout
 from populora.errors import InvalidTypeError, InvalidValueError
+from populora.transaction import closing_on_failure
 
 __all__ = ["VectorSource", "seeded_copies"]
 
@@ -451,7 +452,8 @@ def seeded_copies(source: VectorSource) -> tuple[SlotSource, list[Any]]:
 
         made = SyncVectorEnv([creator for _ in range(source.num)])
         kind = SubEnvSource
-    try:
+    with closing_on_failure() as undo:
+        undo.callback(made.close)
         twin = kind(made, source.start, source.flatten, source.keys)
         if twin.layout.space != source.layout.space or twin.action_space != source.action_space:
             raise InvalidTypeError(
@@ -459,7 +461,4 @@ def seeded_copies(source: VectorSource) -> tuple[SlotSource, list[Any]]:
                 f"{twin.layout.space} and action space {twin.action_space}; the vector env "
                 f"{source.layout.space} and {source.action_space}"
             )
-    except BaseException:
-        made.close()
-        raise
     return twin, [made]

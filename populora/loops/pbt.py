@@ -44,6 +44,7 @@ from populora.population.optimizer_rows import OptimizerRows, check_optimizer_st
 from populora.population.population import Population
 from populora.snapshots import Snapshot
 from populora.train.lr import LRMultipliers
+from populora.transaction import Attributes, transaction
 
 __all__ = ["PBT", "Replacement"]
 
@@ -222,21 +223,17 @@ class PBT(Snapshot):
             FitnessError: bad fitnesses (nothing changed); no fitness yet when ranking by fitness.
             InvalidValueError: fitnesses given while ranking by ``ratings``.
         """
-        before = (self.fitness, self.counts, self.steps)
-        if fitnesses is not None:
-            if self.ratings is not None:
-                raise InvalidValueError("this PBT ranks by `ratings`: step() takes no fitnesses")
-            f = self.population.validate_fitnesses(fitnesses).to("cpu", torch.float64)
-            self.fitness = torch.where(self.counts == 0, f, self.decay * self.fitness + (1.0 - self.decay) * f)
-            self.counts = self.counts + 1
-        self.steps += 1
-        if self.steps % self.interval:
-            return None
-        try:
+        with transaction(Attributes(self, "fitness", "counts", "steps")):  # a retry is this step again
+            if fitnesses is not None:
+                if self.ratings is not None:
+                    raise InvalidValueError("this PBT ranks by `ratings`: step() takes no fitnesses")
+                f = self.population.validate_fitnesses(fitnesses).to("cpu", torch.float64)
+                self.fitness = torch.where(self.counts == 0, f, self.decay * self.fitness + (1.0 - self.decay) * f)
+                self.counts = self.counts + 1
+            self.steps += 1
+            if self.steps % self.interval:
+                return None
             return self.exploit_and_explore()
-        except BaseException:
-            self.fitness, self.counts, self.steps = before  # all or nothing: a retry is this step again
-            raise
 
     def keys(self) -> Tensor:
         """``(P,)`` float64 ranking keys: the ratings' ``mu - 3 sigma``, or the fitness moving averages."""
@@ -258,25 +255,22 @@ class PBT(Snapshot):
         """
         size = self.population.pop_size
         keys = self.keys()
-        generator_state = self.generator.get_state()  # a failed replacement draws the same children again
         order = torch.sort(keys, descending=True, stable=True).indices
         children = order[size - self.replaced :].sort().values
         pool = order[: min(max(self.replaced, 2), size - self.replaced)]
-        draws = torch.rand(children.numel(), generator=self.generator, dtype=torch.float64)
-        crossed = (draws < self.crossover_rate) & (pool.numel() >= 2)
-        parents = torch.empty(children.numel(), 2, dtype=torch.int64)
-        for j in range(children.numel()):
-            if crossed[j]:
-                parents[j] = pool[torch.randperm(pool.numel(), generator=self.generator)[:2]]
-            else:
-                parents[j] = pool[torch.randint(pool.numel(), (1,), generator=self.generator)].repeat(2)
-        saved = self._save(children)
-        try:
-            self._replace(children, parents, crossed, keys)
-        except BaseException:
-            self._restore(children, saved)
-            self.generator.set_state(generator_state)
-            raise
+        with transaction(self.generator):  # a failed replacement draws the same children again
+            draws = torch.rand(children.numel(), generator=self.generator, dtype=torch.float64)
+            crossed = (draws < self.crossover_rate) & (pool.numel() >= 2)
+            parents = torch.empty(children.numel(), 2, dtype=torch.int64)
+            for j in range(children.numel()):
+                if crossed[j]:
+                    parents[j] = pool[torch.randperm(pool.numel(), generator=self.generator)[:2]]
+                else:
+                    parents[j] = pool[torch.randint(pool.numel(), (1,), generator=self.generator)].repeat(2)
+            rows = OptimizerRows(self.optimizers, self.population.adapter_parameters()).at(children)
+            held = [o for o in (self.ratings, self.lr_multipliers) if o is not None]
+            with transaction(self.population, rows, *held, Attributes(self, "fitness", "counts")):
+                self._replace(children, parents, crossed, keys)
         return Replacement(self.steps, children, parents, crossed, keys)
 
     def _replace(self, children: Tensor, parents: Tensor, crossed: Tensor, keys: Tensor) -> None:
@@ -305,24 +299,6 @@ class PBT(Snapshot):
             self.ratings.follow_(self.name, SelectionResult(survivors, children, torch.zeros(0, dtype=torch.int64)))
         self.fitness[children] = self.fitness[parents[:, 0]]  # ranked like the parent until its own fitness
         self.counts[children] = 0
-
-    def _save(self, children: Tensor) -> dict[str, Any]:
-        return {
-            "population": self.population.snapshot(),
-            "rows": OptimizerRows(self.optimizers, self.population.adapter_parameters()).save(children),
-            "ratings": self.ratings.state_dict() if self.ratings is not None else None,
-            "lr": self.lr_multipliers.state_dict() if self.lr_multipliers is not None else None,
-            "fitness": (self.fitness.clone(), self.counts.clone()),
-        }
-
-    def _restore(self, children: Tensor, saved: dict[str, Any]) -> None:
-        self.population.load_state_dict(saved["population"])
-        OptimizerRows(self.optimizers, self.population.adapter_parameters()).restore(children, saved["rows"])
-        if self.ratings is not None:
-            self.ratings.load_state_dict(saved["ratings"])
-        if self.lr_multipliers is not None:
-            self.lr_multipliers.load_state_dict(saved["lr"])
-        self.fitness, self.counts = saved["fitness"]
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -52,6 +52,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -63,6 +64,7 @@ from populora.checks import check_float, check_index, check_int, check_one_of
 from populora.errors import CheckpointError, InvalidTypeError, InvalidValueError
 from populora.operators.selection import SelectionResult
 from populora.snapshots import Snapshot
+from populora.transaction import transaction
 
 __all__ = ["MAX_MU_OVER_BETA", "MAX_SCALE", "MIN_SCALE", "MODELS", "PAIRING_MODES", "INHERIT_MODES", "Ratings"]
 
@@ -370,13 +372,17 @@ class Ratings(Snapshot):
             for k, (x, y) in enumerate(zip(ia, ib)):
                 if x == y:
                     raise InvalidValueError(f"match {k} pairs ({name_a!r}, {x}) with itself")
-        saved = (self._tables(), self._played)
-        try:
+        with transaction(self):
             for x, y, s in zip(ia, ib, ss):
                 self._update((name_a, x), (name_b, y), s)
-        except BaseException:
-            (self._mu, self._sigma, self._matches), self._played = saved
-            raise
+
+    def transaction_state(self) -> tuple[Any, ...]:
+        """Copies of the tables and the played counts (:mod:`populora.transaction`)."""
+        return self._tables(), copy.copy(self._played)
+
+    def restore_transaction_state(self, state: tuple[Any, ...]) -> None:
+        """Put back a :meth:`transaction_state`."""
+        (self._mu, self._sigma, self._matches), self._played = state
 
     def _tables(self) -> tuple[dict[str, Tensor], ...]:
         """Copies of the ``mu``, ``sigma`` and match-count tables."""

@@ -38,6 +38,7 @@ from populora.operators.selection import SelectionResult
 from populora.population.host import HostBase
 from populora.population.optimizer_rows import OptimizerRows, check_optimizer_state
 from populora.stats import GenerationStats
+from populora.transaction import transaction
 
 __all__ = ["Evolvable"]
 
@@ -367,7 +368,7 @@ class Evolvable(HostBase):
         num_groups = ops.check_num_groups(self.pop_size, num_groups)
 
         generator_state = self.generator.get_state()
-        try:  # selection writes no adapter, only draws
+        with transaction(self.generator):  # selection writes no adapter, only draws
             result = ops.selection.select_survivors(
                 f,
                 ops.get_operator("selection", selection_type),
@@ -377,9 +378,6 @@ class Evolvable(HostBase):
                 generator=self.generator,
                 **(selection_kwargs or {}),
             )
-        except BaseException:
-            self.generator.set_state(generator_state)
-            raise
         culled = result.selected_out_indices
         with self._undo_on_error(culled, generator_state, rows):  # e.g. a crossover needing another parent count
             parents = self._select_parents(

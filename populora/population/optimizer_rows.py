@@ -88,6 +88,10 @@ class OptimizerRows:
             for t, old in zip(self.rows, saved):
                 t[ids.to(t.device)] = old
 
+    def at(self, ids: Tensor) -> RowsAt:
+        """Rows ``ids`` as one :func:`~populora.transaction.transaction` entry."""
+        return RowsAt(self, ids)
+
     def replace(self, children: Tensor, sources: Tensor | None) -> None:
         """Rows ``children`` become copies of rows ``sources`` (``"inherit"``), or zeros (``sources=None``)."""
         with torch.no_grad():
@@ -101,3 +105,16 @@ def check_optimizer_state(value: Any, choices: Sequence[str] = OPTIMIZER_STATES)
     if not isinstance(value, str) or value not in choices:
         raise InvalidValueError(f"`optimizer_state` must be one of {list(choices)}, got {value!r}")
     return value
+
+
+class RowsAt:
+    """Rows ``ids`` of an :class:`OptimizerRows` as one transaction entry."""
+
+    def __init__(self, rows: OptimizerRows, ids: Tensor) -> None:
+        self.rows, self.ids = rows, ids
+
+    def transaction_state(self) -> list[Tensor]:
+        return self.rows.save(self.ids)
+
+    def restore_transaction_state(self, state: list[Tensor]) -> None:
+        self.rows.restore(self.ids, state)

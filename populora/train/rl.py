@@ -36,6 +36,7 @@ from populora.errors import FitnessError, InvalidIndexError, InvalidTypeError, I
 from populora.fitness import as_fitnesses
 from populora.routing import BASE
 from populora.train.lr import LRMultipliers
+from populora.transaction import Grads, transaction
 
 __all__ = [
     "ADVANTAGE_METHODS",
@@ -625,51 +626,47 @@ def policy_gradient_step_(
     flags = [p.requires_grad for p in params]
     # (zero_grad drops every held parameter's .grad: the caller's, put back if the forward or backward raises)
     held = list({id(p): p for opt in optimizers for g in opt.param_groups for p in g["params"]}.values())
-    saved = [p.grad for p in held]
     loss_total = torch.zeros((), dtype=torch.float64)
     kl_sum = torch.zeros(size, dtype=torch.float64)
     work = [j for j in range(n) if len(reply_rows[j]) and (kl_coef > 0 or adv[j] != 0)]
     try:
-        for opt in optimizers:
-            opt.zero_grad(set_to_none=True)
-        for p in params:
-            p.requires_grad_(True)
-        with torch.enable_grad():
-            for start in range(0, len(work), micro_batch):
-                chunk = work[start : start + micro_batch]
-                chunk_p, chunk_r = [prompt_rows[j] for j in chunk], [reply_rows[j] for j in chunk]
-                chunk_ids = [ids[j] for j in chunk]
-                lp, mask = _reply_logprobs(population, chunk_p, chunk_r, chunk_ids, pad_id)
-                w = weight[chunk].to(lp.device, lp.dtype)[:, None] * mask
-                loss = -(adv[chunk].to(lp.device, lp.dtype)[:, None] * lp * w).sum()
-                if kl_coef > 0:
-                    with torch.no_grad():
-                        ref, _ = _reply_logprobs(population, chunk_p, chunk_r, [BASE] * len(chunk), pad_id)
-                    kl = kl_estimate(lp, ref.to(lp.dtype), kl_estimator) * mask
-                    loss = loss + kl_coef * (kl * w).sum()
-                    kl_sum.index_add_(0, index[chunk], kl.detach().double().sum(1).cpu())
-                loss.backward()
-                loss_total += loss.detach().double().cpu()
-        for p in params:
-            if p.grad is None:  # an individual (or a rank) without rows: a zero gradient, stepped all the same
-                p.grad = torch.zeros_like(p)
-        if use_dist:
-            stats = torch.cat([loss_total.view(1), kl_sum])
-            _all_reduce_([p.grad for p in params] + [stats])
-            loss_total, kl_sum = stats[0], stats[1:]
-        with torch.no_grad():
-            norms = torch.zeros(size, dtype=torch.float64, device=population.device)
+        with transaction(Grads(held)):
+            for opt in optimizers:
+                opt.zero_grad(set_to_none=True)
             for p in params:
-                norms += p.grad.detach().double().flatten(1).square().sum(1).to(norms.device)
-            norms = norms.sqrt()
-            if max_grad_norm is not None:  # torch's clip_grad_norm_ rule, per individual
-                scale = (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+                p.requires_grad_(True)
+            with torch.enable_grad():
+                for start in range(0, len(work), micro_batch):
+                    chunk = work[start : start + micro_batch]
+                    chunk_p, chunk_r = [prompt_rows[j] for j in chunk], [reply_rows[j] for j in chunk]
+                    chunk_ids = [ids[j] for j in chunk]
+                    lp, mask = _reply_logprobs(population, chunk_p, chunk_r, chunk_ids, pad_id)
+                    w = weight[chunk].to(lp.device, lp.dtype)[:, None] * mask
+                    loss = -(adv[chunk].to(lp.device, lp.dtype)[:, None] * lp * w).sum()
+                    if kl_coef > 0:
+                        with torch.no_grad():
+                            ref, _ = _reply_logprobs(population, chunk_p, chunk_r, [BASE] * len(chunk), pad_id)
+                        kl = kl_estimate(lp, ref.to(lp.dtype), kl_estimator) * mask
+                        loss = loss + kl_coef * (kl * w).sum()
+                        kl_sum.index_add_(0, index[chunk], kl.detach().double().sum(1).cpu())
+                    loss.backward()
+                    loss_total += loss.detach().double().cpu()
+            for p in params:
+                if p.grad is None:  # an individual (or a rank) without rows: a zero gradient, stepped all the same
+                    p.grad = torch.zeros_like(p)
+            if use_dist:
+                stats = torch.cat([loss_total.view(1), kl_sum])
+                _all_reduce_([p.grad for p in params] + [stats])
+                loss_total, kl_sum = stats[0], stats[1:]
+            with torch.no_grad():
+                norms = torch.zeros(size, dtype=torch.float64, device=population.device)
                 for p in params:
-                    p.grad.mul_(scale.to(p.grad.device, p.grad.dtype).view(-1, *[1] * (p.dim() - 1)))
-    except BaseException:
-        for p, grad in zip(held, saved):
-            p.grad = grad
-        raise
+                    norms += p.grad.detach().double().flatten(1).square().sum(1).to(norms.device)
+                norms = norms.sqrt()
+                if max_grad_norm is not None:  # torch's clip_grad_norm_ rule, per individual
+                    scale = (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+                    for p in params:
+                        p.grad.mul_(scale.to(p.grad.device, p.grad.dtype).view(-1, *[1] * (p.dim() - 1)))
     finally:
         for p, flag in zip(params, flags):
             p.requires_grad_(flag)

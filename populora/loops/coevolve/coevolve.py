@@ -51,6 +51,7 @@ from populora.loops.coevolve.specs import (
 from populora.population.population import Population, evaluating
 from populora.snapshots import Snapshot
 from populora.stats import GenerationStats
+from populora.transaction import transaction
 
 __all__ = ["Coevolve"]
 
@@ -326,14 +327,9 @@ class Coevolve(Snapshot):
 
     def _evolve_all(self, fitnesses: Mapping[str, Tensor]) -> None:
         """Evolve every population, all or nothing: if one raises (at any step), every one is as before."""
-        snapshots = {n: m.population.snapshot() for n, m in self._members.items()}
-        try:
+        with transaction(*(m.population for m in self._members.values())):
             for name, m in self._members.items():
                 m.population.evolve_(fitnesses[name], **self.evolve_kwargs.get(name, {}))
-        except BaseException:
-            for name, state in snapshots.items():
-                self._members[name].population.load_state_dict(state)
-            raise
 
     # ------------------------------------------------------------------ state
 

@@ -38,6 +38,7 @@ from populora.loops.env.generations import GenerationInfo, Run, run_es, run_ga
 from populora.loops.env.options import ES, GA, Budget, Checkpointing, EnvOptions, Episodes, Validation
 from populora.population.population import Population
 from populora.stats import GenerationStats
+from populora.transaction import closing_on_failure
 
 __all__ = [
     "validation_defaults",
@@ -274,11 +275,9 @@ def evolve_with_env(
             population = interactor.population(
                 model, pop_size, low_rank, lora_targets, seed=seed, **dict(algorithm.population_kwargs)
             )
-            try:
+            with closing_on_failure() as undo:
+                undo.callback(population.close)  # the user's model comes back unwrapped, its flags restored
                 merged, history = _evolve(population, interactor, run)
-            except BaseException:
-                population.close()  # the user's model comes back unwrapped, its requires_grad flags restored
-                raise
         policy = interactor.wrap_policy(merged)
     finally:
         interactor.close()
@@ -432,7 +431,8 @@ def _evolve_es(
     """The ES run of :func:`evolve_with_env`: the champion centre and the history."""
     base_sum = checksum([*model.parameters(), *model.buffers()]).tolist()
     es = make_es(model, pop_size, low_rank, run.seed, lora_targets, device or interactor.device, options.es_kwargs())
-    try:
+    with closing_on_failure() as undo:
+        undo.callback(es.close)
         history: list[GenerationStats] = []
         validator = Validator(run.seed, run.validation_episodes, 1)
         if run.resume and run.checkpoint is not None and run.checkpoint.is_file():
@@ -443,9 +443,6 @@ def _evolve_es(
             return _checkpoint("es", es.state_dict(), interactor, history, base_sum, validator)
 
         return run_es(es, interactor, run, history, validator, _steps_of(history), save), history
-    except BaseException:
-        es.close()
-        raise
 
 
 def _steps_of(history: list[GenerationStats]) -> int:

@@ -69,6 +69,7 @@ from populora.population.population import Population, evaluating
 from populora.snapshots import Snapshot
 from populora.tasks import Mixture, Problem, Task, check_code_replies
 from populora.train import advantages, policy_gradient_step_
+from populora.transaction import Attributes, transaction
 
 __all__ = ["CPU_PRESET", "PAPER_PRESET", "PopuLoRA", "PopuLoRAOutcome", "PopuLoRARecord", "Preset", "solve_rate"]
 
@@ -496,23 +497,15 @@ class PopuLoRA(Snapshot):
         Returns:
             A :class:`PopuLoRAOutcome`; its record is appended to :attr:`history`.
         """
-        saved = (
-            self.teachers.snapshot(),
-            self.students.snapshot(),
-            {n: copy.deepcopy(o.state_dict()) for n, o in self.optimizers.items()},
-            self.ratings.state_dict(),
-            self.generator.get_state(),
-        )
-        try:
+        with transaction(
+            self.teachers,
+            self.students,
+            *self.optimizers.values(),
+            self.ratings,
+            self.generator,
+            Attributes(self, "steps", "history", "replacements"),
+        ):
             return self._step()
-        except BaseException:
-            self.teachers.load_state_dict(saved[0])
-            self.students.load_state_dict(saved[1])
-            for n, opt in self.optimizers.items():
-                opt.load_state_dict(saved[2][n])
-            self.ratings.load_state_dict(saved[3])
-            self.generator.set_state(saved[4])
-            raise
 
     def _anchors(self) -> list[Problem]:
         """``anchors`` task-sampled problems, each reserved one redrawn (the loop's generator)."""

@@ -25,7 +25,6 @@ ratings are as they were.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from populora.errors import InvalidTypeError, InvalidValueError
 from populora.loops.ratings import Ratings
 from populora.loops.selfplay.rewards import draw_margin
 from populora.population.population import Population
+from populora.transaction import transaction
 
 __all__ = ["PAPER_CROSSOVERS", "PAPER_MUTATIONS", "PaperRatings", "ReplacementRecord", "replace_"]
 
@@ -195,12 +195,7 @@ def replace_(
     children = order[size - replaced :].sort().values
     pool = order[: min(max(replaced, 2), size - replaced)]
     generator = population.generator
-    saved = (
-        population.snapshot(),
-        [copy.deepcopy(o.state_dict()) for o in _optimizers(optimizer)],
-        ratings.state_dict(),
-    )
-    try:
+    with transaction(population, *_optimizers(optimizer), ratings):
         plan = []
         for child in children.tolist():
             u = float(torch.rand((), generator=generator, device=generator.device))
@@ -221,12 +216,6 @@ def replace_(
                 population.crossover_("average", [list(parents)], [child], optimizer=optimizer)
                 population.mutate_(op, individuals=[child], epsilon=epsilon)
         ratings.reset_(name, children.tolist())
-    except BaseException:
-        population.load_state_dict(saved[0])
-        for opt, state in zip(_optimizers(optimizer), saved[1]):
-            opt.load_state_dict(state)
-        ratings.load_state_dict(saved[2])
-        raise
     return ReplacementRecord(
         step,
         name,

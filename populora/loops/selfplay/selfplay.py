@@ -58,6 +58,7 @@ from populora.snapshots import Snapshot
 from populora.stats import BudgetProgress
 from populora.tasks import Problem, Task
 from populora.train import advantages, policy_gradient_step_
+from populora.transaction import Attributes, transaction
 
 __all__ = ["MATCHMAKING", "SelfPlay", "SelfPlayOutcome", "SelfPlayRecord", "selfplay_fitnesses"]
 
@@ -285,19 +286,9 @@ class SelfPlay(Snapshot):
             self._sync_from_rank0()
         pops = {"teachers": self.teachers, "students": self.students}
         # every write of a step is undone if it raises (copies: the live adapters are updated in place)
-        saved = (
-            {n: p.snapshot() for n, p in pops.items()},
-            self.ratings.state_dict(),
-            self.generator.get_state(),
-        )
-        try:
+        # (the generator too: a retry draws the same matches and seeds)
+        with transaction(*pops.values(), self.ratings, self.generator, Attributes(self, "steps", "history")):
             return self._step(use_dist)
-        except BaseException:
-            for n, state in saved[0].items():
-                pops[n].load_state_dict(state)
-            self.ratings.load_state_dict(saved[1])
-            self.generator.set_state(saved[2])  # a retry draws the same matches and seeds
-            raise
 
     def run(
         self,
