@@ -140,7 +140,7 @@ def closing_on_failure() -> Iterator[contextlib.ExitStack]:
 
         >>> log = []
         >>> with closing_on_failure() as undo:
-        ...     undo.callback(log.append, "closed")
+        ...     _ = undo.callback(log.append, "closed")
         >>> log
         []
     """

@@ -113,7 +113,7 @@ def test_ratings_rank_by_mu_minus_three_sigma_and_children_restart():
         pbt.step(torch.zeros(P))
 
 
-def test_a_failing_replacement_changes_nothing_and_the_retry_replaces():
+def test_a_failing_replacement_changes_nothing_and_the_retry_replaces(request):
     calls = {"n": 0}
 
     def flaky(factors, *, epsilon, weight_scales, generator):
@@ -122,7 +122,10 @@ def test_a_failing_replacement_changes_nothing_and_the_retry_replaces():
             raise RuntimeError("flaky mutation")
         return [type(f)(f.down + 0.01, f.up) for f in factors]
 
+    from populora.operators.base import MUTATIONS
+
     register_mutation("flaky_for_pbt", flaky)
+    request.addfinalizer(lambda: MUTATIONS.pop("flaky_for_pbt"))  # the registry is global: leave it as found
     pop = population()
     opt = torch.optim.Adam(pop.adapter_parameters(), lr=1e-2)
     lr = LRMultipliers(P)

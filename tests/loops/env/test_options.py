@@ -23,7 +23,7 @@ from populora import EvolveResult, evolve_with_env
 from populora.envs.schedule import EPISODE_SEEDINGS
 from populora.errors import InvalidTypeError, InvalidValueError, PopuloraError
 from populora.interact import ES, GA, Budget, Checkpointing, EnvOptions, Episodes, Validation
-from populora.interact import options as options_module
+from populora.loops.env import options as options_module
 from populora.loops.env.es_env import ES_DEFAULTS
 from populora.loops.env.evolve import ENV_EVOLVE_DEFAULTS
 

@@ -490,7 +490,7 @@ def test_run_steps_callback_and_records(capsys):
 
 
 def test_run_stops_after_the_first_step_past_max_seconds(monkeypatch):
-    from populora.selfplay import selfplay as module
+    from populora.loops.selfplay import selfplay as module
 
     clock = _FakeTime()
     monkeypatch.setattr(module, "time", clock)

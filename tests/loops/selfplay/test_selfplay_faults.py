@@ -18,7 +18,7 @@ from populora import Population
 from populora.errors import CheckpointError
 from populora.llm import tiny_chat_model
 from populora.loops.selfplay.selfplay import SelfPlay
-from populora.selfplay import selfplay as selfplay_module
+from populora.loops.selfplay import selfplay as selfplay_module
 
 
 def make(**kwargs) -> SelfPlay:
