@@ -208,8 +208,10 @@ def evolve_with_env(
             history, fitnesses, champion score, the population or ES, the
             interactor): for logging (``info.as_dict()`` is the generation's
             numbers: ``writer.add_scalars("evolve", info.as_dict(),
-            info.stats.generation)`` with TensorBoard), custom stopping (return
-            ``True`` to stop) or periodic checkpoints. Called on every rank.
+            info.stats.generation)`` with TensorBoard), custom stopping or periodic checkpoints. Called on every rank.
+            It returns ``None`` or ``False`` to go on and ``True`` to stop;
+            any other value (a list, ``1``) raises ``InvalidTypeError``
+            (:func:`populora.loops.base.callback_says_stop`).
 
     Returns:
         ``EvolveResult(policy, history)``: a named tuple, so

@@ -25,6 +25,7 @@ from populora.checkpoint import atomic_save
 from populora.distributed import is_main_rank
 from populora.envs.interactor import EnvInteractor
 from populora.envs.normalize import sum_over_ranks
+from populora.loops.base import callback_says_stop
 from populora.loops.env.champion import Validator, fingerprint, top_candidates
 from populora.loops.env.es_env import es_fitnesses
 from populora.population.population import Population
@@ -150,10 +151,8 @@ class Loop:
         stop = stop or (run.max_env_steps is not None and steps >= run.max_env_steps)
         stop = stop or (run.max_seconds is not None and elapsed >= run.max_seconds)
         if run.callback is not None:
-            stop = (
-                bool(run.callback(GenerationInfo(stats, self.history, fitnesses, champion, optimizer, self.interactor)))
-                or stop
-            )
+            info = GenerationInfo(stats, self.history, fitnesses, champion, optimizer, self.interactor)
+            stop = callback_says_stop(run.callback, run.callback(info)) or stop
         return stop or len(self.history) >= run.num_generations
 
     def close(self) -> None:

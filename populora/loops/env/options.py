@@ -14,17 +14,24 @@ comes in one of these, each with the defaults the flat keywords of 0.3 had::
         budget=Budget(max_env_steps=2_000_000, max_seconds=3600),
     )
 
-They are checked where they are used (before any episode runs), so a bad value raises naming the option.
+Each checks its fields when built (``EnvOptions(num_envs='x')`` raises there, naming the field, the value and
+what was expected); what needs the environment or the model (``to_range`` against the action space, the values
+``evolve_kwargs`` give an operator) is checked again where it is used, before any episode runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+
+from populora.checks import check_bool, check_float, check_int, check_one_of
+from populora.errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["ES", "GA", "Budget", "Checkpointing", "EnvOptions", "Episodes", "Validation"]
 
@@ -46,6 +53,14 @@ class Episodes:
     seeding: str = "independent"
     fitness: Callable[..., Any] | None = None
 
+    def __post_init__(self) -> None:
+        from populora.envs.schedule import EPISODE_SEEDINGS
+
+        check_int("Episodes.num_episodes", self.num_episodes, low=1)
+        check_one_of("Episodes.seeding", self.seeding, EPISODE_SEEDINGS)
+        if self.fitness is not None and not callable(self.fitness):
+            raise InvalidTypeError(f"`Episodes.fitness` must be callable, got {self.fitness!r:.80}")
+
 
 @dataclass(frozen=True)
 class Validation:
@@ -60,6 +75,12 @@ class Validation:
     episodes: int | None = None
     top: int | None = None
 
+    def __post_init__(self) -> None:
+        if self.episodes is not None:
+            check_int("Validation.episodes", self.episodes, low=0)
+        if self.top is not None:
+            check_int("Validation.top", self.top, low=1)
+
 
 @dataclass(frozen=True)
 class Checkpointing:
@@ -73,6 +94,12 @@ class Checkpointing:
 
     dir: str | Path | None = None
     resume: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dir is not None and not isinstance(self.dir, (str, os.PathLike)):
+            raise InvalidTypeError(f"`Checkpointing.dir` must be a folder path (str or Path), got {self.dir!r:.80}")
+        if check_bool("Checkpointing.resume", self.resume) and self.dir is None:
+            raise InvalidValueError("`Checkpointing(resume=True)` needs `dir`")
 
 
 @dataclass(frozen=True)
@@ -98,6 +125,35 @@ class EnvOptions:
     obs_keys: tuple[str, ...] | None = None
     drop_obs_keys: tuple[str, ...] | None = None
 
+    def __post_init__(self) -> None:
+        from populora.envs.spaces import check_obs_keys
+
+        if self.num_envs is not None:
+            check_int("EnvOptions.num_envs", self.num_envs, low=1)
+        if self.device is not None:
+            try:
+                torch.device(self.device)
+            except (RuntimeError, TypeError, ValueError):
+                raise InvalidValueError(
+                    "`EnvOptions.device` must be None, a torch.device or a device string such as 'cpu' or 'cuda:0', "
+                    f"got {self.device!r:.80}"
+                ) from None
+        for name in ("flatten_obs", "normalize_obs"):
+            check_bool(f"EnvOptions.{name}", getattr(self, name))
+        if self.to_range is not None:
+            _check_range(self.to_range)
+        for name in ("obs_keys", "drop_obs_keys"):
+            if isinstance(getattr(self, name), Iterator):  # read once: kept as a tuple
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+        try:
+            check_obs_keys(self.obs_keys, self.drop_obs_keys)
+        except (InvalidTypeError, InvalidValueError) as err:
+            raise type(err)(
+                str(err)
+                .replace("`obs_keys`", "`EnvOptions.obs_keys`")
+                .replace("`drop_obs_keys`", "`EnvOptions.drop_obs_keys`")
+            ) from None
+
 
 @dataclass(frozen=True)
 class Budget:
@@ -118,6 +174,12 @@ class Budget:
     max_env_steps: int | None = None
     max_seconds: float | None = None
 
+    def __post_init__(self) -> None:
+        if self.max_env_steps is not None:
+            check_int("Budget.max_env_steps", self.max_env_steps, low=1)
+        if self.max_seconds is not None:
+            check_float("Budget.max_seconds", self.max_seconds, low=0.0, low_open=True)
+
 
 @dataclass(frozen=True)
 class GA:
@@ -133,6 +195,14 @@ class GA:
 
     evolve_kwargs: Mapping[str, Any] = field(default_factory=dict)
     population_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("evolve_kwargs", "population_kwargs"):
+            if not isinstance(getattr(self, name), Mapping):
+                raise InvalidTypeError(f"`GA.{name}` must be a dict, got {getattr(self, name)!r:.80}")
+        from populora.loops.env.evolve import _check_evolve_keys
+
+        _check_evolve_keys(dict(self.evolve_kwargs))  # a misspelt key is named here; its values at the run
 
 
 @dataclass(frozen=True)
@@ -161,6 +231,29 @@ class ES:
     fitness_shaping: str = "centered_rank"
     extra: Mapping[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        from populora.es.shaping import FITNESS_SHAPINGS
+        from populora.loops.env.es_env import ES_OPTIMIZERS
+
+        check_float("ES.sigma", self.sigma, low=0.0, low_open=True)
+        check_float("ES.lr", self.lr, low=0.0, low_open=True)
+        if self.optimizer is None or isinstance(self.optimizer, str):
+            check_one_of("ES.optimizer", "adam" if self.optimizer is None else self.optimizer, ES_OPTIMIZERS)
+        if self.max_speed is not None:
+            check_float("ES.max_speed", self.max_speed, low=0.0, low_open=True)
+        if self.momentum is not None:
+            check_float("ES.momentum", self.momentum, low=0.0, high=1.0, high_open=True)
+        if not (callable(self.fitness_shaping) or self.fitness_shaping in FITNESS_SHAPINGS):
+            raise InvalidValueError(
+                f"`ES.fitness_shaping` must be one of {sorted(FITNESS_SHAPINGS)} or a function, "
+                f"got {self.fitness_shaping!r:.80}"
+            )
+        if not isinstance(self.extra, Mapping):
+            raise InvalidTypeError(f"`ES.extra` must be a dict of EggrollES arguments, got {self.extra!r:.80}")
+        own = sorted(set(self.extra) & {f.name for f in fields(ES)})
+        if own:
+            raise InvalidValueError(f"`ES.extra` names {own}, which are ES's own fields: pass ES({own[0]}=...) instead")
+
     def es_kwargs(self) -> dict[str, Any]:
         """The options as EggrollES keyword arguments (``sigma``, ``lr`` and ClipUp's options included)."""
         out: dict[str, Any] = {"sigma": self.sigma, "lr": self.lr, "fitness_shaping": self.fitness_shaping}
@@ -169,3 +262,16 @@ class ES:
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         return {**out, **dict(self.extra)}
+
+
+def _check_range(to_range: Any) -> None:
+    """``EnvOptions.to_range``: a pair ``(lo, hi)`` of numbers or arrays (checked against the Box later)."""
+    if not isinstance(to_range, (tuple, list)) or len(to_range) != 2:
+        raise InvalidValueError(f"`EnvOptions.to_range` must be a pair (lo, hi), got {to_range!r:.80}")
+    try:
+        for bound in to_range:
+            np.asarray(bound, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InvalidTypeError(
+            f"`EnvOptions.to_range` must be a pair of numbers or arrays (lo, hi), got {to_range!r:.80}"
+        ) from None

@@ -48,6 +48,7 @@ from torch import Tensor
 from populora import distributed as pd
 from populora.checks import check_float, check_index, check_int, check_one_of, check_seed, is_int
 from populora.errors import CheckpointError, FitnessError, InvalidTypeError, InvalidValueError
+from populora.loops.base import callback_says_stop
 from populora.loops.coevolve.specs import check_evolve_kwargs
 from populora.loops.ratings import PAIRING_MODES, Ratings
 from populora.loops.selfplay.checks import check_players
@@ -306,7 +307,9 @@ class SelfPlay(Snapshot):
             max_seconds: stop after the first step that ends this many wall-clock seconds or more after the
                 call (rank 0's clock under ``distributed``, so every rank stops together); at least one step runs.
             callback: ``callback(record)`` after every step (the step's :class:`SelfPlayRecord`, also appended to
-                :attr:`history`); returning ``True`` stops the loop. ``record.as_dict()`` is numbers only, so
+                :attr:`history`); it returns ``None`` or ``False`` to go on and ``True`` to stop, and any other value
+                (a list, ``1``) raises ``InvalidTypeError`` (:func:`populora.loops.base.callback_says_stop`).
+                ``record.as_dict()`` is numbers only, so
                 logging is one line, e.g. ``writer.add_scalars("selfplay", record.as_dict(), record.step)``.
             progress: a tqdm bar (main rank) over the steps or the seconds, whichever budget is closer to
                 running out, with the students' and teachers' mean fitness and the validity rate.
@@ -317,7 +320,8 @@ class SelfPlay(Snapshot):
 
         Raises:
             InvalidValueError / InvalidTypeError: neither ``steps`` nor ``max_seconds``, a bad value, or a
-                ``callback`` that is not callable (before any step).
+                ``callback`` that is not callable (before any step), or a callback that returned something other
+                than ``None``, ``False`` or ``True``.
         """
         if steps is None and max_seconds is None:
             raise InvalidValueError("SelfPlay.run needs `steps` or `max_seconds` (or both): it would never stop")
@@ -341,7 +345,7 @@ class SelfPlay(Snapshot):
                 post = dict(students=f"{record.student_mean:.3g}", teachers=f"{record.teacher_mean:.3g}")
                 post["validity"] = f"{record.validity:.2f}"
                 bar.update({"steps": len(records), "seconds": elapsed}, post)
-                stop = callback is not None and bool(callback(record))
+                stop = callback is not None and callback_says_stop(callback, callback(record))
                 if stop or bar.spent():
                     return records
         finally:

@@ -120,25 +120,25 @@ def test_es_kwargs_carry_clipup_options_only_when_set_and_extra_last():
 
 
 @pytest.mark.parametrize(
-    "obj, name",
+    "obj, name, other",
     [
-        (Episodes(), "num_episodes"),
-        (Episodes(), "seeding"),
-        (Validation(), "episodes"),
-        (EnvOptions(), "normalize_obs"),
-        (Checkpointing(), "dir"),
-        (Budget(), "max_env_steps"),
-        (GA(), "evolve_kwargs"),
-        (ES(), "sigma"),
+        (Episodes(), "num_episodes", 2),
+        (Episodes(), "seeding", "common"),
+        (Validation(), "episodes", 3),
+        (EnvOptions(), "normalize_obs", True),
+        (Checkpointing(), "dir", "runs"),
+        (Budget(), "max_env_steps", 7),
+        (GA(), "evolve_kwargs", {"epsilon": 0.1}),
+        (ES(), "sigma", 0.5),
     ],
-    ids=lambda v: type(v).__name__ if dataclasses.is_dataclass(v) else v,
+    ids=lambda v: type(v).__name__ if dataclasses.is_dataclass(v) else str(v),
 )
-def test_option_objects_are_frozen(obj, name):
+def test_option_objects_are_frozen(obj, name, other):
     before = getattr(obj, name)
     with pytest.raises(dataclasses.FrozenInstanceError):
         setattr(obj, name, 7)
     assert getattr(obj, name) == before
-    assert dataclasses.replace(obj, **{name: 7}) != obj  # a changed copy is the way to vary one
+    assert dataclasses.replace(obj, **{name: other}) != obj  # a changed copy is the way to vary one
 
 
 def test_explicit_default_objects_run_exactly_as_the_defaults():
@@ -204,96 +204,112 @@ def test_options_are_keyword_only_past_the_twelve_seed_parameters(tmp_path):
 
 BAD_VALUES = {
     "Episodes.num_episodes=0": (
-        dict(episodes=Episodes(num_episodes=0)),
+        lambda: dict(episodes=Episodes(num_episodes=0)),
         InvalidValueError,
         r"`Episodes\.num_episodes` must be an int >= 1, got 0",
     ),
     "Episodes.num_episodes=1.5": (
-        dict(episodes=Episodes(num_episodes=1.5)),
+        lambda: dict(episodes=Episodes(num_episodes=1.5)),
         InvalidTypeError,
         r"`Episodes\.num_episodes` must be an int",
     ),
     "Episodes.seeding": (
-        dict(episodes=Episodes(seeding="shared")),
+        lambda: dict(episodes=Episodes(seeding="shared")),
         InvalidValueError,
         r"`Episodes\.seeding`.*'shared'",
     ),
-    "Episodes.fitness": (dict(episodes=Episodes(fitness=3)), InvalidTypeError, r"`Episodes\.fitness` must be callable"),
-    "Validation.episodes": (dict(validation=Validation(episodes=-1)), InvalidValueError, r"`Validation\.episodes`"),
-    "Validation.top": (dict(validation=Validation(top=0)), InvalidValueError, r"`Validation\.top`"),
+    "Episodes.fitness": (
+        lambda: dict(episodes=Episodes(fitness=3)),
+        InvalidTypeError,
+        r"`Episodes\.fitness` must be callable",
+    ),
+    "Validation.episodes": (
+        lambda: dict(validation=Validation(episodes=-1)),
+        InvalidValueError,
+        r"`Validation\.episodes`",
+    ),
+    "Validation.top": (lambda: dict(validation=Validation(top=0)), InvalidValueError, r"`Validation\.top`"),
     "Checkpointing.resume": (
-        dict(checkpointing=Checkpointing(resume=True)),
+        lambda: dict(checkpointing=Checkpointing(resume=True)),
         InvalidValueError,
         r"`Checkpointing\(resume=True\)` needs `dir`",
     ),
     "Budget.max_env_steps=0": (
-        dict(budget=Budget(max_env_steps=0)),
+        lambda: dict(budget=Budget(max_env_steps=0)),
         InvalidValueError,
         r"`Budget\.max_env_steps` must be an int >= 1, got 0",
     ),
     "Budget.max_seconds=0": (
-        dict(budget=Budget(max_seconds=0)),
+        lambda: dict(budget=Budget(max_seconds=0)),
         InvalidValueError,
         r"`Budget\.max_seconds` must be a finite number > 0\.0, got 0",
     ),
     "Budget.max_env_steps str": (
-        dict(budget=Budget(max_env_steps="x")),
+        lambda: dict(budget=Budget(max_env_steps="x")),
         InvalidTypeError,
         r"`Budget\.max_env_steps` must be an int",
     ),
     "GA.evolve_kwargs": (
-        dict(algorithm=GA(evolve_kwargs=[1])),
+        lambda: dict(algorithm=GA(evolve_kwargs=[1])),
         InvalidTypeError,
         r"`GA\.evolve_kwargs` must be a dict",
     ),
     "GA.population_kwargs": (
-        dict(algorithm=GA(population_kwargs=3)),
+        lambda: dict(algorithm=GA(population_kwargs=3)),
         InvalidTypeError,
         r"`GA\.population_kwargs` must be a dict",
     ),
     "GA.evolve_kwargs key": (  # the old message: the misspelt key and its likely meaning
-        dict(algorithm=GA(evolve_kwargs={"epsilonn": 0.1})),
+        lambda: dict(algorithm=GA(evolve_kwargs={"epsilonn": 0.1})),
         InvalidTypeError,
         r"`evolve_kwargs` has the key 'epsilonn' \(did you mean 'epsilon'\?\)",
     ),
-    "GA.evolve_kwargs value": (dict(algorithm=GA(evolve_kwargs={"epsilon": -1})), InvalidValueError, "epsilon"),
-    "ES.extra": (dict(algorithm=ES(extra=[1])), InvalidTypeError, r"`ES\.extra` must be a dict"),
-    "ES.extra key": (dict(algorithm=ES(extra={"elite_frac": 0.2})), InvalidTypeError, "'elite_frac'"),
-    "ES.sigma": (dict(algorithm=ES(sigma=-1.0)), InvalidValueError, r"`sigma` must be a finite number > 0"),
-    "ES.lr": (dict(algorithm=ES(lr=0.0)), InvalidValueError, r"`ES\.lr` must be a finite number > 0"),
-    "ES.optimizer": (dict(algorithm=ES(optimizer="rmsprop")), InvalidValueError, r"`ES\.optimizer`.*'rmsprop'"),
-    "ES.momentum": (dict(algorithm=ES(momentum=0.5)), InvalidValueError, r"\['momentum'\] are ClipUp's"),
-    "ES.extra own field": (dict(algorithm=ES(extra={"sigma": 0.1})), InvalidValueError, r"ES's own fields"),
-    "EnvOptions.device": (dict(env_options=EnvOptions(device="nope")), InvalidValueError, r"`EnvOptions\.device`"),
+    "GA.evolve_kwargs value": (lambda: dict(algorithm=GA(evolve_kwargs={"epsilon": -1})), InvalidValueError, "epsilon"),
+    "ES.extra": (lambda: dict(algorithm=ES(extra=[1])), InvalidTypeError, r"`ES\.extra` must be a dict"),
+    "ES.extra key": (lambda: dict(algorithm=ES(extra={"elite_frac": 0.2})), InvalidTypeError, "'elite_frac'"),
+    "ES.sigma": (lambda: dict(algorithm=ES(sigma=-1.0)), InvalidValueError, r"`ES\.sigma` must be a finite number > 0"),
+    "ES.lr": (lambda: dict(algorithm=ES(lr=0.0)), InvalidValueError, r"`ES\.lr` must be a finite number > 0"),
+    "ES.optimizer": (lambda: dict(algorithm=ES(optimizer="rmsprop")), InvalidValueError, r"`ES\.optimizer`.*'rmsprop'"),
+    "ES.momentum": (lambda: dict(algorithm=ES(momentum=0.5)), InvalidValueError, r"\['momentum'\] are ClipUp's"),
+    "ES.extra own field": (lambda: dict(algorithm=ES(extra={"sigma": 0.1})), InvalidValueError, r"ES's own fields"),
+    "EnvOptions.device": (
+        lambda: dict(env_options=EnvOptions(device="nope")),
+        InvalidValueError,
+        r"`EnvOptions\.device`",
+    ),
     "EnvOptions.flatten_obs": (
-        dict(env_options=EnvOptions(flatten_obs="yes")),
+        lambda: dict(env_options=EnvOptions(flatten_obs="yes")),
         InvalidTypeError,
         r"`EnvOptions\.flatten_obs`",
     ),
-    "Checkpointing.dir": (dict(checkpointing=Checkpointing(dir=3)), InvalidTypeError, r"`Checkpointing\.dir`"),
-    "ES.fitness_shaping": (dict(algorithm=ES(fitness_shaping="nope")), InvalidValueError, r"`fitness_shaping`.*'nope'"),
+    "Checkpointing.dir": (lambda: dict(checkpointing=Checkpointing(dir=3)), InvalidTypeError, r"`Checkpointing\.dir`"),
+    "ES.fitness_shaping": (
+        lambda: dict(algorithm=ES(fitness_shaping="nope")),
+        InvalidValueError,
+        r"`ES\.fitness_shaping`.*'nope'",
+    ),
     "ES with Episodes.fitness": (
-        dict(algorithm="es", episodes=Episodes(fitness=lambda population: 0.0)),
+        lambda: dict(algorithm="es", episodes=Episodes(fitness=lambda population: 0.0)),
         InvalidValueError,
         r"does not take `Episodes\(fitness=\.\.\.\)`",
     ),
     "EnvOptions.normalize_obs": (
-        dict(env_options=EnvOptions(normalize_obs=True, flatten_obs=False)),
+        lambda: dict(env_options=EnvOptions(normalize_obs=True, flatten_obs=False)),
         InvalidValueError,
         r"`normalize_obs=True` needs `flatten_obs=True`",
     ),
     "EnvOptions.num_envs": (
-        dict(env_options=EnvOptions(num_envs=2)),
+        lambda: dict(env_options=EnvOptions(num_envs=2)),
         InvalidValueError,
         r"`num_envs=2` only applies to a factory",
     ),
     "EnvOptions.to_range": (
-        dict(env_options=EnvOptions(to_range=(1.0, -1.0)), continuous=True),
+        lambda: dict(env_options=EnvOptions(to_range=(1.0, -1.0)), continuous=True),
         InvalidValueError,
         r"`to_range=\(lo, hi\)` needs lo < hi",
     ),
     "EnvOptions.to_range on Discrete": (
-        dict(env_options=EnvOptions(to_range=(-1.0, 1.0))),
+        lambda: dict(env_options=EnvOptions(to_range=(-1.0, 1.0))),
         InvalidValueError,
         r"`to_range` rescales continuous",
     ),
@@ -302,12 +318,13 @@ BAD_VALUES = {
 
 @pytest.mark.parametrize("case", sorted(BAD_VALUES))
 def test_a_bad_option_value_raises_naming_the_field_before_any_episode(case):
-    kwargs, error, message = BAD_VALUES[case]
-    kwargs = dict(kwargs)
-    continuous = kwargs.pop("continuous", False)
+    make, error, message = BAD_VALUES[case]
+    continuous = case == "EnvOptions.to_range"
     model = net(1 if continuous else 2)
     StepEnv.steps = 0
     with pytest.raises(error, match=message) as caught:
+        kwargs = make()  # an option object checks its own fields when built
+        kwargs.pop("continuous", None)
         run(model, continuous, **kwargs)
     assert isinstance(caught.value, PopuloraError)
     assert StepEnv.steps == 0  # raised before the first episode
@@ -412,3 +429,39 @@ def test_generation_info_as_dict_is_numbers_only(clock):
     no_validation = []
     clocked_run(clock, num_generations=1, callback=no_validation.append)
     assert set(no_validation[0].as_dict()) == {"generation", "best", "mean", "std", "env_steps"}
+
+
+BUILT_BAD = [
+    (lambda: Episodes(num_episodes="2"), InvalidTypeError, r"`Episodes\.num_episodes` must be an int, got str '2'"),
+    (lambda: Episodes(seeding="shared"), InvalidValueError, r"`Episodes\.seeding`.*'shared'"),
+    (lambda: Validation(top=0), InvalidValueError, r"`Validation\.top` must be an int >= 1, got 0"),
+    (lambda: Checkpointing("runs", resume="no"), InvalidTypeError, r"`Checkpointing\.resume` must be a bool"),
+    (lambda: Checkpointing("runs", resume=1), InvalidTypeError, r"`Checkpointing\.resume` must be a bool"),
+    (lambda: Checkpointing(dir=3), InvalidTypeError, r"`Checkpointing\.dir`"),
+    (lambda: EnvOptions(num_envs="x"), InvalidTypeError, r"`EnvOptions\.num_envs` must be an int, got str 'x'"),
+    (lambda: EnvOptions(device="nope"), InvalidValueError, r"`EnvOptions\.device`"),
+    (lambda: EnvOptions(normalize_obs=1), InvalidTypeError, r"`EnvOptions\.normalize_obs` must be a bool"),
+    (lambda: EnvOptions(to_range=(0.0,)), InvalidValueError, r"`EnvOptions\.to_range` must be a pair"),
+    (lambda: EnvOptions(obs_keys="image"), InvalidTypeError, r"`EnvOptions\.obs_keys`"),
+    (lambda: Budget(max_seconds=-1), InvalidValueError, r"`Budget\.max_seconds`"),
+    (lambda: GA(evolve_kwargs={"epsilonn": 0.1}), InvalidTypeError, r"'epsilonn' \(did you mean 'epsilon'\?\)"),
+    (lambda: GA(population_kwargs=3), InvalidTypeError, r"`GA\.population_kwargs` must be a dict"),
+    (lambda: ES(sigma="big"), InvalidTypeError, r"`ES\.sigma` must be a real number"),
+    (lambda: ES(momentum=1.5), InvalidValueError, r"`ES\.momentum`"),
+    (lambda: ES(max_speed=0), InvalidValueError, r"`ES\.max_speed`"),
+    (lambda: ES(optimizer="rmsprop"), InvalidValueError, r"`ES\.optimizer`"),
+]
+
+
+@pytest.mark.parametrize("make, error, message", BUILT_BAD, ids=lambda v: "" if callable(v) else str(v)[:30])
+def test_every_option_object_checks_its_fields_when_built(make, error, message):
+    with pytest.raises(error, match=message):
+        make()
+
+
+def test_valid_forms_still_build():
+    EnvOptions(num_envs=np.int64(4), device=torch.device("cpu"), to_range=([-1.0], np.array([2.0])), obs_keys=["a"])
+    assert EnvOptions(drop_obs_keys=(k for k in ["mission"])).drop_obs_keys == ("mission",)  # read once, kept
+    Checkpointing("runs", resume=np.bool_(True)), Budget(max_env_steps=np.int64(5), max_seconds=1)
+    ES(optimizer=None), ES(optimizer=lambda params: torch.optim.SGD(params, lr=0.1), fitness_shaping=lambda f: f)
+    Validation(episodes=0, top=None), Episodes(num_episodes=2, seeding="common", fitness=lambda population: 0.0)
