@@ -13,8 +13,6 @@ Higher fitness is better.
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import inspect
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -35,7 +33,16 @@ from populora.errors import CheckpointError, InvalidTypeError, InvalidValueError
 from populora.loops.env.champion import Validator
 from populora.loops.env.es_env import make_es
 from populora.loops.env.generations import GenerationInfo, Run, run_es, run_ga
-from populora.loops.env.options import ES, GA, Budget, Checkpointing, EnvOptions, Episodes, Validation
+from populora.loops.env.options import (
+    ES,
+    GA,
+    Budget,
+    Checkpointing,
+    EnvOptions,
+    Episodes,
+    Validation,
+    check_evolve_keys,
+)
 from populora.population.population import Population
 from populora.stats import GenerationStats
 from populora.transaction import closing_on_failure
@@ -351,7 +358,7 @@ def _check_options(
             if not isinstance(getattr(algorithm, name), Mapping):
                 raise InvalidTypeError(f"`GA.{name}` must be a dict, got {getattr(algorithm, name)!r:.80}")
         evolve = {**ENV_EVOLVE_DEFAULTS, **dict(algorithm.evolve_kwargs)}
-        _check_evolve_keys(evolve)
+        check_evolve_keys(evolve)
     elif not isinstance(algorithm.extra, Mapping):
         raise InvalidTypeError(f"`ES.extra` must be a dict of EggrollES arguments, got {algorithm.extra!r:.80}")
     else:
@@ -468,25 +475,6 @@ def _checkpoint(
         "base_checksum": base_sum,
         "validator": validator.state_dict(),
     }
-
-
-def _evolve_parameters() -> list[str]:
-    sig = inspect.signature(Population.evolve_)
-    kinds = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return [name for name, p in sig.parameters.items() if name not in ("self", "fitnesses") and p.kind in kinds]
-
-
-def _check_evolve_keys(options: dict[str, Any]) -> None:
-    """Every key of ``evolve_kwargs`` is an argument of ``Population.evolve_`` (a misspelling is named)."""
-    allowed = _evolve_parameters()
-    for key in options:
-        if key not in allowed:
-            close = difflib.get_close_matches(str(key), allowed, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise InvalidTypeError(
-                f"`evolve_kwargs` has the key {key!r}{hint}, which Population.evolve_ does not "
-                f"take; its arguments are {allowed}"
-            )
 
 
 def _check_evolve_values(population: Population, options: dict[str, Any]) -> None:

@@ -21,6 +21,8 @@ what was expected); what needs the environment or the model (``to_range`` agains
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
@@ -32,6 +34,7 @@ import torch
 
 from populora.checks import check_bool, check_float, check_int, check_one_of
 from populora.errors import InvalidTypeError, InvalidValueError
+from populora.population.population import Population
 
 __all__ = ["ES", "GA", "Budget", "Checkpointing", "EnvOptions", "Episodes", "Validation"]
 
@@ -200,9 +203,7 @@ class GA:
         for name in ("evolve_kwargs", "population_kwargs"):
             if not isinstance(getattr(self, name), Mapping):
                 raise InvalidTypeError(f"`GA.{name}` must be a dict, got {getattr(self, name)!r:.80}")
-        from populora.loops.env.evolve import _check_evolve_keys
-
-        _check_evolve_keys(dict(self.evolve_kwargs))  # a misspelt key is named here; its values at the run
+        check_evolve_keys(dict(self.evolve_kwargs))  # a misspelt key is named here; its values at the run
 
 
 @dataclass(frozen=True)
@@ -275,3 +276,22 @@ def _check_range(to_range: Any) -> None:
         raise InvalidTypeError(
             f"`EnvOptions.to_range` must be a pair of numbers or arrays (lo, hi), got {to_range!r:.80}"
         ) from None
+
+
+def _evolve_parameters() -> list[str]:
+    sig = inspect.signature(Population.evolve_)
+    kinds = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [name for name, p in sig.parameters.items() if name not in ("self", "fitnesses") and p.kind in kinds]
+
+
+def check_evolve_keys(options: dict[str, Any]) -> None:
+    """Every key of ``evolve_kwargs`` is an argument of ``Population.evolve_`` (a misspelling is named)."""
+    allowed = _evolve_parameters()
+    for key in options:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise InvalidTypeError(
+                f"`evolve_kwargs` has the key {key!r}{hint}, which Population.evolve_ does not "
+                f"take; its arguments are {allowed}"
+            )
