@@ -15,3 +15,16 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# over the README command's budget, run by .ci/run's `pytest -m slow` right after it: every multi-process
+# (torch.distributed) test, the example scripts run end to end, and the GPU script's CPU smoke run
+SLOW_FILES = ("tests/test_examples.py", "tests/test_gpu_script.py")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        if item.get_closest_marker("distributed") or path in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
