@@ -51,8 +51,8 @@ zero: noise goes to the effective columns only, and RMS is measured on them.
 
 Before populora 0.2 the keyword was ``floors`` (a per-target factor scale, and
 ``epsilon`` was relative to each factor's own RMS); a registered mutation
-that still takes ``floors`` keeps working for one release (see
-:func:`~populora.operators.base.register_mutation`).
+that takes ``floors`` instead of ``weight_scales`` is refused when registered
+(:func:`~populora.operators.base.register_mutation`).
 """
 
 from __future__ import annotations

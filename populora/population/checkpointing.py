@@ -537,7 +537,7 @@ class Checkpointing(HostBase):
             for k, v in self.state_dict(include_model=False).items()
         }
 
-    def transaction_state(self: PopulationHost) -> dict[str, Any]:
+    def transaction_state(self) -> dict[str, Any]:
         """:meth:`snapshot`: what :func:`populora.transaction.transaction` keeps of a population."""
         return self.snapshot()
 

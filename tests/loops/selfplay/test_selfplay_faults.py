@@ -17,8 +17,8 @@ from parity_task import BLOCK, ParityTask
 from populora import Population
 from populora.errors import CheckpointError
 from populora.llm import tiny_chat_model
-from populora.loops.selfplay.selfplay import SelfPlay
 from populora.loops.selfplay import selfplay as selfplay_module
+from populora.loops.selfplay.selfplay import SelfPlay
 
 
 def make(**kwargs) -> SelfPlay:
