@@ -325,8 +325,10 @@ class PBT(Snapshot):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict` into this PBT (built over a twin population, optimizers and schedulers).
 
-        The population, counters, moving averages, generator and the numbers of optimizers and schedulers are
-        checked before anything is written.
+        The population, counters, moving averages, generator, the numbers of optimizers and schedulers and their
+        parameter groups are checked before anything is written; what only loading can check (the multipliers'
+        values, the ratings' tables, an optimizer's state) is loaded in one transaction: a state that fails
+        anywhere changes nothing.
 
         Raises:
             CheckpointError: another kind of state, a missing or malformed entry, a population that does not
@@ -363,19 +365,52 @@ class PBT(Snapshot):
                     f"the PBT state {'lacks' if state[key] is None else 'has'} {key!r}, this PBT "
                     f"{'has' if have is not None else 'has none'}"
                 )
+        for i, (opt, opt_state) in enumerate(zip(self.optimizers, state["optimizers"])):
+            groups = opt_state.get("param_groups") if isinstance(opt_state, Mapping) else None
+            mine = [len(g["params"]) for g in opt.param_groups]
+            theirs = [len(g.get("params", ())) for g in groups] if isinstance(groups, Sequence) else None
+            if theirs != mine:
+                raise CheckpointError(
+                    f"the PBT state's optimizer {i} has parameter groups of sizes {theirs}, this PBT's {mine}"
+                )
+            # torch loads per-parameter state of any shape (and fails only at the next step): check it here
+            per_param = opt_state.get("state", {})
+            ids = [j for g in groups or () for j in g["params"]]
+            params = [q for g in opt.param_groups for q in g["params"]]
+            for j, param in zip(ids, params):
+                for name, value in (per_param.get(j) or {}).items():
+                    if isinstance(value, Tensor) and value.dim() > 0 and value.shape != param.shape:
+                        raise CheckpointError(
+                            f"the PBT state's optimizer {i} holds {name!r} of shape {tuple(value.shape)} for a "
+                            f"parameter of shape {tuple(param.shape)}"
+                        )
         checked = self.population.check_state_dict(state["population"])
-        for opt, opt_state in zip(self.optimizers, state["optimizers"]):
-            opt.load_state_dict(copy.deepcopy(opt_state))
-        for sched, sched_state in zip(self.schedulers, state["schedulers"]):
-            sched.load_state_dict(copy.deepcopy(sched_state))
-        if self.lr_multipliers is not None:
-            self.lr_multipliers.load_state_dict(state["lr_multipliers"])
-        if self.ratings is not None:
-            self.ratings.load_state_dict(state["ratings"])
-        self.population.load_checked_state_dict(checked)
-        self.generator.set_state(probe.get_state())
-        self.fitness, self.counts = fitness.clone(), counts.clone()
-        self.steps = steps
+        held = [o for o in (self.lr_multipliers, self.ratings) if o is not None]
+        # what only torch or the parts themselves can check (an optimizer's per-parameter state, the
+        # multipliers' values, the ratings' tables) is checked by loading: all or nothing, by the transaction
+        with transaction(
+            *self.optimizers,
+            *self.schedulers,
+            *held,
+            self.population,
+            self.generator,
+            Attributes(self, "fitness", "counts", "steps"),
+        ):
+            try:
+                for opt, opt_state in zip(self.optimizers, state["optimizers"]):
+                    opt.load_state_dict(copy.deepcopy(opt_state))
+                for sched, sched_state in zip(self.schedulers, state["schedulers"]):
+                    sched.load_state_dict(copy.deepcopy(sched_state))
+            except (KeyError, TypeError, ValueError, RuntimeError) as err:
+                raise CheckpointError(f"the PBT state's optimizers or schedulers do not fit this PBT's: {err}") from err
+            if self.lr_multipliers is not None:
+                self.lr_multipliers.load_state_dict(state["lr_multipliers"])
+            if self.ratings is not None:
+                self.ratings.load_state_dict(state["ratings"])
+            self.population.load_checked_state_dict(checked)
+            self.generator.set_state(probe.get_state())
+            self.fitness, self.counts = fitness.clone(), counts.clone()
+            self.steps = steps
 
     def __repr__(self) -> str:
         by = f"ratings[{self.name!r}]" if self.ratings is not None else f"fitness (decay {self.decay})"

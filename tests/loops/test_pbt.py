@@ -206,3 +206,59 @@ def test_bad_arguments_and_states_are_refused():
         PBT(pop).load_state_dict({**state, "optimizers": [{}]})
     with pytest.raises(CheckpointError, match="not a PBT state"):
         pbt.load_state_dict({"format": "other"})
+
+
+def _everything(pbt: PBT) -> dict:
+    """A deep copy of all a PBT holds (its own state dict, which covers the population and every part)."""
+    return copy.deepcopy(pbt.state_dict())
+
+
+def _same(a: dict, b: dict) -> bool:
+    def eq(x, y):
+        if isinstance(x, torch.Tensor):
+            if not (isinstance(y, torch.Tensor) and x.shape == y.shape and x.dtype == y.dtype):
+                return False
+            return bool(((x == y) | (x.isnan() & y.isnan())).all()) if x.is_floating_point() else torch.equal(x, y)
+        if isinstance(x, dict):
+            return isinstance(y, dict) and x.keys() == y.keys() and all(eq(x[k], y[k]) for k in x)
+        if isinstance(x, (list, tuple)):
+            return isinstance(y, (list, tuple)) and len(x) == len(y) and all(map(eq, x, y))
+        return x == y
+
+    return eq(a, b)
+
+
+@pytest.mark.parametrize("damage", ["multipliers", "ratings", "optimizer_groups", "optimizer_state"])
+def test_a_damaged_state_is_refused_and_changes_nothing(damage):
+    pytest.importorskip("openskill")
+
+    def make(seed):  # (one population seed: the seed a population was built with is its own, not loaded)
+        pop = population()
+        opt = torch.optim.Adam(pop.adapter_parameters(), lr=1e-2)
+        ratings = Ratings({"students": P})
+        pbt = PBT(pop, opt, interval=2, lr_multipliers=LRMultipliers(P), ratings=ratings, name="students")
+        train(pop, opt)
+        ratings.rate_many_("students", [seed, 1 + seed], "students", [3, 4], [1.0, 0.0])
+        return pbt, opt
+
+    source, _ = make(1)
+    source.step()
+    state = copy.deepcopy(source.state_dict())
+    if damage == "multipliers":
+        state["lr_multipliers"] = {**state["lr_multipliers"], "values": torch.full((P + 3,), float("nan"))}
+    elif damage == "ratings":
+        state["ratings"] = Ratings({"teachers": 3}).state_dict()  # ratings of another population
+    elif damage == "optimizer_groups":
+        other = torch.optim.Adam([{"params": [torch.zeros(1)]}, {"params": [torch.zeros(1)]}])
+        state["optimizers"] = [other.state_dict()]
+    else:  # the groups fit, a state entry does not (torch's own check)
+        opt_state = state["optimizers"][0]
+        first = next(iter(opt_state["state"]))
+        opt_state["state"][first]["exp_avg"] = torch.zeros(3)
+    target, opt = make(0)
+    before = _everything(target)
+    with pytest.raises(CheckpointError):
+        target.load_state_dict(state)
+    assert _same(_everything(target), before)
+    target.load_state_dict(copy.deepcopy(source.state_dict()))  # an undamaged state still loads
+    assert _same(_everything(target), _everything(source))
