@@ -34,6 +34,8 @@ optimizers, the ratings and the loop's generator, so a retry is the step an unto
 from __future__ import annotations
 
 import copy
+import difflib
+import inspect
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -69,7 +71,7 @@ from populora.population.population import Population, evaluating
 from populora.snapshots import Snapshot
 from populora.tasks import Mixture, Problem, Task, check_code_replies
 from populora.train import advantages, policy_gradient_step_
-from populora.transaction import Attributes, transaction
+from populora.transaction import Attributes, closing_on_failure, transaction
 
 __all__ = ["CPU_PRESET", "PAPER_PRESET", "PopuLoRA", "PopuLoRAOutcome", "PopuLoRARecord", "Preset", "solve_rate"]
 
@@ -478,9 +480,19 @@ class PopuLoRA(Snapshot):
             from populora.llm.targets import LLAMA_ALL
 
             targets = LLAMA_ALL
-        teachers = Population(model, preset.teachers, preset.rank, list(targets), init_scale=0, seed=seed)
-        students = Population(model, preset.students, preset.rank, list(targets), init_scale=0, seed=seed + 1)
-        return cls(teachers, students, tokenizer, task, **{**preset.loop, **loop, "seed": seed})
+        options = {**preset.loop, **loop, "seed": seed}
+        known = set(inspect.signature(cls.__init__).parameters) - {"self", "teachers", "students", "tokenizer", "task"}
+        unknown = sorted(set(options) - known)
+        if unknown:  # before any population wraps the model
+            close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise InvalidTypeError(f"PopuLoRA takes no option {unknown[0]!r}{hint}; its options are {sorted(known)}")
+        with closing_on_failure() as undo:  # a refused option gives the model back unwrapped, its flags restored
+            teachers = Population(model, preset.teachers, preset.rank, list(targets), init_scale=0, seed=seed)
+            undo.callback(teachers.close)
+            students = Population(model, preset.students, preset.rank, list(targets), init_scale=0, seed=seed + 1)
+            undo.callback(students.close)
+            return cls(teachers, students, tokenizer, task, **options)
 
     def __repr__(self) -> str:
         return (

@@ -277,6 +277,30 @@ class TestOptions:
         assert loop.interval == 5 and loop.attempts == 4 and loop.micro_batch == 4 and loop.seed == 5
         assert all(bool((f.up == 0).all()) for f in loop.students.factors())  # every member starts as the base
 
+    @pytest.mark.parametrize(
+        "bad, error, match",
+        [
+            (dict(interval=0), InvalidValueError, "interval"),
+            (dict(attempts=1), InvalidValueError, "attempts"),
+            (dict(intervall=3), InvalidTypeError, "no option 'intervall' \\(did you mean 'interval'\\?\\)"),
+        ],
+    )
+    def test_a_refused_preset_option_leaves_the_model_as_it_was(self, bad, error, match):
+        model, tokenizer = tiny_chat_model(seed=0)
+        flags = {n: p.requires_grad for n, p in model.named_parameters()}
+        x = torch.tensor([[1, 2, 3, 4]])
+        with torch.no_grad():
+            before = model(x).logits
+        with pytest.raises(error, match=match):
+            PopuLoRA.from_preset(model, tokenizer, ParityTask(), CPU_PRESET.replace(teachers=2, students=2), **bad)
+        assert {n: p.requires_grad for n, p in model.named_parameters()} == flags
+        assert not any(
+            "lora" in n.lower() or "population" in type(m).__name__.lower() for n, m in model.named_modules()
+        )
+        with torch.no_grad():
+            assert torch.equal(model(x).logits, before)
+        PopuLoRA.from_preset(model, tokenizer, ParityTask(), CPU_PRESET.replace(teachers=2, students=2))  # wraps again
+
     def test_bad_arguments(self):
         with pytest.raises(InvalidValueError, match="attempts"):
             make(attempts=1)
