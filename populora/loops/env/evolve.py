@@ -133,8 +133,13 @@ def evolve_with_env(
     checkpointing: Checkpointing | None = None,
     budget: Budget | None = None,
     callback: Callable[[GenerationInfo], Any] | None = None,
+    fitness: Callable[..., Any] | None = None,
 ) -> EvolveResult | nn.Module:
     """Evolve ``model`` against ``envs`` and return the best validated policy.
+
+    ``fitness=``: the seed release's custom fitness (GA only) instead of the episode return, in any of its
+    three signatures ``fn(population, individuals=...)``, ``fn(population, idx)``, ``fn(population)``;
+    ``episodes=Episodes(fitness=...)`` is the same option (an equal alternative; passing both is an error).
 
     Higher fitness is better: the training fitness of an individual is the
     mean return of its episodes (:class:`~populora.loops.env.options.Episodes`).
@@ -239,6 +244,14 @@ def evolve_with_env(
     On any error the model comes back unwrapped, its ``requires_grad`` flags
     restored.
     """
+    if fitness is not None:
+        if not callable(fitness):
+            raise InvalidTypeError(f"`fitness` must be callable, got {fitness!r:.80}")
+        if episodes is not None and not isinstance(episodes, Episodes):
+            raise InvalidTypeError(f"`episodes` must be a populora.loops.env.Episodes, got {type(episodes).__name__}")
+        if episodes is not None and episodes.fitness is not None:
+            raise InvalidValueError("a custom fitness given twice: pass `fitness=` or `Episodes(fitness=)`, not both")
+        episodes = dataclasses.replace(episodes or Episodes(), fitness=fitness)
     algorithm = _algorithm(algorithm)
     episodes = _option("episodes", episodes, Episodes)
     validation = _option("validation", validation, Validation)

@@ -20,7 +20,7 @@ from populora.envs.slots import EnvStepError as EnvStepErrorFromEnvs
 from populora.envs.slots import build_slots
 from populora.envs.sources import SingleEnvs, SubEnvSource
 from populora.envs.vector import VectorSource
-from populora.errors import CheckpointError
+from populora.errors import CheckpointError, InvalidTypeError, InvalidValueError
 from populora.loops.env.evolve import CHECKPOINT_NAME
 from populora.loops.env.options import Checkpointing, EnvOptions, Episodes, Validation
 
@@ -282,3 +282,31 @@ def test_public_import_paths_still_work():
     assert EnvStepError is EnvStepErrorFromEnvs
     assert vector_reset_seed(0, 0) == vector_reset_seed(0, 0) != vector_reset_seed(0, 1)
     assert episode_seed(3, 1) == __import__("populora.envs.schedule", fromlist=["x"]).episode_seed(3, 1)
+
+
+@pytest.mark.parametrize(
+    "fitness",
+    [
+        lambda population, individuals: torch.as_tensor(individuals, dtype=torch.float32),  # a rank's batch
+        lambda population, idx: float(idx),  # per index
+        lambda population: torch.arange(float(population.pop_size)),  # all at once
+    ],
+    ids=["individuals", "idx", "all"],
+)
+def test_the_seeds_fitness_keyword_takes_its_three_signatures(fitness):
+    """The seed README's `evolve_with_env(..., fitness=fn)`: fitness i for individual i, in every signature."""
+    result = evolve_with_env(gym.make("CartPole-v1"), cartpole_net(), 4, 2, num_generations=2, fitness=fitness)
+    same = evolve_with_env(
+        gym.make("CartPole-v1"), cartpole_net(), 4, 2, num_generations=2, episodes=Episodes(fitness=fitness)
+    )
+    assert [s.best for s in result.history] == [3.0, 3.0]
+    assert [s.mean for s in result.history] == [1.5, 1.5]
+    assert result.history == same.history  # the keyword and Episodes(fitness=) are the same option
+    assert result.history[0].env_steps == 0  # no episode was played for training
+
+
+def test_the_fitness_keyword_refuses_a_second_fitness_and_a_non_callable():
+    with pytest.raises(InvalidValueError, match="custom fitness given twice"):
+        evolve_with_env(gym.make("CartPole-v1"), cartpole_net(), 4, 2, fitness=len, episodes=Episodes(fitness=len))
+    with pytest.raises(InvalidTypeError, match="`fitness` must be callable, got 3"):
+        evolve_with_env(gym.make("CartPole-v1"), cartpole_net(), 4, 2, fitness=3)
