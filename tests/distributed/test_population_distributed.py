@@ -400,13 +400,14 @@ def test_contract_example_under_torchrun(tmp_path):
 
 
 EXPLICIT_DEVICE = """
-import torch, torch.distributed as dist
+import os, torch, torch.distributed as dist
 from torch import nn
 from populora import EggrollES, Population, world_size
 pop = Population(nn.Linear(3, 2), pop_size=4, low_rank=1, device="cpu")
 ok = dist.is_initialized() and world_size() == 2
 es = EggrollES(nn.Linear(3, 2), pop_size=4, sigma=0.1, lr=0.1, rank=1, device="cpu")
-print("explicit device joins the group:", ok and dist.is_initialized())
+# one write per rank: two ranks' print() calls (text, then newline) interleave on the shared stdout
+os.write(1, f"explicit device joins the group: {ok and dist.is_initialized()}\\n".encode())
 """
 
 
