@@ -262,3 +262,28 @@ def test_a_damaged_state_is_refused_and_changes_nothing(damage):
     assert _same(_everything(target), before)
     target.load_state_dict(copy.deepcopy(source.state_dict()))  # an undamaged state still loads
     assert _same(_everything(target), _everything(source))
+
+
+def test_a_checkpoint_written_by_050_loads_and_is_this_versions_run():
+    """tests/loops/data/pbt_050.pt was written by populora 0.5.0 (commit 1496bc6) from this run."""
+    from pathlib import Path
+
+    def run():
+        pop = population()
+        opt = torch.optim.Adam(pop.adapter_parameters(), lr=1e-2)
+        pbt = PBT(pop, opt, interval=2)
+        train(pop, opt)
+        pbt.step(torch.arange(float(P)))
+        train(pop, opt)
+        pbt.step(torch.arange(float(P)).flip(0))
+        return pbt
+
+    here = run()
+    pop = population()
+    twin = PBT(pop, torch.optim.Adam(pop.adapter_parameters(), lr=1e-2), interval=2)
+    twin.load(Path(__file__).parent / "data" / "pbt_050.pt")
+    assert twin.steps == 2
+    assert _same(_everything(twin), _everything(here))
+    state = twin.state_dict()
+    with pytest.raises(CheckpointError, match="populora.PBT/1"):
+        twin.load_state_dict({**state, "format": "populora.PBT/0"})
