@@ -712,3 +712,35 @@ def test_failed_evolution_gives_the_model_back_unwrapped():
         )
     assert all(p.requires_grad for p in model.parameters())
     assert "forward" not in vars(model[0]) and "forward" not in vars(model[2])
+
+
+def test_a_checkpoint_written_by_050_resumes_into_this_versions_run(tmp_path):
+    """tests/loops/data/evolve_with_env_050.pt: generations 0-1 of this run, written by populora 0.5.0
+    (populora.evolve_with_env/2, commit 1496bc6); resumed here, the run is this version's uninterrupted run."""
+    import shutil
+    from pathlib import Path
+
+    def run(folder, seed=9):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2))
+        return evolve_with_env(
+            gym.make_vec("CartPole-v1", 4, vectorization_mode="sync"),
+            model,
+            8,
+            2,
+            action=argmax,
+            num_generations=4,
+            horizon=60,
+            seed=seed,
+            checkpointing=Checkpointing(dir=folder, resume=folder is not None),
+            env_options=EnvOptions(normalize_obs=True),
+        )
+
+    shutil.copy(Path(__file__).parents[1] / "data" / "evolve_with_env_050.pt", tmp_path / "evolve_with_env.pt")
+    with pytest.raises(ValueError, match="differs from the one"):  # the file is read: it holds seed 9
+        run(tmp_path, seed=8)
+    resumed = run(tmp_path)
+    straight = run(None)
+    assert resumed.history == straight.history and len(resumed.history) == 4
+    for (name, a), (_, b) in zip(straight.policy.state_dict().items(), resumed.policy.state_dict().items()):
+        assert torch.equal(a, b), name
