@@ -248,6 +248,21 @@ class TestResume:
         assert_equal_states(deterministic(second), deterministic(full))
         assert len(full.replacements) == 4
 
+    def test_a_checkpoint_written_by_050_loads_and_continues_as_this_versions_run(self):
+        """tests/loops/data/populora_050.pt: steps 0-1 of this run, written by populora 0.5.0 (populora.PopuLoRA/1,
+        commit 1496bc6); loaded here and stepped twice, it is this version's uninterrupted 4 steps."""
+        from pathlib import Path
+
+        full = make(interval=2)
+        for _ in range(4):
+            full.step()
+        second = make(interval=2)
+        second.load(Path(__file__).parents[1] / "data" / "populora_050.pt")
+        assert second.steps == 2
+        for _ in range(2):
+            second.step()
+        assert_equal_states(deterministic(second), deterministic(full))
+
     def test_a_bad_state_changes_nothing(self):
         loop = make()
         loop.step()
