@@ -308,6 +308,24 @@ class TestPolicyGradient:
 
 
 class TestCheckpoint:
+    def test_a_checkpoint_written_by_050_resumes_bitwise(self):
+        """tests/loops/data/selfplay_050.ckpt: step 0 of this run, written by populora 0.5.0 (populora.selfplay/1,
+        commit 1496bc6); loaded here and stepped twice, it is this version's uninterrupted 3 steps."""
+        straight = make()
+        for _ in range(3):
+            straight.step()
+        resumed = make(seed=9, pop_seed=7)  # other seeds: everything must come from the file
+        resumed.load(ROOT / "tests" / "loops" / "data" / "selfplay_050.ckpt")
+        assert resumed.steps == 1 and len(resumed.history) == 1
+        for _ in range(2):
+            resumed.step()
+        for pop in ("teachers", "students"):
+            assert all(
+                torch.equal(x, y) for x, y in zip(adapters(getattr(straight, pop)), adapters(getattr(resumed, pop)))
+            )
+        assert [r.deterministic for r in straight.history] == [r.deterministic for r in resumed.history]
+        assert torch.equal(straight.generator.get_state(), resumed.generator.get_state())
+
     def test_resume_is_bitwise_the_uninterrupted_run(self, tmp_path):
         straight = make()
         for _ in range(3):
