@@ -33,6 +33,7 @@ LAYERS = {
     "routing": 2,
     "tasks": 2,
     "transaction": 2,
+    "config": 2,
     # 3: helpers built on the infrastructure
     "snapshots": 3,
     "fitness": 3,
