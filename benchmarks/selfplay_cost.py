@@ -36,7 +36,7 @@ import torch
 
 from populora import Population
 from populora.llm import LLAMA_ALL
-from populora.loops.selfplay.text import chat_text, generate_replies, pad_id
+from populora.llm.text import chat_text, generate_replies, pad_id
 from populora.tasks import Arithmetic
 from populora.train import policy_gradient_step_
 

@@ -62,10 +62,10 @@ import torch
 
 from populora import Population
 from populora.llm import LLAMA_ALL
+from populora.llm.text import chat_text, encode, new_tokens, pad_id
 from populora.loops.ratings import Ratings
 from populora.loops.selfplay import CPU_PRESET, PopuLoRA, solve_rate
 from populora.loops.selfplay.selfplay import SelfPlay
-from populora.loops.selfplay.text import chat_text, encode, new_tokens, pad_id
 from populora.routing import BASE
 from populora.tasks import (
     Arithmetic,

@@ -93,6 +93,7 @@ from torch import Tensor
 
 from populora.checks import check_bool, check_float, check_int
 from populora.errors import FitnessError, InvalidTypeError, InvalidValueError
+from populora.llm.text import chat_text, encode, pad_id
 
 __all__ = [
     "ES_AT_SCALE",
@@ -234,22 +235,15 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[str], *, chat_template: boo
         if tokenizer.eos_token_id is None:
             raise InvalidValueError("the tokenizer has neither a pad nor an eos token: set tokenizer.pad_token")
         tokenizer.pad_token = tokenizer.eos_token
-    if chat_template:
-        texts = [
-            tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
-            for p in prompts
-        ]
-    else:
-        texts = list(prompts)
-    batch = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
-    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    input_ids, attention_mask = encode(tokenizer, [chat_text(tokenizer, p, chat_template) for p in prompts])
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
 
 
 def _greedy_kwargs(tokenizer: Any, max_new_tokens: int, generate_kwargs: dict) -> dict:
     kwargs = dict(
         max_new_tokens=max_new_tokens,
         do_sample=False,
-        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+        pad_token_id=pad_id(tokenizer),
     )
     kwargs.update(generate_kwargs)
     return kwargs

@@ -7,8 +7,8 @@ from typing import Any
 
 from populora.checks import check_bool
 from populora.errors import InvalidTypeError, InvalidValueError
+from populora.llm.text import pad_id
 from populora.loops.ratings import Ratings
-from populora.loops.selfplay.text import pad_id
 from populora.population.population import Population
 from populora.tasks import Task
 

@@ -48,6 +48,7 @@ from torch import Tensor
 from populora import operators as ops
 from populora.checks import check_bool, check_float, check_int, check_one_of, check_seed, is_int
 from populora.errors import CheckpointError, InvalidTypeError, InvalidValueError
+from populora.llm.text import chat_text, generate_replies, pad_id
 from populora.loops.ratings import PAIRING_MODES, Ratings
 from populora.loops.selfplay.checks import check_players
 from populora.loops.selfplay.replacement import (
@@ -66,7 +67,6 @@ from populora.loops.selfplay.rewards import (
     teacher_rewards,
     well_formed,
 )
-from populora.loops.selfplay.text import chat_text, generate_replies, pad_id
 from populora.population.population import Population, evaluating
 from populora.snapshots import Snapshot
 from populora.tasks import Mixture, Problem, Task, check_code_replies

@@ -48,12 +48,12 @@ from torch import Tensor
 from populora import distributed as pd
 from populora.checks import check_float, check_index, check_int, check_one_of, check_seed, is_int
 from populora.errors import CheckpointError, FitnessError, InvalidTypeError, InvalidValueError
+from populora.llm.text import chat_text, generate_replies, pad_id
 from populora.loops.base import callback_says_stop
 from populora.loops.coevolve.specs import check_evolve_kwargs
 from populora.loops.ratings import PAIRING_MODES, Ratings
 from populora.loops.selfplay.checks import check_players
 from populora.loops.selfplay.scores import TEACHER_REWARDS, SelfPlayRecord, match_scores, selfplay_fitnesses
-from populora.loops.selfplay.text import chat_text, generate_replies, pad_id
 from populora.population.population import Population, evaluating
 from populora.snapshots import Snapshot
 from populora.stats import BudgetProgress

@@ -1,4 +1,7 @@
-"""Prompts in, replies out: what :class:`~populora.selfplay.SelfPlay` does around ``pop.generate``.
+"""Prompts in, replies out: the one home of chat wrapping, left padding and routed generation of text.
+
+:class:`~populora.PopuLoRA` (self-play) and :mod:`populora.llm.reasoning` (ES / RL on verifiable tasks) both
+encode and decode through here.
 
 :func:`encode` applies the tokenizer's chat template and left-pads by hand
 (whatever the tokenizer's ``padding_side``); :func:`generate_replies` runs
@@ -18,7 +21,7 @@ from torch import Tensor
 
 from populora import distributed as pd
 
-__all__: list[str] = []
+__all__ = ["Replies", "chat_text", "encode", "generate_replies", "new_tokens", "pad_id"]
 
 
 def pad_id(tokenizer: Any) -> int:
