@@ -145,6 +145,10 @@ class Arithmetic(Task):
             return self._make(expression, value)
 
     @staticmethod
+    def well_formed_reply(problem: Problem, reply: str) -> bool:
+        return parse_int(reply) is not None
+
+    @staticmethod
     def check_reply(problem: Problem, reply: str) -> bool:
         return parse_int(reply) == problem.answer
 
@@ -210,6 +214,10 @@ class LinearEquation(Task):
         b = randint(generator, self._low, self.coefficient)
         x = randint(generator, self._low, self.coefficient)
         return self._make(a, b, x)
+
+    @staticmethod
+    def well_formed_reply(problem: Problem, reply: str) -> bool:
+        return parse_int(reply) is not None
 
     @staticmethod
     def check_reply(problem: Problem, reply: str) -> bool:

@@ -24,6 +24,7 @@ from populora.tasks.parsing import proposal_segments
 __all__ = ["Mixture", "Problem", "Task", "check_replies", "randint"]
 
 _CHECKERS: dict[str, Callable[[Problem, str], bool]] = {}
+_FORMS: dict[str, Callable[[Problem, str], bool]] = {}
 
 
 def register_checker(family: str, checker: Callable[[Problem, str], bool]) -> None:
@@ -96,6 +97,9 @@ class Task:
         checker = cls.__dict__.get("check_reply")
         if cls.name and checker is not None:
             register_checker(cls.name, checker.__func__ if isinstance(checker, staticmethod) else checker)
+        form = cls.__dict__.get("well_formed_reply")
+        if cls.name and form is not None:
+            _FORMS[cls.name] = form.__func__ if isinstance(form, staticmethod) else form
 
     def __init__(self, difficulty: int = 1) -> None:
         self.difficulty = check_int("difficulty", difficulty, low=1, high=self.max_difficulty)
@@ -124,11 +128,32 @@ class Task:
             raise InvalidValueError(f"{self!r} checks {self.name!r} problems, got a {problem.task!r} problem")
         return problem.check(reply)
 
+    @staticmethod
+    def well_formed_reply(problem: Problem, reply: str) -> bool:
+        """Whether ``reply`` gives an answer in the form this family reads, right or wrong (registered, like
+        :meth:`check_reply`, under the family's name). A family overrides it; the default is a non-blank reply."""
+        return bool(reply.strip())
+
+    def well_formed(self, problem: Problem, reply: str) -> bool:
+        """Whether ``reply`` answers ``problem`` in a form its family reads (right or wrong): the paper's student
+        reward tells a wrong answer (-0.5) from a format error (-1) by it. Works for a problem of any family
+        (its registered :meth:`well_formed_reply`; a family that registers none: a non-blank reply)."""
+        if not isinstance(problem, Problem):
+            raise InvalidTypeError(f"`problem` must be a Problem, got {type(problem).__name__}")
+        if not isinstance(reply, str):
+            raise InvalidTypeError(f"`reply` must be a str, got {type(reply).__name__}")
+        return reply_is_well_formed(problem, reply)
+
     def prompt(self, problem: Problem) -> str:
         """The solver's user message: the question and how to give the answer."""
         if not isinstance(problem, Problem):
             raise InvalidTypeError(f"`problem` must be a Problem, got {type(problem).__name__}")
         return f"{problem.question} {self.instruction}".strip()
+
+    def phrasings(self) -> tuple[Callable[[Problem], str], ...]:
+        """The user messages a student may be asked a problem in during training (one drawn per problem and
+        step when there are several): by default the task's template alone, ``(self.prompt,)``."""
+        return (self.prompt,)
 
     def proposal_prompt(self) -> str:
         """The teacher's user message: propose ONE new problem in the format :meth:`parse_proposal` reads."""
@@ -151,6 +176,11 @@ class Task:
 
     def _proposal(self, segment: str) -> Problem | None:
         raise NotImplementedError(f"{type(self).__name__} must implement _proposal")
+
+
+def reply_is_well_formed(problem: Problem, reply: str) -> bool:
+    """``reply`` read by the well-formedness rule of ``problem``'s family (:meth:`Task.well_formed_reply`)."""
+    return _FORMS.get(problem.task, Task.well_formed_reply)(problem, reply)
 
 
 def check_replies(problems: Sequence[Problem], replies: Sequence[str]) -> torch.Tensor:

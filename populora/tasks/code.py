@@ -696,6 +696,10 @@ class CodeOutput(CodeTask):
         )
 
     @staticmethod
+    def well_formed_reply(problem: Problem, reply: str) -> bool:
+        return answer_text(reply, "output") is not None
+
+    @staticmethod
     def check_reply(problem: Problem, reply: str) -> bool:
         text = answer_text(reply, "output")
         if text is None or len(text) > MAX_LITERAL_CHARS:
@@ -729,6 +733,10 @@ class CodeInput(CodeTask):
             inputs[0],
             {"program": program, "input": inputs[0], "output": outputs[0], **self._limits_data()},
         )
+
+    @staticmethod
+    def well_formed_reply(problem: Problem, reply: str) -> bool:
+        return answer_text(reply, "input") is not None
 
     @staticmethod
     def check_reply(problem: Problem, reply: str) -> bool:
@@ -787,6 +795,10 @@ class CodeFunction(CodeTask):
                 **self._limits_data(),
             },
         )
+
+    @staticmethod
+    def well_formed_reply(problem: Problem, reply: str) -> bool:
+        return reply_program(reply) is not None
 
     @staticmethod
     def check_reply(problem: Problem, reply: str) -> bool:

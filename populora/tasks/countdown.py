@@ -134,6 +134,10 @@ class Countdown(Task):
         return self._make(values, target, expression)
 
     @staticmethod
+    def well_formed_reply(problem: Problem, reply: str) -> bool:
+        return last_expression(reply) is not None
+
+    @staticmethod
     def check_reply(problem: Problem, reply: str) -> bool:
         expression = last_expression(reply)
         if expression is None:

@@ -57,6 +57,10 @@ class Sorting(Task):
         return self._make([randint(generator, 0, SORT_MAX) for _ in range(self.length)])
 
     @staticmethod
+    def well_formed_reply(problem: Problem, reply: str) -> bool:
+        return parse_int_list(reply) is not None
+
+    @staticmethod
     def check_reply(problem: Problem, reply: str) -> bool:
         values = parse_int_list(reply)
         answer: Any = problem.answer  # a sorting problem's: a sequence of ints
@@ -112,6 +116,10 @@ class Successor(_Digits):
         return self._make(self._draw(generator))
 
     @staticmethod
+    def well_formed_reply(problem: Problem, reply: str) -> bool:
+        return parse_int(reply) is not None
+
+    @staticmethod
     def check_reply(problem: Problem, reply: str) -> bool:
         return parse_int(reply) == problem.answer
 
@@ -146,6 +154,10 @@ class Comparison(_Digits):
         while second == first:
             second = self._draw(generator)
         return self._make(first, second)
+
+    @staticmethod
+    def well_formed_reply(problem: Problem, reply: str) -> bool:
+        return parse_int(reply) is not None
 
     @staticmethod
     def check_reply(problem: Problem, reply: str) -> bool:

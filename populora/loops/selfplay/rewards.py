@@ -41,9 +41,7 @@ from torch import Tensor
 from populora.checks import check_float, check_one_of
 from populora.errors import InvalidTypeError, InvalidValueError
 from populora.tasks import Problem
-from populora.tasks.code import answer_text, reply_program
-from populora.tasks.countdown import last_expression
-from populora.tasks.parsing import parse_int, parse_int_list
+from populora.tasks.base import reply_is_well_formed
 
 __all__ = [
     "MATCH_GRANULARITIES",
@@ -60,35 +58,19 @@ TEACHER_REWARDS = ("paper", "failures", "learnability")
 STUDENT_REWARDS = ("paper", "binary")
 MATCH_GRANULARITIES = ("pair", "problem")
 
-_INTEGER_FAMILIES = ("arithmetic", "linear", "successor", "comparison")
-
-
 def well_formed(problem: Problem, reply: str) -> bool:
     """Whether ``reply`` gives an answer in the form ``problem``'s family reads (right or wrong).
 
-    Integer families (``arithmetic``, ``linear``, ``successor``, ``comparison``): an integer can be read
-    (:func:`~populora.tasks.parse_int`); ``sorting``: a list of integers; ``countdown``: an expression;
-    ``code_o`` / ``code_i``: an output / input answer (:func:`~populora.tasks.code.answer_text`);
-    ``code_f``: a program (:func:`~populora.tasks.code.reply_program`); any other family: a non-blank reply.
+    The family's knowledge (:meth:`Task.well_formed_reply <populora.tasks.Task.well_formed_reply>`, registered
+    under its name): an integer for the integer families, a list for ``sorting``, an expression for
+    ``countdown``, an output / input answer or a program for the code families; a family that defines none
+    (a user's task): a non-blank reply.
     """
     if not isinstance(problem, Problem):
         raise InvalidTypeError(f"`problem` must be a Problem, got {type(problem).__name__}")
     if not isinstance(reply, str):
         raise InvalidTypeError(f"`reply` must be a str, got {type(reply).__name__}")
-    family = problem.task
-    if family in _INTEGER_FAMILIES:
-        return parse_int(reply) is not None
-    if family == "sorting":
-        return parse_int_list(reply) is not None
-    if family == "countdown":
-        return last_expression(reply) is not None
-    if family == "code_o":
-        return answer_text(reply, "output") is not None
-    if family == "code_i":
-        return answer_text(reply, "input") is not None
-    if family == "code_f":
-        return reply_program(reply) is not None
-    return bool(reply.strip())
+    return reply_is_well_formed(problem, reply)
 
 
 def _bool(name: str, value: Any, dims: int) -> Tensor:
