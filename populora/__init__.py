@@ -32,7 +32,7 @@ from populora.es import (
 from populora.loops.coevolve import Coevolve, HallOfFame
 from populora.loops.env import EvolveResult, GenerationInfo, evolve_with_env
 from populora.loops.ratings import Ratings
-from populora.loops.selfplay import SelfPlay
+from populora.loops.selfplay import PopuLoRA, PopuLoRAConfig, SelfPlay
 from populora.operators import (
     Factors,
     register_crossover,
@@ -65,6 +65,8 @@ __all__ = [
     "PopuloraError",
     "Ratings",
     "SelectionResult",
+    "PopuLoRA",
+    "PopuLoRAConfig",
     "SelfPlay",
     "TorchEggrollES",
     "evolve_with_env",

@@ -38,7 +38,7 @@ import math
 import types
 import typing
 import warnings
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, TypeVar
 
 from populora.errors import CheckpointError, InvalidTypeError, InvalidValueError
@@ -148,13 +148,15 @@ class Config:
         kwargs = {k: _from_json(f"{cls.__name__}.{k}", v, hints.get(k, Any)) for k, v in data.items()}
         return cls(**kwargs)
 
-    def check_matches(self, stored: Any, what: str) -> None:
+    def check_matches(self, stored: Any, what: str, *, ignore: Collection[str] = ()) -> None:
         """Raise :class:`~populora.errors.CheckpointError` naming the first field where ``stored`` (a dict
-        :meth:`to_dict` wrote, e.g. into a checkpoint) differs from this config."""
+        :meth:`to_dict` wrote, e.g. into a checkpoint) differs from this config (fields in ``ignore`` aside:
+        e.g. a seed, when the state restores the generator it seeded)."""
         if not isinstance(stored, Mapping):
             raise CheckpointError(f"{what} holds no {type(self).__name__} (got {type(stored).__name__})")
         name = type(self).__name__
-        diff = _differences(name, dict(stored), self.to_dict())
+        current = {k: v for k, v in self.to_dict().items() if k not in ignore}
+        diff = _differences(name, {k: v for k, v in stored.items() if k not in ignore}, current)
         if diff:
             path, old, new = diff[0]
             raise CheckpointError(
@@ -182,7 +184,9 @@ def config_from_legacy(
     if unknown:
         close = difflib.get_close_matches(unknown[0], names, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise InvalidTypeError(f"{where} got an unexpected keyword argument {unknown[0]!r}{hint}")
+        raise InvalidTypeError(
+            f"{where} takes no option {unknown[0]!r}{hint}; its options are the fields of {cls.__name__}"
+        )
     warnings.warn(
         f"{where}({', '.join(f'{k}=' for k in legacy)}) is deprecated since 0.6.0 and goes in 0.7.0: pass "
         f"config={cls.__name__}({', '.join(f'{k}=...' for k in legacy)})",

@@ -9,11 +9,23 @@
 from populora.loops.selfplay import (
     CPU_PRESET,
     PAPER_PRESET,
+    SELFPLAY_PRESET,
     PopuLoRA,
+    PopuLoRAConfig,
     PopuLoRAOutcome,
     PopuLoRARecord,
     Preset,
     SelfPlay,
 )
 
-__all__ = ["CPU_PRESET", "PAPER_PRESET", "PopuLoRA", "PopuLoRAOutcome", "PopuLoRARecord", "Preset", "SelfPlay"]
+__all__ = [
+    "CPU_PRESET",
+    "PAPER_PRESET",
+    "SELFPLAY_PRESET",
+    "PopuLoRA",
+    "PopuLoRAConfig",
+    "PopuLoRAOutcome",
+    "PopuLoRARecord",
+    "Preset",
+    "SelfPlay",
+]

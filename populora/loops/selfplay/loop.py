@@ -1,156 +1,111 @@
-"""PopuLoRA: the paper's loop. Teachers and students train by REINFORCE++ every step; every ``k`` steps the
-bottom of each role is replaced by mutations and crossovers of its top.
+"""PopuLoRA: the one self-play loop. Teacher and student LoRA populations on one frozen LM; teachers propose
+problems, a verifier keeps the valid ones, matched students answer them; both roles learn.
 
-Each :meth:`PopuLoRA.step`:
+Every option is one :class:`~populora.loops.selfplay.config.PopuLoRAConfig`. Its ``update`` picks how the
+roles learn: ``"rl"`` (the paper, :data:`PAPER_PRESET` / :data:`CPU_PRESET`: REINFORCE++ for both roles every
+step, the bottom of each role replaced every ``interval`` steps) or ``"evolve"`` (:data:`SELFPLAY_PRESET`,
+what :func:`~populora.SelfPlay` builds: both populations evolve one generation every step on their fitnesses).
 
-1. matchmaking pairs every teacher with a student (``Ratings.pair``, PFSP by default, the loop's generator);
-2. every teacher draws one task family for the step (a :class:`~populora.tasks.Mixture`'s members by their
-   weights; a plain task is its own family) and proposes ``proposals`` problems of it in ONE routed
-   ``teachers.generate`` (the family's ``proposal_prompt``, sampled);
-3. the family's verifier (``parse_proposal``; the code tasks run the sandbox executor) keeps the valid ones (a valid
-   one whose question is ``reserved``, e.g. held out, is not asked);
-4. the matched student answers every valid problem ``attempts`` times, sampled (temperature 1), plus
-   ``anchors`` task-sampled problems each, in ONE routed ``students.generate``; answers are checked (code
-   answers in the sandbox, :func:`~populora.tasks.check_code_replies`) and read for form
-   (:func:`~populora.loops.selfplay.rewards.well_formed`);
-5. rewards by the paper's table (:mod:`populora.loops.selfplay.rewards`);
-6. RL, both roles: REINFORCE++ advantages (centred per group, whitened over the role's batch), groups = the
-   ``attempts`` answers of one problem by one student, and for teachers the ``proposals`` proposals of one
-   teacher (they answer one prompt); one :func:`~populora.train.policy_gradient_step_` per role with its own
-   Adam optimizer;
-7. ratings: the step's matches (:func:`~populora.loops.selfplay.rewards.match_outcomes`: one per
-   teacher-student pair by default, teacher score ``1 - solve rate``, no valid problem = the student's win);
-8. every ``interval`` steps each role's bottom ``fraction`` is replaced
+One :meth:`PopuLoRA.step` is the eight functions below, in this order, each reading and writing one
+:class:`Round`:
+
+1. :func:`pair`: matchmaking pairs every teacher with a student (``Ratings.pair``, PFSP by default, the
+   loop's generator); with ``families="drawn"`` every teacher draws one member of a
+   :class:`~populora.tasks.Mixture` for the step (a plain task is its own member);
+2. :func:`propose`: the teachers propose ``proposals`` problems each in ONE routed ``teachers.generate``;
+3. :func:`verify`: the family's verifier (``parse_proposal``) keeps the valid ones; a valid one whose
+   question is ``reserved`` (held out) is not asked;
+4. :func:`answer`: the matched student answers every valid problem ``attempts`` times, plus ``anchors``
+   task-sampled problems each, in ONE routed ``students.generate``, each in a phrasing drawn from the
+   task's (or the config's) phrasings;
+5. :func:`score`: answers are checked (code in the sandbox) and read for form (``Task.well_formed``); RL:
+   rewards by the paper's table (:mod:`~populora.loops.selfplay.rewards`); evolve: fitnesses
+   (:func:`~populora.loops.selfplay.scores.selfplay_fitnesses`);
+6. :func:`rate`: the step's matches update the ratings;
+7. :func:`update`: RL: one :func:`~populora.train.policy_gradient_step_` per role on REINFORCE++ advantages
+   (centred per group, whitened over the role's batch), each role with its own Adam; evolve: (optionally a
+   policy-gradient step of the students, then) one ``evolve_`` per population, the ratings following the
+   culled slots;
+8. :func:`replace`: RL, every ``interval`` steps, each role's bottom ``fraction`` is replaced
    (:func:`~populora.loops.selfplay.replacement.replace_`).
-
-With ``proposals=0`` the teachers take no part (no generation, no RL, no matches): students alone on
-``anchors`` task-sampled problems.
 
 All or nothing: a step that raises restores both populations (adapters, generators, counters), both
 optimizers, the ratings and the loop's generator, so a retry is the step an untouched twin takes. A
-:meth:`state_dict` holds everything but the base model and the tokenizer: a loaded loop continues bit for bit.
+:meth:`state_dict` holds everything but the base model and the tokenizer, and the config: a loaded loop
+continues bit for bit, and a state written with another config is refused, naming the field.
+
+Distributed (``update="evolve"``, ``step(distributed=True)`` under torchrun): each rank generates its
+contiguous share of the teacher rows, then of the student rows; the replies are gathered on every rank, so
+every rank verifies the same texts, derives the same fitnesses and ratings and evolves in lockstep. At the
+first distributed step rank 0's populations, generator, ratings, step and history are broadcast. Sampled
+tokens depend on which rows share a batch, so a distributed run is reproducible (same seed, same world size)
+but not token-equal to a one-process run.
 """
 
 from __future__ import annotations
 
 import copy
-import difflib
-import inspect
+import dataclasses
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from types import MappingProxyType
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from populora import operators as ops
-from populora.checks import check_bool, check_float, check_int, check_one_of, check_seed, is_int
-from populora.errors import CheckpointError, InvalidTypeError, InvalidValueError
-from populora.llm.text import chat_text, generate_replies, pad_id
-from populora.loops.ratings import PAIRING_MODES, Ratings
+from populora import distributed as pd
+from populora.checks import check_float, check_index, check_int, check_one_of, is_int
+from populora.config import config_from_legacy
+from populora.errors import CheckpointError, FitnessError, InvalidTypeError, InvalidValueError
+from populora.llm.text import Replies, chat_text, generate_replies, pad_id
+from populora.loops.base import Budget, run_steps
+from populora.loops.coevolve.specs import check_evolve_kwargs
+from populora.loops.ratings import Ratings
 from populora.loops.selfplay.checks import check_players
-from populora.loops.selfplay.replacement import (
-    PAPER_CROSSOVERS,
-    PAPER_MUTATIONS,
-    PaperRatings,
-    ReplacementRecord,
-    replace_,
+from populora.loops.selfplay.config import (
+    CPU_PRESET,
+    PAPER_PRESET,
+    SELFPLAY_PRESET,
+    PopuLoRAConfig,
+    Preset,
+    check_generation_keys,
 )
-from populora.loops.selfplay.rewards import (
-    MATCH_GRANULARITIES,
-    STUDENT_REWARDS,
-    TEACHER_REWARDS,
-    match_outcomes,
-    student_rewards,
-    teacher_rewards,
-    well_formed,
-)
+from populora.loops.selfplay.replacement import PaperRatings, ReplacementRecord, replace_
+from populora.loops.selfplay.rewards import match_outcomes, student_rewards, teacher_rewards
+from populora.loops.selfplay.scores import SelfPlayRecord, match_scores, selfplay_fitnesses
 from populora.population.population import Population, evaluating
-from populora.snapshots import Snapshot
+from populora.snapshots import Snapshot, naming
 from populora.tasks import Mixture, Problem, Task, check_code_replies
 from populora.train import advantages, policy_gradient_step_
 from populora.transaction import Attributes, closing_on_failure, transaction
 
-__all__ = ["CPU_PRESET", "PAPER_PRESET", "PopuLoRA", "PopuLoRAOutcome", "PopuLoRARecord", "Preset", "solve_rate"]
+__all__ = [
+    "CPU_PRESET",
+    "PAPER_PRESET",
+    "SELFPLAY_PRESET",
+    "PopuLoRA",
+    "PopuLoRAConfig",
+    "PopuLoRAOutcome",
+    "PopuLoRARecord",
+    "Preset",
+    "Round",
+    "SelfPlay",
+    "SelfPlayOutcome",
+    "solve_rate",
+]
 
-_FORMAT = "populora.PopuLoRA/1"
+FORMAT = "populora.PopuLoRA/2"
+FORMAT_050 = {"rl": "populora.PopuLoRA/1", "evolve": "populora.selfplay/1"}  # 0.5.0's two loops
 NAMES = ("teachers", "students")
-_ROUTING = ("individual", "individuals", "all_individuals", "generator", "input_ids", "attention_mask")
+_SAMPLING = ("temperature", "top_p", "top_k")
 
 Phrasing = Callable[[Problem], str]
 
 
 @dataclass(frozen=True)
-class Preset:
-    """Populations and loop options of a run (:meth:`PopuLoRA.from_preset`).
-
-    Attributes:
-        teachers, students: population sizes.
-        rank: LoRA rank of every adapter.
-        lora_targets: target patterns (``None``: :data:`populora.llm.LLAMA_ALL`, every block linear).
-        loop: keyword arguments of :class:`PopuLoRA`.
-    """
-
-    teachers: int
-    students: int
-    rank: int
-    lora_targets: tuple[str, ...] | None = None
-    loop: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "loop", MappingProxyType(dict(self.loop)))  # a preset is shared: read-only
-
-    def replace(self, **changes: Any) -> Preset:
-        """A copy with some fields changed; ``loop=`` entries are merged into the loop options."""
-        loop = {**self.loop, **dict(changes.pop("loop", {}))}
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        values.update(changes)
-        values["loop"] = loop
-        return Preset(**values)
-
-
-# The paper's main setting: 4 teachers + 4 students, rank 32, replacement every 10 steps of the bottom 25%,
-# crossover rate 0.5, 4 sampled attempts per problem. Learning rates, lengths and epsilon are ours.
-PAPER_PRESET = Preset(
-    teachers=4,
-    students=4,
-    rank=32,
-    loop=dict(
-        proposals=4,
-        attempts=4,
-        anchors=0,
-        interval=10,
-        fraction=0.25,
-        crossover_rate=0.5,
-        teacher_lr=1e-5,
-        student_lr=1e-5,
-        epsilon=0.1,
-        teacher_generate=dict(max_new_tokens=64, do_sample=True, temperature=1.0),
-        student_generate=dict(max_new_tokens=64, do_sample=True, temperature=1.0),
-    ),
-)
-# The same loop sized for 2 CPU cores and SmolLM2-135M: rank 8, replacement every 5 steps, shorter replies,
-# a larger learning rate (a run is tens of steps, not 200).
-CPU_PRESET = PAPER_PRESET.replace(
-    rank=8,
-    loop=dict(
-        proposals=2,
-        interval=5,
-        teacher_lr=1e-4,
-        student_lr=1e-4,
-        epsilon=0.05,
-        micro_batch=16,
-        teacher_generate=dict(max_new_tokens=40, do_sample=True, temperature=1.0),
-        student_generate=dict(max_new_tokens=24, do_sample=True, temperature=1.0),
-    ),
-)
-
-
-@dataclass(frozen=True)
 class PopuLoRARecord:
-    """One :meth:`PopuLoRA.step` (an entry of ``history``).
+    """One step of an RL loop (``update="rl"``; an entry of ``history``).
 
     Attributes:
         step: the step's index.
@@ -227,13 +182,17 @@ class PopuLoRAOutcome:
         families: the family each teacher proposed this step.
         proposals: decoded proposals, rows ``(p_t k)``; problems: the verified problem of each (or ``None``).
         valid: ``(p_t, k)`` bool, verified and asked; solved: ``(p_t, k, a)`` bool (False where not asked).
-        teacher_rewards: ``(p_t, k)`` float64.
+        teacher_rewards: (RL) ``(p_t, k)`` float64; ``None`` when evolving.
         tasks: the students' ``(student, problem)`` tasks: valid proposals (in proposal order), then anchors.
-        answers: the decoded answers, ``a`` per task; right / formed / student_rewards: ``(len(tasks) * a,)``.
+        answers: the decoded answers, ``a`` per task; right / formed: ``(len(tasks) * a,)`` bool.
+        student_rewards: (RL) ``(len(tasks) * a,)`` float64; ``None`` when evolving.
         anchors: the step's anchor problems.
-        replacements: the step's :class:`ReplacementRecord` (empty on most steps).
-        record: the step's :class:`PopuLoRARecord`.
+        replacements: the step's :class:`ReplacementRecord` s (RL; empty on most steps).
+        record: the step's record (:class:`PopuLoRARecord`, or :class:`SelfPlayRecord` when evolving).
         reserved: ``(p_t, k)`` bool, verified but not asked (its question is ``reserved``).
+        anchor_solved: ``(p_s, m, a)`` bool, each student's attempts at the anchors.
+        teacher_fitness / student_fitness: (evolve) ``(p_t,)`` / ``(p_s,)`` float32 the populations evolved
+            on; ``None`` under RL.
     """
 
     opponents: Tensor
@@ -242,27 +201,299 @@ class PopuLoRAOutcome:
     problems: list[Problem | None]
     valid: Tensor
     solved: Tensor
-    teacher_rewards: Tensor
+    teacher_rewards: Tensor | None
     tasks: list[tuple[int, Problem]]
     answers: list[str]
     right: Tensor
     formed: Tensor
-    student_rewards: Tensor
+    student_rewards: Tensor | None
     anchors: list[Problem]
     replacements: list[ReplacementRecord]
-    record: PopuLoRARecord
+    record: PopuLoRARecord | SelfPlayRecord
     reserved: Tensor
+    anchor_solved: Tensor
+    teacher_fitness: Tensor | None = None
+    student_fitness: Tensor | None = None
 
 
-def _generate_options(name: str, value: Any, defaults: dict[str, Any]) -> dict[str, Any]:
-    if value is None:
-        return dict(defaults)
-    if not isinstance(value, Mapping):
-        raise InvalidTypeError(f"`{name}` must be a dict of generate() options, got {type(value).__name__}")
-    bad = [k for k in value if k in _ROUTING]
-    if bad:
-        raise InvalidValueError(f"`{name}` may not set {bad}: PopuLoRA routes the rows and seeds the sampling itself")
-    return {**defaults, **value}
+SelfPlayOutcome = PopuLoRAOutcome  # 0.5.0's name of the evolution-only loop's outcome
+
+
+@dataclass
+class Round:
+    """One step in the making: what each of the step's functions reads and writes, in their order."""
+
+    # pair
+    opponents: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
+    families: list[Task] = field(default_factory=list)
+    # propose
+    teacher_ids: list[int] = field(default_factory=list)
+    proposed: Replies = field(default_factory=lambda: Replies([], [], [], 0))
+    # verify
+    problems: list[Problem | None] = field(default_factory=list)
+    held: Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.bool))
+    valid: Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.bool))
+    # answer
+    anchors: list[Problem] = field(default_factory=list)
+    tasks: list[tuple[int, Problem]] = field(default_factory=list)
+    student_ids: list[int] = field(default_factory=list)
+    answered: Replies = field(default_factory=lambda: Replies([], [], [], 0))
+    seconds_generate: float = 0.0
+    # score
+    right: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))
+    formed: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))
+    solved: Tensor = field(default_factory=lambda: torch.zeros(0, 0, 0, dtype=torch.bool))
+    anchor_solved: Tensor = field(default_factory=lambda: torch.zeros(0, 0, 0, dtype=torch.bool))
+    teacher_rewards: Tensor | None = None
+    student_rewards: Tensor | None = None
+    teacher_fitness: Tensor | None = None
+    student_fitness: Tensor | None = None
+    # rate
+    matches: int = 0
+    rating_summary: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # update, replace
+    trained_tokens: int = 0
+    seconds_train: float = 0.0
+    replacements: list[ReplacementRecord] = field(default_factory=list)
+
+    @property
+    def num_valid(self) -> int:
+        return int(self.valid.sum())
+
+
+# ---------------------------------------------------------------------------------------------- the step
+
+
+def pair(loop: PopuLoRA, r: Round) -> None:
+    """Matchmaking (every teacher's opponent) and, with ``families="drawn"``, every teacher's family."""
+    c = loop.config
+    p_t = loop.teachers.pop_size
+    if not c.proposals:
+        r.opponents = torch.zeros(p_t, dtype=torch.int64)
+        return
+    r.opponents = torch.as_tensor(
+        loop.ratings.pair("teachers", "students", loop.generator, mode=c.matchmaking, offset=loop.steps),
+        dtype=torch.long,
+    ).cpu()
+    if c.families == "drawn":
+        chosen = torch.multinomial(loop.family_weights, p_t, replacement=True, generator=loop.generator).tolist()
+        r.families = [loop.families[i] for i in chosen]
+    else:
+        r.families = [loop.task] * p_t
+
+
+def propose(loop: PopuLoRA, r: Round, distributed: bool) -> None:
+    """``proposals`` proposals per teacher, ONE routed ``teachers.generate`` (sampled from the loop's generator)."""
+    k = loop.config.proposals
+    if not k:
+        return
+    texts = [chat_text(loop.tokenizer, family.proposal_prompt(), loop.chat) for family in r.families for _ in range(k)]
+    r.teacher_ids = torch.arange(loop.teachers.pop_size).repeat_interleave(k).tolist()
+    start = time.perf_counter()
+    r.proposed = generate_replies(
+        loop.teachers, loop.tokenizer, r.teacher_ids, texts, loop.draw_seed(), loop.teacher_generate, distributed
+    )
+    r.seconds_generate += time.perf_counter() - start
+
+
+def verify(loop: PopuLoRA, r: Round) -> None:
+    """Each proposal through its family's verifier; a valid one of a reserved question is held (not asked)."""
+    p_t, k = loop.teachers.pop_size, loop.config.proposals
+    r.problems = [r.families[j // k].parse_proposal(text) for j, text in enumerate(r.proposed.texts)]
+    held = [p is not None and p.question in loop.reserved for p in r.problems]
+    r.held = torch.tensor(held, dtype=torch.bool).view(p_t, k)
+    r.valid = torch.tensor([p is not None and not h for p, h in zip(r.problems, held)], dtype=torch.bool).view(p_t, k)
+
+
+def answer(loop: PopuLoRA, r: Round, distributed: bool) -> None:
+    """The students' ``attempts`` answers at every valid problem (by its teacher's opponent) and their anchors."""
+    k, a = loop.config.proposals, loop.config.attempts
+    r.anchors = draw_anchors(loop)
+    asked = r.valid.flatten().tolist()
+    r.tasks = [(int(r.opponents[j // k]), p) for j, p in enumerate(r.problems) if p is not None and asked[j]]
+    r.tasks += [(s, p) for s in range(loop.students.pop_size) for p in r.anchors]
+    phrasings = loop.phrasings
+    which = (
+        torch.randint(len(phrasings), (len(r.tasks),), generator=loop.generator).tolist()
+        if len(phrasings) > 1
+        else [0] * len(r.tasks)
+    )
+    r.student_ids = [s for s, _ in r.tasks for _ in range(a)]
+    texts = [
+        chat_text(loop.tokenizer, phrasings[w](p), loop.chat) for (_, p), w in zip(r.tasks, which) for _ in range(a)
+    ]
+    start = time.perf_counter()
+    r.answered = generate_replies(
+        loop.students, loop.tokenizer, r.student_ids, texts, loop.draw_seed(), loop.student_generate, distributed
+    )
+    r.seconds_generate += time.perf_counter() - start
+
+
+def draw_anchors(loop: PopuLoRA) -> list[Problem]:
+    """``anchors`` task-sampled problems, each reserved one redrawn (the loop's generator)."""
+    m = loop.config.anchors
+    out = loop.task.sample(m, loop.generator) if m else []
+    for i, problem in enumerate(out):
+        draws = 1
+        while problem.question in loop.reserved:
+            if draws >= 1000:
+                raise InvalidValueError(
+                    f"1,000 draws of {loop.task!r} were all reserved (last {problem.question!r}): "
+                    "`reserved` covers (almost) the whole task"
+                )
+            problem = loop.task.sample(1, loop.generator)[0]
+            draws += 1
+        out[i] = problem
+    return out
+
+
+def check_answers(task: Task, problems: Sequence[Problem], replies: Sequence[str]) -> Tensor:
+    """``(n,)`` bool: code problems through the sandbox (batched), every other through ``task.check``."""
+    code = [i for i, p in enumerate(problems) if p.task in ("code_i", "code_f")]
+    out = torch.tensor([i not in code and task.check(p, reply) for i, (p, reply) in enumerate(zip(problems, replies))])
+    if code:
+        out[code] = check_code_replies([problems[i] for i in code], [replies[i] for i in code])
+    return out.bool()
+
+
+def score(loop: PopuLoRA, r: Round) -> None:
+    """Answers checked and read for form; the paper's rewards (RL) or the populations' fitnesses (evolve)."""
+    c = loop.config
+    p_t, p_s, k, a = loop.teachers.pop_size, loop.students.pop_size, c.proposals, c.attempts
+    asked = [p for _, p in r.tasks for _ in range(a)]
+    replies = r.answered.texts
+    r.right = check_answers(loop.task, asked, replies) if asked else torch.zeros(0, dtype=torch.bool)
+    r.formed = torch.tensor([loop.task.well_formed(p, t) for p, t in zip(asked, replies)], dtype=torch.bool)
+    q = r.num_valid
+    r.solved = torch.zeros(p_t, k, a, dtype=torch.bool)
+    if q:
+        r.solved[r.valid] = r.right[: q * a].view(q, a)
+    r.anchor_solved = r.right[q * a :].view(p_s, c.anchors, a)
+    if c.update == "rl":
+        t_reward = teacher_rewards(r.valid, r.solved, c.teacher_reward)
+        r.teacher_rewards = torch.where(r.held, torch.zeros_like(t_reward), t_reward)  # reserved: not -1
+        r.student_rewards = student_rewards(r.right, r.formed, c.student_reward)
+        return
+    teacher_f, student_f = selfplay_fitnesses(
+        r.opponents, r.valid, r.solved, p_s, r.anchor_solved if c.anchors else None, teacher_reward=c.teacher_reward
+    )
+    r.teacher_fitness, r.student_fitness = (
+        loop.checked_fitness("teachers", teacher_f),
+        loop.checked_fitness("students", student_f),
+    )
+
+
+def rate(loop: PopuLoRA, r: Round) -> None:
+    """The step's matches (``config.match``) update the ratings."""
+    c = loop.config
+    if c.proposals:
+        if c.match == "proposal":
+            m_t, m_s, scores = match_scores(r.opponents, r.valid, r.solved)
+        else:
+            m_t, m_s, scores = match_outcomes(r.opponents, r.valid, r.solved, c.match)
+        if scores.numel():
+            loop.ratings.rate_many_("teachers", m_t, "students", m_s, scores)
+        r.matches = int(scores.numel())
+    rt = loop.ratings
+    r.rating_summary = {n: (float(rt.mu(n).double().mean()), float(rt.ordinal(n).max())) for n in NAMES}
+
+
+def update(loop: PopuLoRA, r: Round, distributed: bool) -> None:
+    """RL: one REINFORCE++ step per role. Evolve: the students' optional policy-gradient step, one ``evolve_``
+    per population, the ratings following the culled slots."""
+    c = loop.config
+    start = time.perf_counter()
+    if c.update == "rl":
+        if c.proposals and c.train_teachers:
+            groups = torch.tensor(r.teacher_ids)  # a teacher's proposals answer one prompt
+            r.trained_tokens += loop.rl_step("teachers", r.proposed, r.teacher_ids, r.teacher_rewards.flatten(), groups)
+        if r.student_ids:
+            groups = torch.arange(len(r.tasks)).repeat_interleave(c.attempts)  # one problem, one student
+            r.trained_tokens += loop.rl_step("students", r.answered, r.student_ids, r.student_rewards, groups)
+    else:
+        if c.student_pg_lr > 0 and r.student_ids:
+            loop.student_policy_gradient_step(
+                r.student_ids, r.answered.prompt_ids, r.answered.reply_ids, r.right.flatten(), distributed
+            )
+        fitness = {"teachers": r.teacher_fitness, "students": r.student_fitness}
+        for name in NAMES:
+            result = loop.population(name).evolve_(fitness[name], **loop.evolve_kwargs.get(name, {}))
+            loop.ratings.follow_(name, result)
+    r.seconds_train = time.perf_counter() - start
+
+
+def replace(loop: PopuLoRA, r: Round) -> None:
+    """RL, every ``interval`` steps: each role's bottom ``fraction`` replaced by children of its top."""
+    c = loop.config
+    if c.update != "rl" or not c.evolve or (loop.steps + 1) % c.interval:
+        return
+    for name in NAMES:
+        if name == "teachers" and not c.proposals:
+            continue
+        rec = replace_(
+            loop.population(name),
+            loop.ratings,
+            name,
+            optimizer=loop.optimizers[name],
+            fraction=c.fraction,
+            crossover_rate=c.crossover_rate,
+            mutations=c.mutations,
+            crossovers=c.crossovers,
+            epsilon=c.epsilon,
+            step=loop.steps,
+        )
+        if rec is not None:
+            r.replacements.append(rec)
+
+
+def record_of(loop: PopuLoRA, r: Round) -> PopuLoRARecord | SelfPlayRecord:
+    """The step's record: named fields, numbers only (:meth:`as_dict` is one line of logging)."""
+    c = loop.config
+    k, a, q = c.proposals, c.attempts, r.num_valid
+    teachers, students = r.rating_summary["teachers"], r.rating_summary["students"]
+    n_anchor = len(r.anchors) * loop.students.pop_size * a
+    tokens = r.proposed.tokens + r.answered.tokens
+    if c.update == "evolve":
+        assert r.teacher_fitness is not None and r.student_fitness is not None
+        seconds = r.seconds_generate
+        return SelfPlayRecord(
+            step=loop.steps,
+            validity=float(r.valid.float().mean()),
+            student_mean=float(r.student_fitness.mean()),
+            student_best=float(r.student_fitness.max()),
+            anchor_accuracy=float(r.anchor_solved.float().mean()) if c.anchors else None,
+            teacher_mean=float(r.teacher_fitness.mean()),
+            teacher_best=float(r.teacher_fitness.max()),
+            teacher_mu=teachers[0],
+            student_mu=students[0],
+            teacher_ordinal_best=teachers[1],
+            student_ordinal_best=students[1],
+            matches=r.matches,
+            tokens=int(tokens),
+            seconds=float(seconds),
+            tokens_per_s=float(tokens / seconds) if seconds > 0 else 0.0,
+        )
+    assert r.teacher_rewards is not None and r.student_rewards is not None
+    return PopuLoRARecord(
+        step=loop.steps,
+        validity=float((r.valid | r.held).float().mean()) if k else 0.0,
+        teacher_reward=float(r.teacher_rewards.mean()) if k else 0.0,
+        student_reward=float(r.student_rewards.mean()) if r.student_ids else 0.0,
+        solve_rate=float(r.right[: q * a].float().mean()) if q else 0.0,
+        format_rate=float(r.formed.float().mean()) if r.student_ids else 0.0,
+        anchor_accuracy=float(r.right[q * a :].float().mean()) if n_anchor else None,
+        matches=r.matches,
+        reserved=int(r.held.sum()),
+        generated_tokens=int(tokens),
+        trained_tokens=int(r.trained_tokens),
+        teacher_mu=teachers[0],
+        student_mu=students[0],
+        teacher_ordinal_best=teachers[1],
+        student_ordinal_best=students[1],
+        replaced=sum(len(x.children) for x in r.replacements),
+        seconds_generate=float(r.seconds_generate),
+        seconds_train=float(r.seconds_train),
+    )
 
 
 def _zero_where_centred_zero(rewards: Tensor, groups: Tensor) -> Tensor:
@@ -271,6 +502,9 @@ def _zero_where_centred_zero(rewards: Tensor, groups: Tensor) -> Tensor:
     adv = advantages(rewards, groups=groups, method="reinforce++")
     centred = advantages(rewards, groups=groups, method="baseline")
     return torch.where(centred == 0, torch.zeros_like(adv), adv)
+
+
+# ---------------------------------------------------------------------------------------------- evaluation
 
 
 def solve_rate(
@@ -283,69 +517,58 @@ def solve_rate(
     chat: bool = True,
     max_new_tokens: int = 24,
     batch_size: int = 64,
+    generate: Mapping[str, Any] | None = None,
+    check: Callable[[Sequence[Problem], Sequence[str]], Tensor] = check_code_replies,
 ) -> Tensor:
     """Whether each listed individual answers each problem right, greedily: ``(m, n)`` bool.
 
     Rows ``(individual, problem)``, ``batch_size`` per routed ``generate``; the user message of a problem is
-    ``prompt(problem)`` (the task's template or another phrasing). Answers are checked like training answers
-    (code in the sandbox). Changes no state.
+    ``prompt(problem)`` (the task's template or another phrasing); ``generate``: more ``generate`` options
+    (sampling ones are dropped). Answers are checked like training answers (code in the sandbox). Changes no
+    state.
     """
     batch_size = check_int("batch_size", batch_size, low=1)
     ids = [int(i) for i in individuals]
     rows = [(i, p) for i in ids for p in problems]
-    kwargs = dict(max_new_tokens=check_int("max_new_tokens", max_new_tokens, low=1), do_sample=False)
-    kwargs["pad_token_id"] = pad_id(tokenizer)
+    kwargs = {k: v for k, v in dict(generate or {}).items() if k not in _SAMPLING}
+    kwargs.update(max_new_tokens=check_int("max_new_tokens", max_new_tokens, low=1), do_sample=False)
+    kwargs.setdefault("pad_token_id", pad_id(tokenizer))
     out: list[bool] = []
     with evaluating([population]):
         for start in range(0, len(rows), batch_size):
             chunk = rows[start : start + batch_size]
             texts = [chat_text(tokenizer, prompt(p), chat) for _, p in chunk]
             replies = generate_replies(population, tokenizer, [i for i, _ in chunk], texts, 0, kwargs, False).texts
-            out += check_code_replies([p for _, p in chunk], replies).tolist()
+            out += check([p for _, p in chunk], replies).tolist()
     return torch.tensor(out, dtype=torch.bool).view(len(ids), len(problems))
 
 
+# ---------------------------------------------------------------------------------------------- the loop
+
+
 class PopuLoRA(Snapshot):
-    """Teacher and student LoRA populations on one frozen LM, trained by RL and renewed by evolution.
+    """Teacher and student LoRA populations on one frozen LM, trained by RL (or evolved) against each other.
 
     Args:
         teachers, students: :class:`~populora.Population` s on the SAME base model (two objects).
-        tokenizer: a Hugging Face tokenizer (``apply_chat_template`` when ``chat``).
+        tokenizer: a Hugging Face tokenizer (``apply_chat_template`` when ``config.chat``).
         task: a :class:`~populora.tasks.Task` (a :class:`~populora.tasks.Mixture`: each teacher draws one
-            member per step).
-        ratings: ratings of ``teachers`` and ``students`` (default :class:`PaperRatings`: openskill's
-            Thurstone-Mosteller, TrueSkill's defaults and draw probability 0.1).
-        proposals: ``k >= 0`` proposals per teacher per step (``0``: no teachers, see the module docstring).
-        attempts: ``a >= 2`` sampled answers per problem (its group for the advantages).
-        anchors: ``m >= 0`` task-sampled problems every student answers per step.
-        teacher_reward: ``"paper"`` (default), ``"failures"`` or ``"learnability"``.
-        student_reward: ``"paper"`` (+1 / -0.5 / -1) or ``"binary"`` (1 / 0).
-        match: rating granularity, ``"pair"`` (one match per teacher and step) or ``"problem"``.
-        matchmaking: ``Ratings.pair`` mode (``"pfsp"``, ``"pfsp_hard"``, ``"uniform"``, ``"round_robin"``).
-        teacher_lr, student_lr: Adam learning rates (one optimizer per role over its ``adapter_parameters``).
-        optimizers: ``{"teachers": opt, "students": opt}`` to use instead (element-wise optimizers).
-        train_teachers: RL for the teachers too (default); ``False`` freezes them.
-        kl_coef: weight of a KL-to-base term in both roles' losses (0: none, the paper's).
-        max_grad_norm: per-individual gradient clipping (``None``: none).
-        micro_batch: rows per RL forward / backward.
-        interval, fraction, crossover_rate, mutations, crossovers, epsilon: the replacement
-            (:func:`~populora.loops.selfplay.replacement.replace_`) every ``interval`` steps.
-        evolve: replace at all (``False``: RL only).
-        phrasings: user messages of a student's problem: one is drawn per task and step (the loop's
-            generator); ``None``: the task's template (``task.prompt``).
-        reserved: questions (``Problem.question``) the loop never trains on, e.g. held-out and validation
-            sets: a teacher's proposal of one passes the verifier (it counts in ``validity``) but is not asked:
-            its reward is 0 (not the invalid -1) and it plays no match; a task-sampled anchor that is reserved
-            is redrawn (the loop's generator, at most 1,000 draws per anchor).
-        teacher_generate, student_generate: ``generate`` options (students must sample).
-        chat: wrap prompts in the chat template.
-        seed: seeds the loop's generator (matches, families, sampling seeds, anchors, phrasings).
+            member per step); it proposes, verifies, phrases, checks and judges the form of answers.
+        ratings: ratings of ``teachers`` and ``students`` (default: RL :class:`PaperRatings`, openskill's
+            Thurstone-Mosteller with TrueSkill's defaults; evolve: :class:`~populora.Ratings`).
+        config: a :class:`PopuLoRAConfig` (default ``PopuLoRAConfig()``: the paper's loop; see
+            :data:`PAPER_PRESET`, :data:`CPU_PRESET`, :data:`SELFPLAY_PRESET`).
+        optimizers: (RL) ``{"teachers": opt, "students": opt}`` instead of one Adam per role over its
+            ``adapter_parameters`` (element-wise optimizers).
+        legacy: 0.5.0's flat keywords (``proposals=4, interval=5, ...``): deprecated, applied over ``config``.
+
+    Attributes:
+        config: the loop's config; history: one record per step; steps: completed steps; generator: the
+        loop's ``torch.Generator``; replacements: every :class:`ReplacementRecord` of the run.
 
     Raises:
-        InvalidTypeError, InvalidValueError: a bad argument (named), before anything is built.
+        InvalidTypeError, InvalidValueError: a bad argument or config field (named), before anything is built.
     """
-
-    _checkpoint_kind = "PopuLoRA"
 
     def __init__(
         self,
@@ -354,97 +577,41 @@ class PopuLoRA(Snapshot):
         tokenizer: Any,
         task: Task,
         ratings: Ratings | None = None,
+        config: PopuLoRAConfig | None = None,
         *,
-        proposals: int = 4,
-        attempts: int = 4,
-        anchors: int = 0,
-        teacher_reward: str = "paper",
-        student_reward: str = "paper",
-        match: str = "pair",
-        matchmaking: str = "pfsp",
-        teacher_lr: float = 1e-5,
-        student_lr: float = 1e-5,
         optimizers: Mapping[str, torch.optim.Optimizer] | None = None,
-        train_teachers: bool = True,
-        kl_coef: float = 0.0,
-        max_grad_norm: float | None = 1.0,
-        micro_batch: int = 8,
-        interval: int = 10,
-        fraction: float = 0.25,
-        crossover_rate: float = 0.5,
-        mutations: Sequence[str] = PAPER_MUTATIONS,
-        crossovers: Sequence[str] = PAPER_CROSSOVERS,
-        epsilon: float = 0.1,
-        evolve: bool = True,
-        phrasings: Sequence[Phrasing] | None = None,
-        reserved: Collection[str] | None = None,
-        teacher_generate: Mapping[str, Any] | None = None,
-        student_generate: Mapping[str, Any] | None = None,
-        chat: bool = True,
-        seed: int = 0,
+        **legacy: Any,
     ) -> None:
+        config = config_from_legacy(PopuLoRAConfig, config, legacy, where="PopuLoRA")
+        check_generation_keys(config)
+        default = PaperRatings if config.update == "rl" else Ratings
         ratings, self.pad_id, self.chat = check_players(
-            teachers, students, tokenizer, task, ratings, chat, PaperRatings
+            teachers, students, tokenizer, task, ratings, config.chat, default
         )
-        self.proposals = check_int("proposals", proposals, low=0)
-        self.attempts = check_int("attempts", attempts, low=2)
-        self.anchors = check_int("anchors", anchors, low=0)
-        if self.proposals == 0 and self.anchors == 0:
-            raise InvalidValueError("with proposals=0 (no teachers) the students need anchors >= 1 to train on")
-        self.teacher_reward = check_one_of("teacher_reward", teacher_reward, TEACHER_REWARDS)
-        self.student_reward = check_one_of("student_reward", student_reward, STUDENT_REWARDS)
-        self.match = check_one_of("match", match, MATCH_GRANULARITIES)
-        self.matchmaking = check_one_of("matchmaking", matchmaking, PAIRING_MODES)
-        self.train_teachers = check_bool("train_teachers", train_teachers)
-        self.kl_coef = check_float("kl_coef", kl_coef, low=0.0)
-        self.max_grad_norm = (
-            None if max_grad_norm is None else check_float("max_grad_norm", max_grad_norm, low=0.0, low_open=True)
+        for name, pop in (("teachers", teachers), ("students", students)):
+            size = getattr(config, name)
+            if size is not None and size != pop.pop_size:
+                raise InvalidValueError(
+                    f"`PopuLoRAConfig.{name}` is {size} but the {name} population has {pop.pop_size} individuals "
+                    f"(pass dataclasses.replace(config, {name}=None) to take any size)"
+                )
+            if config.rank is not None and pop.low_rank != config.rank:
+                raise InvalidValueError(
+                    f"`PopuLoRAConfig.rank` is {config.rank} but the {name}' adapters have rank {pop.low_rank}"
+                )
+        self.evolve_kwargs: dict[str, dict[str, Any]] = check_evolve_kwargs(
+            {k: dict(v) for k, v in config.evolve_kwargs.items()}, {"teachers": teachers, "students": students}
         )
-        self.micro_batch = check_int("micro_batch", micro_batch, low=1)
-        self.interval = check_int("interval", interval, low=1)
-        self.fraction = check_float("fraction", fraction, low=0.0, high=0.5, low_open=True)
-        self.crossover_rate = check_float("crossover_rate", crossover_rate, low=0.0, high=1.0)
-        self.epsilon = check_float("epsilon", epsilon, low=0.0)
-        self.evolve = check_bool("evolve", evolve)
-        for kind, names in (("mutation", mutations), ("crossover", crossovers)):
-            if isinstance(names, str) or not isinstance(names, Sequence) or not names:
-                raise InvalidTypeError(f"`{kind}s` must be a non-empty sequence of operator names, got {names!r}")
-            for op in names:
-                ops.get_operator(kind, op)
-        self.mutations, self.crossovers = tuple(mutations), tuple(crossovers)
-        if phrasings is not None:
-            phrasings = list(phrasings)
-            if not phrasings or not all(callable(p) for p in phrasings):
-                raise InvalidTypeError("`phrasings` must be a non-empty sequence of callables problem -> str")
-        self.phrasings: list[Phrasing] | None = phrasings
-        if reserved is None:
-            reserved = ()
-        if isinstance(reserved, str) or not isinstance(reserved, Collection):
-            raise InvalidTypeError(
-                f"`reserved` must be a collection of question strings, got {type(reserved).__name__}"
-            )
-        bad = next((q for q in reserved if not isinstance(q, str)), None)
-        if bad is not None:
-            raise InvalidTypeError(f"`reserved` must hold question strings, got {type(bad).__name__} {bad!r}")
-        self.reserved: frozenset[str] = frozenset(reserved)
-        self.teacher_generate = _generate_options(
-            "teacher_generate", teacher_generate, dict(max_new_tokens=48, do_sample=True, temperature=1.0)
-        )
-        self.student_generate = _generate_options(
-            "student_generate", student_generate, dict(max_new_tokens=24, do_sample=True, temperature=1.0)
-        )
-        if not self.student_generate.get("do_sample", False):
-            raise InvalidValueError(
-                f"the students sample their {self.attempts} attempts: student_generate needs do_sample=True"
-            )
-        for options in (self.teacher_generate, self.student_generate):
-            options.setdefault("pad_token_id", self.pad_id)
-        if optimizers is None:
-            self.teacher_lr = check_float("teacher_lr", teacher_lr, low=0.0, low_open=True)
-            self.student_lr = check_float("student_lr", student_lr, low=0.0, low_open=True)
+        self.teacher_generate = {"pad_token_id": self.pad_id, **config.teacher_generate}
+        self.student_generate = {"pad_token_id": self.pad_id, **config.student_generate}
+        if config.update == "evolve":
+            if optimizers is not None:
+                raise InvalidValueError("`optimizers` are the RL loop's (update='rl'); an evolving loop keeps none")
+            optimizers = {}
+        elif optimizers is None:
             optimizers = {
-                "teachers": torch.optim.Adam(teachers.adapter_parameters(), lr=self.teacher_lr),
-                "students": torch.optim.Adam(students.adapter_parameters(), lr=self.student_lr),
+                "teachers": torch.optim.Adam(teachers.adapter_parameters(), lr=config.teacher_lr),
+                "students": torch.optim.Adam(students.adapter_parameters(), lr=config.student_lr),
             }
         elif not isinstance(optimizers, Mapping) or sorted(optimizers) != sorted(NAMES):
             raise InvalidValueError(
@@ -453,62 +620,117 @@ class PopuLoRA(Snapshot):
         for name, opt in optimizers.items():
             if not isinstance(opt, torch.optim.Optimizer):
                 raise InvalidTypeError(f"`optimizers[{name!r}]` must be a torch optimizer, got {type(opt).__name__}")
+            owned = {id(p) for p in (teachers if name == "teachers" else students).adapter_parameters()}
+            if not all(id(p) in owned for g in opt.param_groups for p in g["params"]):
+                raise InvalidValueError(
+                    f"`optimizers[{name!r}]` holds parameters that are not the {name}' adapters "
+                    "(optimizers swapped between the roles?)"
+                )
+        self.config = config
         self.optimizers: dict[str, torch.optim.Optimizer] = dict(optimizers)
         self.families: tuple[Task, ...] = task.tasks if isinstance(task, Mixture) else (task,)
         self.family_weights = task.weights.clone() if isinstance(task, Mixture) else torch.ones(1, dtype=torch.float64)
-        self.seed = check_seed("seed", seed)
+        self.phrasings: tuple[Phrasing, ...] = config.phrasings if config.phrasings is not None else task.phrasings()
+        self.reserved: frozenset[str] = frozenset(config.reserved)
+        self.seed = config.seed
         self.teachers, self.students, self.ratings = teachers, students, ratings
         self.tokenizer, self.task = tokenizer, task
         self.generator = torch.Generator().manual_seed(self.seed)
         self.steps = 0
-        self.history: list[PopuLoRARecord] = []
+        self.history: list[Any] = []
         self.replacements: list[ReplacementRecord] = []
+        self._synced = False
+
+    def __getattr__(self, name: str) -> Any:
+        """A config field read through the loop (``loop.interval`` is ``loop.config.interval``), as in 0.5.0."""
+        config = self.__dict__.get("config")
+        if config is not None and name in {f.name for f in dataclasses.fields(config)}:
+            return getattr(config, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def _checkpoint_kind(self) -> str:  # type: ignore[override]
+        """A file's kind: 0.5.0's two loops wrote "PopuLoRA" and "SelfPlay"; each mode keeps its own."""
+        return "PopuLoRA" if self.config.update == "rl" else "SelfPlay"
 
     @classmethod
     def from_preset(
-        cls, model: Any, tokenizer: Any, task: Task, preset: Preset = CPU_PRESET, *, seed: int = 0, **loop: Any
+        cls,
+        model: Any,
+        tokenizer: Any,
+        task: Task,
+        config: PopuLoRAConfig = CPU_PRESET,
+        *,
+        seed: int | None = None,
+        **legacy: Any,
     ) -> PopuLoRA:
-        """Build the populations (``init_scale=0``: every individual starts as the base model) and the loop.
+        """Build both populations on ``model`` (``init_scale=0``: every individual starts as the base model) and
+        the loop, from a config that sizes them (``teachers``, ``students``, ``rank``).
 
-        ``loop`` entries override the preset's loop options. Teachers are seeded ``seed``, students ``seed + 1``,
-        the loop ``seed``.
+        ``seed`` (default ``config.seed``): teachers are seeded ``seed``, students ``seed + 1``, the loop
+        ``seed``. ``legacy``: 0.5.0's loop keywords, deprecated. The whole config is checked before any
+        population wraps the model; a refusal after that gives the model back unwrapped.
         """
-        if not isinstance(preset, Preset):
-            raise InvalidTypeError(f"`preset` must be a Preset, got {type(preset).__name__}")
-        targets = preset.lora_targets
+        if not isinstance(config, PopuLoRAConfig):
+            raise InvalidTypeError(f"`config` must be a PopuLoRAConfig, got {type(config).__name__}")
+        config = config_from_legacy(PopuLoRAConfig, config, legacy, where="PopuLoRA.from_preset")
+        if seed is not None:
+            config = dataclasses.replace(config, seed=seed)
+        missing = [n for n in ("teachers", "students", "rank") if getattr(config, n) is None]
+        if missing:
+            raise InvalidValueError(f"from_preset needs a config that sizes the populations: {missing} are None")
+        check_generation_keys(config)
+        targets = config.lora_targets
         if targets is None:
             from populora.llm.targets import LLAMA_ALL
 
             targets = LLAMA_ALL
-        options = {**preset.loop, **loop, "seed": seed}
-        known = set(inspect.signature(cls.__init__).parameters) - {"self", "teachers", "students", "tokenizer", "task"}
-        unknown = sorted(set(options) - known)
-        if unknown:  # before any population wraps the model
-            close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise InvalidTypeError(f"PopuLoRA takes no option {unknown[0]!r}{hint}; its options are {sorted(known)}")
+        assert config.teachers is not None and config.students is not None and config.rank is not None
         with closing_on_failure() as undo:  # a refused option gives the model back unwrapped, its flags restored
-            teachers = Population(model, preset.teachers, preset.rank, list(targets), init_scale=0, seed=seed)
+            teachers = Population(model, config.teachers, config.rank, list(targets), init_scale=0, seed=config.seed)
             undo.callback(teachers.close)
-            students = Population(model, preset.students, preset.rank, list(targets), init_scale=0, seed=seed + 1)
+            students = Population(
+                model, config.students, config.rank, list(targets), init_scale=0, seed=config.seed + 1
+            )
             undo.callback(students.close)
-            return cls(teachers, students, tokenizer, task, **options)
+            return cls(teachers, students, tokenizer, task, config=config)
 
     def __repr__(self) -> str:
+        c = self.config
         return (
-            f"PopuLoRA(teachers P={self.teachers.pop_size}, students P={self.students.pop_size}, "
-            f"proposals={self.proposals}, attempts={self.attempts}, anchors={self.anchors}, "
-            f"interval={self.interval}, evolve={self.evolve}, steps={self.steps})"
+            f"PopuLoRA(update={c.update!r}, teachers P={self.teachers.pop_size}, students P={self.students.pop_size}, "
+            f"proposals={c.proposals}, attempts={c.attempts}, anchors={c.anchors}, "
+            + (f"interval={c.interval}, evolve={c.evolve}, " if c.update == "rl" else "")
+            + f"steps={self.steps})"
         )
+
+    def population(self, name: str) -> Population:
+        return self.teachers if name == "teachers" else self.students
 
     # ------------------------------------------------------------------ one step
 
-    def step(self) -> PopuLoRAOutcome:
+    def step(self, distributed: bool = False) -> PopuLoRAOutcome:
         """One step of the loop (module docstring), all or nothing.
+
+        Args:
+            distributed: (``update="evolve"``) under ``torch.distributed``, share the generation among the
+                ranks; every rank then evolves in lockstep (module docstring). Without a process group (or
+                with one rank) the step runs locally.
 
         Returns:
             A :class:`PopuLoRAOutcome`; its record is appended to :attr:`history`.
+
+        Raises:
+            FitnessError: (evolve) a fitness ``evolve_`` could not use (nothing changed).
+            InvalidValueError: ``distributed=True`` for an RL loop (it runs on one process).
         """
+        use_dist = bool(distributed) and pd.is_distributed()
+        if use_dist and self.config.update == "rl":
+            raise InvalidValueError(
+                "step(distributed=True) is the evolving loop's (update='evolve'); RL runs on one process"
+            )
+        if use_dist and not self._synced:
+            self._sync_from_rank0()
         with transaction(
             self.teachers,
             self.students,
@@ -517,182 +739,62 @@ class PopuLoRA(Snapshot):
             self.generator,
             Attributes(self, "steps", "history", "replacements"),
         ):
-            return self._step()
+            return self._step(use_dist)
 
-    def _anchors(self) -> list[Problem]:
-        """``anchors`` task-sampled problems, each reserved one redrawn (the loop's generator)."""
-        out = self.task.sample(self.anchors, self.generator) if self.anchors else []
-        for i, problem in enumerate(out):
-            draws = 1
-            while problem.question in self.reserved:
-                if draws >= 1000:
-                    raise InvalidValueError(
-                        f"1,000 draws of {self.task!r} were all reserved (last {problem.question!r}): "
-                        "`reserved` covers (almost) the whole task"
-                    )
-                problem = self.task.sample(1, self.generator)[0]
-                draws += 1
-            out[i] = problem
-        return out
-
-    def _draw_seed(self) -> int:
-        return int(torch.randint(0, 2**62, (), generator=self.generator))
-
-    def _prompt(self, problem: Problem, which: int) -> str:
-        message = self.task.prompt(problem) if self.phrasings is None else self.phrasings[which](problem)
-        return chat_text(self.tokenizer, message, self.chat)
-
-    def _step(self) -> PopuLoRAOutcome:
-        t_pop, s_pop = self.teachers, self.students
-        p_t, p_s, k, a = t_pop.pop_size, s_pop.pop_size, self.proposals, self.attempts
-        generated, trained, t_generate = 0, 0, 0.0
-        if k:
-            opponents = self.ratings.pair(
-                "teachers", "students", self.generator, mode=self.matchmaking, offset=self.steps
-            ).long()
-            chosen = torch.multinomial(self.family_weights, p_t, replacement=True, generator=self.generator).tolist()
-        else:
-            opponents, chosen = torch.zeros(p_t, dtype=torch.int64), []
-        families = [self.families[c] for c in chosen]
-        with evaluating((t_pop, s_pop)):
-            start = time.perf_counter()
-            if k:
-                texts = [chat_text(self.tokenizer, f.proposal_prompt(), self.chat) for f in families for _ in range(k)]
-                t_ids = torch.arange(p_t).repeat_interleave(k).tolist()
-                t_out = generate_replies(
-                    t_pop, self.tokenizer, t_ids, texts, self._draw_seed(), self.teacher_generate, False
-                )
-                generated += t_out.tokens
-                proposals = t_out.texts
-                problems = [families[j // k].parse_proposal(text) for j, text in enumerate(proposals)]
-            else:
-                t_ids, proposals, problems = [], [], []
-            held = torch.tensor(
-                [p is not None and p.question in self.reserved for p in problems], dtype=torch.bool
-            ).view(p_t, k)
-            asked_problems = [None if bool(h) else p for p, h in zip(problems, held.flatten())]
-            valid = torch.tensor([p is not None for p in asked_problems], dtype=torch.bool).view(p_t, k)
-            anchors = self._anchors()
-            tasks: list[tuple[int, Problem]] = [
-                (int(opponents[j // k]), p) for j, p in enumerate(asked_problems) if p is not None
-            ]
-            tasks += [(s, p) for s in range(p_s) for p in anchors]
-            many = self.phrasings is not None and len(self.phrasings) > 1
-            which = (
-                torch.randint(len(self.phrasings), (len(tasks),), generator=self.generator).tolist()  # type: ignore[arg-type]
-                if many
-                else [0] * len(tasks)
-            )
-            s_ids = [s for s, _ in tasks for _ in range(a)]
-            s_texts = [self._prompt(p, w) for (_, p), w in zip(tasks, which) for _ in range(a)]
-            s_out = generate_replies(
-                s_pop, self.tokenizer, s_ids, s_texts, self._draw_seed(), self.student_generate, False
-            )
-            t_generate = time.perf_counter() - start
-            generated += s_out.tokens
-        asked = [p for _, p in tasks for _ in range(a)]
-        right = check_code_replies(asked, s_out.texts) if asked else torch.zeros(0, dtype=torch.bool)
-        formed = torch.tensor([well_formed(p, r) for p, r in zip(asked, s_out.texts)], dtype=torch.bool)
-        q = int(valid.sum())
-        solved = torch.zeros(p_t, k, a, dtype=torch.bool)
-        if q:
-            solved[valid] = right[: q * a].view(q, a)
-        t_reward = teacher_rewards(valid, solved, self.teacher_reward)
-        t_reward = torch.where(held, torch.zeros_like(t_reward), t_reward)  # reserved: not -1, not solve-based
-        s_reward = student_rewards(right, formed, self.student_reward)
-
-        # every write below is undone by step() if anything raises
-        start = time.perf_counter()
-        if k and self.train_teachers:
-            trained += self._rl(
-                "teachers", t_out.prompt_ids, t_out.reply_ids, t_ids, t_reward.flatten(), torch.tensor(t_ids)
-            )
-        if s_ids:
-            groups = torch.arange(len(tasks)).repeat_interleave(a)
-            trained += self._rl("students", s_out.prompt_ids, s_out.reply_ids, s_ids, s_reward, groups)
-        t_train = time.perf_counter() - start
-        matches = 0
-        if k:
-            m_t, m_s, scores = match_outcomes(opponents, valid, solved, self.match)
-            self.ratings.rate_many_("teachers", m_t, "students", m_s, scores)
-            matches = int(scores.numel())
-        record_ratings = {n: (self.ratings.mu(n).mean(), self.ratings.ordinal(n).max()) for n in NAMES}
-        replaced: list[ReplacementRecord] = []
-        if self.evolve and (self.steps + 1) % self.interval == 0:
-            for name, pop in (("teachers", t_pop), ("students", s_pop)):
-                if name == "teachers" and not k:
-                    continue
-                rec = replace_(
-                    pop,
-                    self.ratings,
-                    name,
-                    optimizer=self.optimizers[name],
-                    fraction=self.fraction,
-                    crossover_rate=self.crossover_rate,
-                    mutations=self.mutations,
-                    crossovers=self.crossovers,
-                    epsilon=self.epsilon,
-                    step=self.steps,
-                )
-                if rec is not None:
-                    replaced.append(rec)
-        n_anchor = len(anchors) * p_s * a
-        record = PopuLoRARecord(
-            step=self.steps,
-            validity=float((valid | held).float().mean()) if k else 0.0,
-            reserved=int(held.sum()),
-            teacher_reward=float(t_reward.mean()) if k else 0.0,
-            student_reward=float(s_reward.mean()) if s_ids else 0.0,
-            solve_rate=float(right[: q * a].float().mean()) if q else 0.0,
-            format_rate=float(formed.float().mean()) if s_ids else 0.0,
-            anchor_accuracy=float(right[q * a :].float().mean()) if n_anchor else None,
-            matches=matches,
-            generated_tokens=int(generated),
-            trained_tokens=int(trained),
-            teacher_mu=float(record_ratings["teachers"][0]),
-            student_mu=float(record_ratings["students"][0]),
-            teacher_ordinal_best=float(record_ratings["teachers"][1]),
-            student_ordinal_best=float(record_ratings["students"][1]),
-            replaced=sum(len(r.children) for r in replaced),
-            seconds_generate=float(t_generate),
-            seconds_train=float(t_train),
-        )
+    def _step(self, distributed: bool) -> PopuLoRAOutcome:
+        r = Round()
+        pair(self, r)
+        with evaluating((self.teachers, self.students)):
+            propose(self, r, distributed)
+            verify(self, r)
+            answer(self, r, distributed)
+        score(self, r)
+        rate(self, r)  # every write from here on is undone by step() if anything raises
+        update(self, r, distributed)
+        replace(self, r)
+        record = record_of(self, r)
         self.history.append(record)
-        self.replacements.extend(replaced)
+        self.replacements.extend(r.replacements)
         self.steps += 1
         return PopuLoRAOutcome(
-            opponents,
-            [f.name for f in families],
-            proposals,
-            problems,
-            valid,
-            solved,
-            t_reward,
-            tasks,
-            s_out.texts,
-            right,
-            formed,
-            s_reward,
-            anchors,
-            replaced,
-            record,
-            held,
+            opponents=r.opponents,
+            families=[f.name for f in r.families],
+            proposals=r.proposed.texts,
+            problems=r.problems,
+            valid=r.valid,
+            solved=r.solved,
+            teacher_rewards=r.teacher_rewards,
+            tasks=r.tasks,
+            answers=r.answered.texts,
+            right=r.right,
+            formed=r.formed,
+            student_rewards=r.student_rewards,
+            anchors=r.anchors,
+            replacements=r.replacements,
+            record=record,
+            reserved=r.held,
+            anchor_solved=r.anchor_solved,
+            teacher_fitness=r.teacher_fitness,
+            student_fitness=r.student_fitness,
         )
 
-    def _rl(
-        self,
-        name: str,
-        prompts: list[list[int]],
-        replies: list[list[int]],
-        ids: list[int],
-        rewards: Tensor,
-        groups: Tensor,
-    ) -> int:
+    def draw_seed(self) -> int:
+        """A sampling seed from the loop's generator (one per routed generate)."""
+        return int(torch.randint(0, 2**62, (), generator=self.generator))
+
+    def checked_fitness(self, name: str, f: Tensor) -> Tensor:
+        try:
+            return self.population(name).validate_fitnesses(f)
+        except (FitnessError, TypeError, ValueError) as error:
+            raise FitnessError(f"fitness of the {name} is invalid: {error}") from error
+
+    def rl_step(self, name: str, replies: Replies, ids: list[int], rewards: Tensor, groups: Tensor) -> int:
         """One REINFORCE++ step of ``name`` on its rows; returns the reply tokens trained (0: no step taken)."""
+        c = self.config
         adv = _zero_where_centred_zero(rewards.double(), groups)
-        if self.kl_coef == 0 and not bool((adv != 0).any()):
+        if c.kl_coef == 0 and not bool((adv != 0).any()):
             return 0  # no signal: no optimizer step (Adam's momentum alone would still move the adapters)
-        pop = self.teachers if name == "teachers" else self.students
+        pop = self.population(name)
         model = pop.model
         training = model.training
         model.eval()  # replies were generated without dropout
@@ -700,20 +802,95 @@ class PopuLoRA(Snapshot):
             policy_gradient_step_(
                 pop,
                 self.optimizers[name],
-                prompts,
-                replies,
+                replies.prompt_ids,
+                replies.reply_ids,
                 ids,
                 adv,
                 pad_id=self.pad_id,
-                micro_batch=self.micro_batch,
+                micro_batch=c.micro_batch,
                 reduction="token_mean",
-                kl_coef=self.kl_coef,
-                max_grad_norm=self.max_grad_norm,
+                kl_coef=c.kl_coef,
+                max_grad_norm=c.max_grad_norm,
                 distributed=False,
             )
         finally:
             model.train(training)
-        return int(sum(len(r) for r, x in zip(replies, adv.tolist()) if x != 0 or self.kl_coef > 0))
+        return int(sum(len(t) for t, x in zip(replies.reply_ids, adv.tolist()) if x != 0 or c.kl_coef > 0))
+
+    def student_policy_gradient_step(
+        self, ids: list[int], prompts: list[list[int]], replies: list[list[int]], right: Tensor, use_dist: bool
+    ) -> None:
+        """Evolve's ``student_pg_lr`` step: plain SGD on each student's baseline-subtracted REINFORCE loss of its
+        own answers (``reduction="sequence_mean"``); distributed, each rank its share of the rows."""
+        adv = advantages(right.double(), groups=ids, method="baseline")
+        rows = list(pd.partition(len(ids), pd.process_rank(), pd.world_size())) if use_dist else list(range(len(ids)))
+        model = self.students.model
+        training = model.training
+        model.eval()  # the answers were generated without dropout
+        try:
+            policy_gradient_step_(
+                self.students,
+                torch.optim.SGD(self.students.adapter_parameters(), lr=self.config.student_pg_lr),
+                [prompts[j] for j in rows],
+                [replies[j] for j in rows],
+                [ids[j] for j in rows],
+                adv[rows],
+                pad_id=pad_id(self.tokenizer),
+                micro_batch=self.config.micro_batch,
+                reduction="sequence_mean",
+                distributed=use_dist,
+            )
+        finally:
+            model.train(training)
+
+    def run(
+        self,
+        budget: int | Budget | None = None,
+        *,
+        callback: Callable[[Any], Any] | None = None,
+        progress: bool = False,
+        distributed: bool = False,
+        **legacy: Any,
+    ) -> list[Any]:
+        """:meth:`step` until ``budget`` is spent (an int: steps; a :class:`~populora.loops.base.Budget`: steps
+        and / or seconds, whichever comes first; at least one step runs) or ``callback`` says stop.
+
+        Args:
+            budget: steps (int) or a ``Budget(max_steps=, max_seconds=)``.
+            callback: ``callback(record)`` after every step; ``None`` / ``False`` continue, ``True`` stops,
+                anything else raises ``InvalidTypeError`` naming the callback and the value.
+                ``record.as_dict()`` is numbers only: one line of logging.
+            progress: a tqdm bar (main rank) over the budget closest to running out.
+            distributed: passed to :meth:`step` (``max_seconds`` then judged by rank 0's clock).
+            legacy: 0.5.0's ``steps=`` / ``max_seconds=`` (deprecated: pass ``budget``).
+
+        Returns:
+            The records of this call's steps (also appended to :attr:`history`).
+        """
+        if legacy:
+            budget = _legacy_budget(budget, legacy)
+        use_dist = bool(distributed) and pd.is_distributed()
+        rl = self.config.update == "rl"
+
+        def postfix(record: Any) -> dict[str, str]:
+            if rl:
+                return {"students": f"{record.student_reward:.3g}", "teachers": f"{record.teacher_reward:.3g}",
+                        "validity": f"{record.validity:.2f}"}  # fmt: skip
+            return {"students": f"{record.student_mean:.3g}", "teachers": f"{record.teacher_mean:.3g}",
+                    "validity": f"{record.validity:.2f}"}  # fmt: skip
+
+        return run_steps(
+            lambda: self.step(distributed=distributed),
+            lambda: self.history,
+            budget,
+            callback,
+            progress,
+            where="PopuLoRA.run",
+            desc="self-play",
+            postfix=postfix,
+            main_rank=pd.is_main_rank(),
+            sync_seconds=(lambda s: float(pd.broadcast_object(s))) if use_dist else None,
+        )
 
     # ------------------------------------------------------------------ evaluation
 
@@ -722,18 +899,29 @@ class PopuLoRA(Snapshot):
         problems: Sequence[Problem],
         individuals: Sequence[int] | None = None,
         *,
+        population: str = "students",
         prompt: Phrasing | None = None,
         max_new_tokens: int | None = None,
         batch_size: int = 64,
     ) -> Tensor:
-        """Greedy ``(m, n)`` bool: student ``individuals[i]`` answers ``problems[j]`` (:func:`solve_rate`).
+        """Greedy ``(m, n)`` bool: individual ``individuals[i]`` of ``population`` answers ``problems[j]``.
 
-        ``prompt``: the user message of a problem (default the task's template); ``max_new_tokens``: default
-        the students' training length.
+        For held-out and validation sets (:func:`solve_rate`): the students' generate options with sampling
+        off; ``prompt``: the user message of a problem (default the task's template); ``max_new_tokens``:
+        default the students' training length. Changes no state (no generator is advanced).
         """
-        ids = list(range(self.students.pop_size)) if individuals is None else list(individuals)
+        population = check_one_of("population", population, NAMES)
+        pop = self.population(population)
+        ids = (
+            list(range(pop.pop_size))
+            if individuals is None
+            else [check_index("individuals", i, pop.pop_size) for i in individuals]
+        )
+        problems = list(problems)
+        if not all(isinstance(p, Problem) for p in problems):
+            raise InvalidTypeError("`problems` must be a sequence of populora.tasks.Problem")
         return solve_rate(
-            self.students,
+            pop,
             self.tokenizer,
             problems,
             ids,
@@ -741,14 +929,41 @@ class PopuLoRA(Snapshot):
             chat=self.chat,
             max_new_tokens=max_new_tokens or int(self.student_generate.get("max_new_tokens", 24)),
             batch_size=batch_size,
+            generate=self.student_generate,
+            check=lambda ps, rs: check_answers(self.task, ps, rs),
         )
+
+    # ------------------------------------------------------------------ distributed
+
+    def _sync_from_rank0(self) -> None:
+        """Every rank starts from rank 0's populations, generator, ratings, step and history."""
+        self.teachers.sync_from_main_rank_(name="teachers")
+        self.students.sync_from_main_rank_(name="students")
+        small: dict[str, Any] = pd.broadcast_object(
+            {
+                "generator": self.generator.get_state(),
+                "ratings": self.ratings.state_dict(),
+                "steps": self.steps,
+                "history": [r.as_dict() for r in self.history],
+            }
+        )
+        self.generator.set_state(small["generator"])
+        self.ratings.load_state_dict(small["ratings"])
+        self.steps = small["steps"]
+        self.history = [self._record_type().from_dict(d) for d in small["history"]]
+        self._synced = True
+
+    def _record_type(self) -> type[PopuLoRARecord] | type[SelfPlayRecord]:
+        return PopuLoRARecord if self.config.update == "rl" else SelfPlayRecord
 
     # ------------------------------------------------------------------ state
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything an exact resume needs but the base model and tokenizer (copies, CPU tensors)."""
+        """Everything an exact resume needs but the base model and tokenizer (copies, CPU tensors), with the
+        config (``config.to_dict()``)."""
         return {
-            "format": _FORMAT,
+            "format": FORMAT,
+            "config": self.config.to_dict(),
             "steps": self.steps,
             "seed": self.seed,
             "generator": self.generator.get_state().clone(),
@@ -761,51 +976,135 @@ class PopuLoRA(Snapshot):
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict`; every part is checked before anything is written.
+        """Restore :meth:`state_dict` (or a file of 0.5.0's loop of this mode); every part is checked before
+        anything is written.
 
         Raises:
-            CheckpointError: not a PopuLoRA state, a missing key or a part that does not fit (nothing changed).
+            CheckpointError: not a state of this loop's mode, a state written with another config (the field
+                is named), a missing key or a part that does not fit (nothing changed).
         """
-        if not isinstance(state, Mapping) or state.get("format") != _FORMAT:
-            raise CheckpointError(f"not a PopuLoRA checkpoint (missing format {_FORMAT!r})")
-        keys = ("steps", "generator", "teachers", "students", "optimizers", "ratings", "history", "replacements")
+        mode = self.config.update
+        what = "PopuLoRA" if mode == "rl" else "populora self-play"
+        fmt = state.get("format") if isinstance(state, Mapping) else None
+        if fmt not in (FORMAT, FORMAT_050[mode]):
+            raise CheckpointError(
+                f"not a {what} checkpoint (format {fmt!r:.60}; this loop reads {FORMAT!r} and 0.5.0's "
+                f"{FORMAT_050[mode]!r})"
+            )
+        keys = ["steps", "generator", "teachers", "students", "ratings", "history"]
+        keys += ["optimizers", "replacements"] if mode == "rl" or fmt == FORMAT else []
+        keys += ["config"] if fmt == FORMAT else []
         missing = [key for key in keys if key not in state]
         if missing:
-            raise CheckpointError(f"the PopuLoRA state lacks {missing}")
+            raise CheckpointError(f"the {what} state lacks the key(s) {missing}")
+        if fmt == FORMAT:
+            # the seed only seeded the generator the state restores: another seed resumes the same run
+            self.config.check_matches(state["config"], f"the {what} state", ignore=("seed",))
         steps = state["steps"]
         if not is_int(steps) or steps < 0:
-            raise CheckpointError(f"the PopuLoRA state's 'steps' must be an int >= 0, got {steps!r}")
+            raise CheckpointError(f"the {what} state's 'steps' must be an int >= 0, got {steps!r}")
         probe = torch.Generator()
         try:
             probe.set_state(state["generator"])
         except (TypeError, RuntimeError, ValueError) as error:
-            raise CheckpointError(f"the PopuLoRA state's 'generator' is not a generator state: {error}") from None
+            raise CheckpointError(f"the {what} state's 'generator' is not a generator state: {error}") from None
+        history = _checked_history(state["history"], int(steps), self._record_type(), what)
         try:
-            history = [PopuLoRARecord.from_dict(r) for r in state["history"]]
-            replacements = [ReplacementRecord.from_dict(r) for r in state["replacements"]]
+            replacements = [ReplacementRecord.from_dict(r) for r in state.get("replacements", [])]
         except (TypeError, ValueError) as error:
-            raise CheckpointError(f"the PopuLoRA state's history is malformed: {error}") from None
-        if [r.step for r in history] != list(range(int(steps))):
-            raise CheckpointError(f"the PopuLoRA state's history must hold steps 0 .. {int(steps) - 1}")
-        opts = state["optimizers"]
-        if not isinstance(opts, Mapping) or sorted(opts) != sorted(NAMES):
-            raise CheckpointError("the PopuLoRA state's 'optimizers' must map 'teachers' and 'students'")
-        checked = {
-            n: p.check_state_dict(state[n]) for n, p in (("teachers", self.teachers), ("students", self.students))
-        }
-        ratings_before = self.ratings.state_dict()
-        optim_before = {n: copy.deepcopy(o.state_dict()) for n, o in self.optimizers.items()}
-        self.ratings.load_state_dict(state["ratings"])
-        try:
-            for n, opt in self.optimizers.items():
-                opt.load_state_dict(copy.deepcopy(opts[n]))
-        except (KeyError, TypeError, ValueError, RuntimeError) as error:
-            self.ratings.load_state_dict(ratings_before)
-            for n, opt in self.optimizers.items():
-                opt.load_state_dict(optim_before[n])
-            raise CheckpointError(f"the PopuLoRA state's optimizer state does not fit: {error}") from None
+            raise CheckpointError(f"the {what} state's replacements are malformed: {error}") from None
+        opts = state.get("optimizers", {})
+        if not isinstance(opts, Mapping) or sorted(opts) != sorted(self.optimizers):
+            raise CheckpointError(f"the {what} state's 'optimizers' must map {sorted(self.optimizers)}")
+        checked = {n: self.population(n).check_state_dict(state[n]) for n in NAMES}
+        with transaction(self.ratings, *self.optimizers.values()):
+            self.ratings.load_state_dict(state["ratings"])
+            try:
+                for n, opt in self.optimizers.items():
+                    opt.load_state_dict(copy.deepcopy(opts[n]))
+            except (KeyError, TypeError, ValueError, RuntimeError) as error:
+                raise CheckpointError(f"the {what} state's optimizer state does not fit: {error}") from None
         self.teachers.load_checked_state_dict(checked["teachers"])
         self.students.load_checked_state_dict(checked["students"])
         self.generator.set_state(probe.get_state())
         self.history, self.replacements = history, replacements
         self.steps = int(steps)
+
+    def load(self, path: Any) -> None:
+        """Restore what :meth:`save` wrote (or 0.5.0's file of this mode): all or nothing."""
+        from populora.checkpoint import load_checkpoint
+
+        state = load_checkpoint(path, kind=self._checkpoint_kind)
+        with naming(path):
+            self.load_state_dict(state)
+
+
+def _checked_history(rows: Any, steps: int, kind: type, what: str) -> list[Any]:
+    """A state's ``history`` as records, every field checked; their steps increase and stay below ``steps``."""
+    if not isinstance(rows, (list, tuple)):
+        raise CheckpointError(
+            f"the {what} state's 'history' must be a list of {kind.__name__} dicts, got {type(rows).__name__}"
+        )
+    history: list[Any] = []
+    for i, row in enumerate(rows):
+        try:
+            record = kind.from_dict(dict(row) if isinstance(row, Mapping) else row)
+        except (TypeError, ValueError) as error:
+            raise CheckpointError(f"the {what} state's 'history' entry {i} is malformed: {error}") from None
+        last = history[-1].step if history else -1
+        if not last < record.step < steps:
+            raise CheckpointError(
+                f"the {what} state's 'history' entry {i} has step={record.step}: the steps of the history "
+                f"must increase (the entry before has step={last}) and stay below the state's steps={steps}"
+            )
+        history.append(record)
+    if kind is PopuLoRARecord and [r.step for r in history] != list(range(steps)):
+        raise CheckpointError(f"the {what} state's history must hold steps 0 .. {steps - 1}")
+    return history
+
+
+def _legacy_budget(budget: Any, legacy: dict[str, Any]) -> Budget:
+    """0.5.0's ``run(steps=, max_seconds=)`` as a Budget, with a DeprecationWarning."""
+    import warnings
+
+    unknown = sorted(set(legacy) - {"steps", "max_seconds"})
+    if unknown:
+        raise InvalidTypeError(f"PopuLoRA.run got an unexpected keyword argument {unknown[0]!r}")
+    if budget is not None and "steps" in legacy:
+        raise InvalidValueError("pass the steps once: `budget` or 0.5.0's `steps=`, not both")
+    warnings.warn(
+        "run(steps=, max_seconds=) is deprecated since 0.6.0 and goes in 0.7.0: pass "
+        "budget=Budget(max_steps=, max_seconds=) (or an int of steps)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    steps = legacy.get("steps", budget)
+    if isinstance(steps, Budget):
+        return dataclasses.replace(steps, max_seconds=legacy.get("max_seconds"))
+    if steps is None and legacy.get("max_seconds") is None:
+        raise InvalidValueError("PopuLoRA.run needs `budget` (steps or a Budget): it would never stop")
+    return Budget(max_steps=steps, max_seconds=legacy.get("max_seconds"))
+
+
+def SelfPlay(
+    teachers: Population,
+    students: Population,
+    tokenizer: Any,
+    task: Task,
+    ratings: Ratings | None = None,
+    config: PopuLoRAConfig | None = None,
+    **legacy: Any,
+) -> PopuLoRA:
+    """The evolution-only loop: :class:`PopuLoRA` with :data:`SELFPLAY_PRESET` (or ``config``).
+
+    Both populations evolve every step (``Population.evolve_`` on their fitnesses), greedy students answer the
+    valid proposals and ``anchors`` task-sampled problems; see :class:`PopuLoRAConfig` (``update="evolve"``).
+    0.5.0's keywords (``proposals=``, ``pg_micro_batch=``, ``evolve_kwargs=``, ...) still work for one release,
+    deprecated, applied over the config.
+    """
+    legacy = dict(legacy)
+    if "pg_micro_batch" in legacy:
+        legacy["micro_batch"] = legacy.pop("pg_micro_batch")
+    base = SELFPLAY_PRESET if config is None else config
+    config = config_from_legacy(PopuLoRAConfig, base, legacy, where="SelfPlay")
+    return PopuLoRA(teachers, students, tokenizer, task, ratings, config)

@@ -58,6 +58,7 @@ TEACHER_REWARDS = ("paper", "failures", "learnability")
 STUDENT_REWARDS = ("paper", "binary")
 MATCH_GRANULARITIES = ("pair", "problem")
 
+
 def well_formed(problem: Problem, reply: str) -> bool:
     """Whether ``reply`` gives an answer in the form ``problem``'s family reads (right or wrong).
 

@@ -1,12 +1,10 @@
 """The 0.5.0 face of the paper's loop: everything here lives in :mod:`populora.loops.selfplay`."""
 
+from populora.loops.selfplay.config import CPU_PRESET, PAPER_PRESET, Preset
 from populora.loops.selfplay.loop import (
-    CPU_PRESET,
-    PAPER_PRESET,
     PopuLoRA,
     PopuLoRAOutcome,
     PopuLoRARecord,
-    Preset,
     solve_rate,
 )
 from populora.loops.selfplay.replacement import (

@@ -280,7 +280,7 @@ class TestPolicyGradient:
         sp = make(student_pg_lr=0.5)
         sp.students = pop
         # individual 0: one rewarded and one unrewarded reply; individual 1: all alike (no move); 2: no rows
-        sp._policy_gradient_step(
+        sp.student_policy_gradient_step(
             [0, 0, 1, 1],
             [prompt, prompt[1:], prompt, prompt],
             [good, bad, good, bad],
@@ -486,7 +486,7 @@ def test_example_smoke_mode_writes_json_and_plot(tmp_path):
 
 
 class _FakeTime:
-    """populora.loops.selfplay.selfplay's ``time``: ``monotonic`` moved on by the test, ``perf_counter`` the real one."""
+    """populora.loops.base's ``time`` (``run`` is ``run_steps``): ``monotonic`` moved on by the test, ``perf_counter`` the real one."""
 
     def __init__(self):
         import time
@@ -508,7 +508,7 @@ def test_run_steps_callback_and_records(capsys):
 
 
 def test_run_stops_after_the_first_step_past_max_seconds(monkeypatch):
-    from populora.loops.selfplay import selfplay as module
+    from populora.loops import base as module
 
     clock = _FakeTime()
     monkeypatch.setattr(module, "time", clock)
@@ -535,11 +535,11 @@ def test_record_as_dict_is_numbers_only_and_reads_back():
 
 def test_run_checks_its_arguments_before_any_step():
     sp = make()
-    with pytest.raises(InvalidValueError, match=r"SelfPlay.run needs `steps` or `max_seconds`"):
+    with pytest.raises(InvalidValueError, match=r"PopuLoRA.run needs a budget .* it would never stop"):
         sp.run()
-    with pytest.raises(InvalidValueError, match=r"`steps` must be an int >= 1, got 0"):
+    with pytest.raises(InvalidValueError, match=r"`Budget.max_steps` must be an int >= 1, got 0"):
         sp.run(0)
-    with pytest.raises(InvalidValueError, match=r"`max_seconds` must be a finite number > 0"):
+    with pytest.raises(InvalidValueError, match=r"`Budget.max_seconds` must be a finite number > 0"):
         sp.run(max_seconds=-1.0)
     with pytest.raises(InvalidTypeError, match=r"`callback` must be callable"):
         sp.run(1, callback=3)

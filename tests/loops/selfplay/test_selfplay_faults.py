@@ -17,7 +17,7 @@ from parity_task import BLOCK, ParityTask
 from populora import Population
 from populora.errors import CheckpointError
 from populora.llm import tiny_chat_model
-from populora.loops.selfplay import selfplay as selfplay_module
+from populora.loops.selfplay import loop as selfplay_module  # the one loop's module
 from populora.loops.selfplay.selfplay import SelfPlay
 
 
