@@ -31,6 +31,7 @@ Writes ``results.json`` and ``accuracy.png`` (accuracy over steps) to ``outputs/
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -41,7 +42,7 @@ import torch
 from populora import Population
 from populora.llm import LLAMA_ALL
 from populora.loops.ratings import Ratings
-from populora.loops.selfplay.selfplay import SelfPlay
+from populora.loops.selfplay.selfplay import SELFPLAY_PRESET, SelfPlay
 from populora.tasks import Arithmetic, Mixture, Successor
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "outputs" / "selfplay_arithmetic"  # git-ignored
@@ -180,12 +181,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     teachers = Population(model, args.teachers, args.rank, LLAMA_ALL, init_scale=0, seed=args.seed)
     students = Population(model, args.students, args.rank, LLAMA_ALL, init_scale=0, seed=args.seed + 1)
     ratings = Ratings({"teachers": args.teachers, "students": args.students})
-    sp = SelfPlay(
-        teachers,
-        students,
-        tokenizer,
-        task,
-        ratings,
+    config = dataclasses.replace(
+        SELFPLAY_PRESET,
         proposals=args.proposals,
         anchors=args.anchors,
         teacher_generate=dict(max_new_tokens=args.teacher_tokens, do_sample=True, temperature=1.0, top_p=0.95),
@@ -194,6 +191,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         student_pg_lr=args.pg_lr,
         seed=args.seed,
     )
+    sp = SelfPlay(teachers, students, tokenizer, task, ratings, config)
     heldout = task.sample(args.heldout, torch.Generator().manual_seed(HELDOUT_SEED))
     validation = task.sample(args.validation, torch.Generator().manual_seed(VALIDATION_SEED))
 

@@ -166,11 +166,18 @@ class Config:
 
 
 def config_from_legacy(
-    cls: type[C], config: C | None, legacy: Mapping[str, Any], *, where: str, stacklevel: int = 3
+    cls: type[C],
+    config: C | None,
+    legacy: Mapping[str, Any],
+    *,
+    where: str,
+    renamed: Mapping[str, str] | None = None,
+    stacklevel: int = 3,
 ) -> C:
     """The config of a call that may still use 0.5.0's flat keywords (deprecated for one release).
 
     ``legacy`` holds the flat keywords the caller passed; with none, ``config`` (or the defaults) is returned.
+    ``renamed`` maps a 0.5.0 keyword to the field it became.
     With some, a ``DeprecationWarning`` names the config to pass instead, and the keywords are applied over
     ``config`` with ``dataclasses.replace`` (an unknown keyword is refused, with the closest field).
     """
@@ -179,6 +186,9 @@ def config_from_legacy(
     base = config if config is not None else cls()
     if not legacy:
         return base
+    renamed = dict(renamed or {})
+    given = list(legacy)
+    legacy = {renamed.get(k, k): v for k, v in legacy.items()}
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     unknown = [k for k in legacy if k not in names]
     if unknown:
@@ -188,7 +198,7 @@ def config_from_legacy(
             f"{where} takes no option {unknown[0]!r}{hint}; its options are the fields of {cls.__name__}"
         )
     warnings.warn(
-        f"{where}({', '.join(f'{k}=' for k in legacy)}) is deprecated since 0.6.0 and goes in 0.7.0: pass "
+        f"{where}({', '.join(f'{k}=' for k in given)}) is deprecated since 0.6.0 and goes in 0.7.0: pass "
         f"config={cls.__name__}({', '.join(f'{k}=...' for k in legacy)})",
         DeprecationWarning,
         stacklevel=stacklevel,

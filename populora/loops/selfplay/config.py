@@ -44,7 +44,7 @@ ROUTING = (
     "return_dict_in_generate",
 )
 # the generate options a loop starts from (a config's own are merged over them)
-GENERATE_DEFAULTS = {
+GENERATE_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
     "rl": {
         "teacher_generate": dict(max_new_tokens=48, do_sample=True, temperature=1.0),
         "student_generate": dict(max_new_tokens=24, do_sample=True, temperature=1.0),

@@ -404,6 +404,7 @@ def update(loop: PopuLoRA, r: Round, distributed: bool) -> None:
     c = loop.config
     start = time.perf_counter()
     if c.update == "rl":
+        assert r.teacher_rewards is not None and r.student_rewards is not None  # score() set them
         if c.proposals and c.train_teachers:
             groups = torch.tensor(r.teacher_ids)  # a teacher's proposals answer one prompt
             r.trained_tokens += loop.rl_step("teachers", r.proposed, r.teacher_ids, r.teacher_rewards.flatten(), groups)
@@ -1039,7 +1040,7 @@ class PopuLoRA(Snapshot):
             self.load_state_dict(state)
 
 
-def _checked_history(rows: Any, steps: int, kind: type, what: str) -> list[Any]:
+def _checked_history(rows: Any, steps: int, kind: type[PopuLoRARecord] | type[SelfPlayRecord], what: str) -> list[Any]:
     """A state's ``history`` as records, every field checked; their steps increase and stay below ``steps``."""
     if not isinstance(rows, (list, tuple)):
         raise CheckpointError(
@@ -1102,9 +1103,8 @@ def SelfPlay(
     0.5.0's keywords (``proposals=``, ``pg_micro_batch=``, ``evolve_kwargs=``, ...) still work for one release,
     deprecated, applied over the config.
     """
-    legacy = dict(legacy)
-    if "pg_micro_batch" in legacy:
-        legacy["micro_batch"] = legacy.pop("pg_micro_batch")
     base = SELFPLAY_PRESET if config is None else config
-    config = config_from_legacy(PopuLoRAConfig, base, legacy, where="SelfPlay")
+    config = config_from_legacy(
+        PopuLoRAConfig, base, legacy, where="SelfPlay", renamed={"pg_micro_batch": "micro_batch"}
+    )
     return PopuLoRA(teachers, students, tokenizer, task, ratings, config)
