@@ -327,3 +327,81 @@ def test_no_test_compares_elapsed_time_with_a_number():
 )
 def test_the_elapsed_time_check_catches_the_usual_forms(line):
     assert TIMED.search(line)
+
+
+# the callables allowed more than 12 parameters: the seed contract, and the deprecated entry points (0.7.0 drops them)
+MANY_PARAMETERS = {
+    "populora/loops/env/evolve.py:evolve_with_env",  # the seed's 12 flat parameters + fitness= + the option objects
+}
+MAX_PARAMETERS = 12
+
+
+def _parameter_count(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    a = node.args
+    named = [*a.posonlyargs, *a.args, *a.kwonlyargs]
+    if named and named[0].arg in ("self", "cls"):
+        named = named[1:]
+    return len(named) + (a.vararg is not None) + (a.kwarg is not None)
+
+
+def _is_dataclass(node: ast.ClassDef) -> bool:
+    for d in node.decorator_list:
+        target = d.func if isinstance(d, ast.Call) else d
+        name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+        if name == "dataclass":
+            return True
+    return False
+
+
+def public_callables_over_the_cap(paths: list[Path]) -> list[str]:
+    """``file:name (count)`` of every public function, method and (non-dataclass) class constructor over the cap."""
+    bad = []
+    for path in paths:
+        parts = path.relative_to(ROOT).parts
+        if any(p.startswith("_") and p != "__init__.py" for p in parts):
+            continue  # a private module
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for top in tree.body:
+            scopes: list[tuple[str, ast.AST]] = []
+            if isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef)) and not top.name.startswith("_"):
+                scopes.append((top.name, top))
+            elif isinstance(top, ast.ClassDef) and not top.name.startswith("_"):
+                for item in top.body:
+                    if not isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        continue
+                    if item.name == "__init__" and not _is_dataclass(top):
+                        scopes.append((top.name, item))
+                    elif not item.name.startswith("_"):
+                        scopes.append((f"{top.name}.{item.name}", item))
+            for name, fn in scopes:
+                count = _parameter_count(fn)  # type: ignore[arg-type]
+                key = f"{path.relative_to(ROOT)}:{name}"
+                if count > MAX_PARAMETERS and key not in MANY_PARAMETERS:
+                    bad.append(f"{key} ({count})")
+    return bad
+
+
+def test_no_public_callable_takes_more_than_12_parameters():
+    bad = public_callables_over_the_cap(modules())
+    assert not bad, f"over {MAX_PARAMETERS} parameters (take a typed config instead):\n" + "\n".join(bad)
+
+
+def test_the_parameter_cap_check_sees_functions_methods_and_constructors(tmp_path):
+    src = tmp_path / "populora" / "m.py"
+    src.parent.mkdir()
+    params = ", ".join(f"p{i}" for i in range(13))
+    src.write_text(
+        f"def f({params}): pass\ndef g(a, *args, **kw): pass\n"
+        f"class C:\n    def __init__(self, {params}): pass\n    def m(self, *, {params}): pass\n"
+        f"@dataclass(frozen=True)\nclass D:\n    def __init__(self, {params}): pass\n"
+    )
+    global ROOT
+    root, ROOT = ROOT, tmp_path
+    try:
+        assert public_callables_over_the_cap([src]) == [
+            "populora/m.py:f (13)",
+            "populora/m.py:C (13)",
+            "populora/m.py:C.m (13)",
+        ]
+    finally:
+        ROOT = root
