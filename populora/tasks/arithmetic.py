@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -152,15 +153,17 @@ class Arithmetic(Task):
     def check_reply(problem: Problem, reply: str) -> bool:
         return parse_int(reply) == problem.answer
 
-    def proposal_prompt(self) -> str:
+    def proposal_prompt(self, examples: Sequence[Problem] = ()) -> str:
         ops = " ".join(self.operators)
         parens = " and parentheses" if self.parentheses else ""
         count = "2" if self.operands == 2 else f"2 to {self.operands}"
         return (
             f"Write one new arithmetic problem: an expression with {count} whole numbers of at most "
             f"{self.digits} digit{'s' if self.digits > 1 else ''} and the operators {ops}{parens}. "
-            "Reply with one line in exactly this format: Problem: 3 + 4"
-        )
+        ) + self.format_line(examples, "3 + 4")
+
+    def proposal_line(self, problem: Problem) -> str | None:
+        return str(problem.data["expression"])
 
     def _proposal(self, segment: str) -> Problem | None:
         expression = clean_expression(segment)
@@ -223,13 +226,15 @@ class LinearEquation(Task):
     def check_reply(problem: Problem, reply: str) -> bool:
         return parse_int(reply) == problem.answer
 
-    def proposal_prompt(self) -> str:
+    def proposal_prompt(self, examples: Sequence[Problem] = ()) -> str:
         sign = "whole numbers" if self.difficulty == 1 else "integers"
         return (
             f"Write one new equation a*x + b = c whose solution x is a whole number, with a between 2 and "
             f"{self.coefficient} and b and x {sign} between {self._low} and {self.coefficient}. "
-            "Reply with one line in exactly this format: Problem: 2*x + 3 = 11"
-        )
+        ) + self.format_line(examples, "2*x + 3 = 11")
+
+    def proposal_line(self, problem: Problem) -> str | None:
+        return problem.question.removeprefix("Solve for x: ").rstrip(".")
 
     def _proposal(self, segment: str) -> Problem | None:
         text = _SOLVE_PREFIX.sub("", segment.strip().replace("\u2212", "-").replace("\u00d7", "*"))

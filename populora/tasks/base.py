@@ -155,9 +155,31 @@ class Task:
         step when there are several): by default the task's template alone, ``(self.prompt,)``."""
         return (self.prompt,)
 
-    def proposal_prompt(self) -> str:
-        """The teacher's user message: propose ONE new problem in the format :meth:`parse_proposal` reads."""
+    def proposal_prompt(self, examples: Sequence[Problem] = ()) -> str:
+        """The teacher's user message: propose ONE new problem in the format :meth:`parse_proposal` reads.
+
+        ``examples``: problems asked before (AZR's reference tasks), shown instead of the fixed example so that
+        a teacher sees what it should not repeat; a family that cannot write its problems as proposal lines
+        (:meth:`proposal_line` is None) ignores them. A family implements it with :meth:`format_line`.
+        """
         raise NotImplementedError(f"{type(self).__name__} must implement proposal_prompt")
+
+    def proposal_line(self, problem: Problem) -> str | None:
+        """``problem`` as the text after ``Problem:`` that :meth:`parse_proposal` reads back into it (``None``: this
+        family cannot write one, and its prompt keeps its fixed example)."""
+        return None
+
+    def format_line(self, examples: Sequence[Problem], default: str) -> str:
+        """The end of a proposal prompt: the format with ``default`` as its example or, given ``examples`` of this
+        family, those problems as the ones to write a new problem unlike (the first one as the format)."""
+        lines = [line for line in (self.proposal_line(p) for p in examples if p.task == self.name) if line]
+        if not lines:
+            return f"Reply with one line in exactly this format: Problem: {default}"
+        shown = "; ".join(f"Problem: {line}" for line in lines)
+        return (
+            f"Problems asked before: {shown}. Write a new one, different from these. "
+            f"Reply with one line in exactly this format: Problem: {lines[0]}"
+        )
 
     def parse_proposal(self, text: str) -> Problem | None:
         """A teacher's ``text`` -> a verified, in-bounds :class:`Problem` with the answer computed here,
@@ -176,6 +198,16 @@ class Task:
 
     def _proposal(self, segment: str) -> Problem | None:
         raise NotImplementedError(f"{type(self).__name__} must implement _proposal")
+
+
+def proposal_prompt(task: Task, examples: Sequence[Problem] = ()) -> str:
+    """``task.proposal_prompt(examples)``, or ``task.proposal_prompt()`` for a task whose method takes no examples
+    (a user's task of before 0.6.0 keeps its prompt)."""
+    import inspect
+
+    if examples and "examples" in inspect.signature(task.proposal_prompt).parameters:
+        return task.proposal_prompt(examples=examples)
+    return task.proposal_prompt()
 
 
 def reply_is_well_formed(problem: Problem, reply: str) -> bool:
@@ -275,8 +307,8 @@ class Mixture(Task):
             raise InvalidTypeError(f"`problem` must be a Problem, got {type(problem).__name__}")
         return self.task(problem.task).prompt(problem)
 
-    def proposal_prompt(self) -> str:
-        kinds = "\n".join(f"- {task.proposal_prompt()}" for task in self.tasks)
+    def proposal_prompt(self, examples: Sequence[Problem] = ()) -> str:
+        kinds = "\n".join(f"- {proposal_prompt(task, examples)}" for task in self.tasks)
         return f"Write one new problem of ONE of these kinds, following its instructions:\n{kinds}"
 
     def parse_proposal(self, text: str) -> Problem | None:

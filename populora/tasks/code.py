@@ -709,7 +709,7 @@ class CodeOutput(CodeTask):
             return True
         return _sandbox_for(problem).same_value(text, gold)
 
-    def proposal_prompt(self) -> str:
+    def proposal_prompt(self, examples: Sequence[Problem] = ()) -> str:  # no proposal_line: examples unused
         return (
             "Write one new short Python function f and one input for it; someone will be asked to predict "
             f"what f returns. {self._format_rules()} Reply in exactly this format:\n"
@@ -746,7 +746,7 @@ class CodeInput(CodeTask):
         result = _sandbox_for(problem).run(job)
         return result.ok and result.matches == (True,)
 
-    def proposal_prompt(self) -> str:
+    def proposal_prompt(self, examples: Sequence[Problem] = ()) -> str:  # no proposal_line: examples unused
         return (
             "Write one new short Python function f and one input for it; someone will be shown f and its "
             f"output and asked for an input that gives it. {self._format_rules()} Reply in exactly this format:\n"
@@ -808,7 +808,7 @@ class CodeFunction(CodeTask):
         result = _sandbox_for(problem).run(job)
         return result.ok and len(result.matches) == len(job.inputs) and all(result.matches)
 
-    def proposal_prompt(self) -> str:
+    def proposal_prompt(self, examples: Sequence[Problem] = ()) -> str:  # no proposal_line: examples unused
         return (
             f"Write one new short Python function f and {CODE_F_MIN_INPUTS} to {CODE_F_MAX_INPUTS} different "
             "inputs for it (one Input line each) and a one-line message describing it; someone will see some "

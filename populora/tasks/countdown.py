@@ -24,6 +24,7 @@ its constants in ascending order and its target the value.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from fractions import Fraction
 
 import torch
@@ -150,13 +151,15 @@ class Countdown(Task):
             not parsed.unary and parsed.value == problem.data["target"] and parsed.uses_within(problem.data["numbers"])
         )
 
-    def proposal_prompt(self) -> str:
+    def proposal_prompt(self, examples: Sequence[Problem] = ()) -> str:
         return (
             f"Write one new Countdown puzzle by writing its solution: an expression with 2 to {self.count} "
             f"whole numbers between 1 and {self.max_number} and the operators + - * / whose value is a whole "
-            f"number between 1 and {MAX_TARGET}. Reply with one line in exactly this format: "
-            f"Problem: {'3 * 7' if self.count == 2 else '3 * 7 + 2'}"
-        )
+            f"number between 1 and {MAX_TARGET}. "
+        ) + self.format_line(examples, "3 * 7" if self.count == 2 else "3 * 7 + 2")
+
+    def proposal_line(self, problem: Problem) -> str | None:
+        return str(problem.data["expression"])
 
     def _proposal(self, segment: str) -> Problem | None:
         parsed = parse_expression(clean_expression(segment))

@@ -21,6 +21,7 @@ raise ``InvalidValueError``.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -122,7 +123,7 @@ class ReasoningGymTask(Task):
             )
         return out
 
-    def proposal_prompt(self) -> str:
+    def proposal_prompt(self, examples: Sequence[Problem] = ()) -> str:  # no proposal_line: examples unused
         raise InvalidValueError(f"{self!r} takes no teacher proposals (reasoning-gym problems need their generator)")
 
     def parse_proposal(self, text: str) -> Problem | None:

@@ -19,6 +19,7 @@ Comparison
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -66,11 +67,13 @@ class Sorting(Task):
         answer: Any = problem.answer  # a sorting problem's: a sequence of ints
         return values is not None and tuple(values) == tuple(answer)
 
-    def proposal_prompt(self) -> str:
+    def proposal_prompt(self, examples: Sequence[Problem] = ()) -> str:
         return (
             f"Write one new list of 2 to {self.length} whole numbers between 0 and {SORT_MAX} for someone to sort. "
-            "Reply with one line in exactly this format: Problem: [5, 2, 8]"
-        )
+        ) + self.format_line(examples, "[5, 2, 8]")
+
+    def proposal_line(self, problem: Problem) -> str | None:
+        return f"[{', '.join(map(str, problem.data['numbers']))}]"
 
     def _proposal(self, segment: str) -> Problem | None:
         values = parse_int_list(segment)
@@ -123,12 +126,14 @@ class Successor(_Digits):
     def check_reply(problem: Problem, reply: str) -> bool:
         return parse_int(reply) == problem.answer
 
-    def proposal_prompt(self) -> str:
+    def proposal_prompt(self, examples: Sequence[Problem] = ()) -> str:
         return (
             f"Write one new whole number with at most {self.difficulty} digit{'s' if self.difficulty > 1 else ''}; "
             "someone will be asked which number comes after it. "
-            f"Reply with one line in exactly this format: Problem: {self._example()}"
-        )
+        ) + self.format_line(examples, self._example())
+
+    def proposal_line(self, problem: Problem) -> str | None:
+        return str(problem.data["number"])
 
     def _proposal(self, segment: str) -> Problem | None:
         values = self._numbers(segment)
@@ -163,12 +168,15 @@ class Comparison(_Digits):
     def check_reply(problem: Problem, reply: str) -> bool:
         return parse_int(reply) == problem.answer
 
-    def proposal_prompt(self) -> str:
+    def proposal_prompt(self, examples: Sequence[Problem] = ()) -> str:
         return (
             f"Write two new different whole numbers with at most {self.difficulty} "
             f"digit{'s' if self.difficulty > 1 else ''} each; someone will be asked which is larger. "
-            f"Reply with one line in exactly this format: Problem: {self._example()} or {self._example(3)}"
-        )
+        ) + self.format_line(examples, f"{self._example()} or {self._example(3)}")
+
+    def proposal_line(self, problem: Problem) -> str | None:
+        first, second = problem.data["numbers"]
+        return f"{first} or {second}"
 
     def _proposal(self, segment: str) -> Problem | None:
         values = self._numbers(segment)

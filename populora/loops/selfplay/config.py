@@ -144,6 +144,16 @@ class PopuLoRAConfig(Config):
         evolve: replace at all; interval, fraction, crossover_rate, mutations, crossovers, epsilon: the
             replacement (:func:`~populora.loops.selfplay.replacement.replace_`) every ``interval`` steps.
 
+    Teachers that explore (off by default: the paper's loop; either mode):
+        novelty_window: ``k >= 0``: a valid proposal whose question was shown as an example in its prompt or
+            was asked in the loop's last ``k`` steps earns no teacher reward (0, not the invalid -1) and is not
+            asked again (no match); ``0``: off. A departure from the paper's reward: without it a teacher is
+            paid for re-asking the few problems it finds first (24 of 33 asks were its prompt's two examples).
+        prompt_examples: ``n >= 0`` past valid problems of the teacher's family, drawn (the loop's generator)
+            from a buffer the loop keeps, are shown in its proposal prompt instead of the fixed example
+            (``Task.proposal_prompt(examples=)``, AZR's reference tasks); ``0``: the task's fixed prompt.
+        buffer_size: the most past valid problems the buffer keeps (the oldest leave first).
+
     Evolution only (``update="evolve"``):
         student_pg_lr: ``> 0``: before evolving, every student takes one plain SGD step of this learning
             rate on the REINFORCE loss of its own answers (reward 1 right / 0 wrong, minus its mean).
@@ -183,6 +193,9 @@ class PopuLoRAConfig(Config):
     mutations: tuple[str, ...] = PAPER_MUTATIONS
     crossovers: tuple[str, ...] = PAPER_CROSSOVERS
     epsilon: float = 0.1
+    novelty_window: int = 0
+    prompt_examples: int = 0
+    buffer_size: int = 64
     student_pg_lr: float = 0.0
     evolve_kwargs: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
 
@@ -266,6 +279,9 @@ class PopuLoRAConfig(Config):
             for op in names:
                 ops.get_operator(kind, op)
             put(f"{kind}s", tuple(names))
+        put("novelty_window", check_int("novelty_window", self.novelty_window, low=0))
+        put("prompt_examples", check_int("prompt_examples", self.prompt_examples, low=0))
+        put("buffer_size", check_int("buffer_size", self.buffer_size, low=1))
         put("student_pg_lr", check_float("student_pg_lr", self.student_pg_lr, low=0.0))
         if rl and self.student_pg_lr > 0:
             raise InvalidValueError(

@@ -77,6 +77,7 @@ from populora.loops.selfplay.scores import SelfPlayRecord, match_scores, selfpla
 from populora.population.population import Population, evaluating
 from populora.snapshots import Snapshot, naming
 from populora.tasks import Mixture, Problem, Task, check_code_replies
+from populora.tasks.base import proposal_prompt
 from populora.train import advantages, policy_gradient_step_
 from populora.transaction import Attributes, closing_on_failure, transaction
 
@@ -122,6 +123,9 @@ class PopuLoRARecord:
             ``mu - 3 sigma``.
         replaced: children written by replacements this step (both roles).
         seconds_generate / seconds_train: wall clock of generation / of the two RL steps (never compared).
+        repeated: valid proposals not asked because they repeat a prompt example or a recent problem
+            (``novelty_window``); distinct: distinct questions of the proposals asked this step (both ``None``
+            in a history 0.5.0 wrote, which did not record them).
     """
 
     step: int
@@ -142,6 +146,8 @@ class PopuLoRARecord:
     replaced: int
     seconds_generate: float
     seconds_train: float
+    repeated: int | None = None
+    distinct: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -150,12 +156,17 @@ class PopuLoRARecord:
     def from_dict(cls, d: Any) -> PopuLoRARecord:
         """A record from :meth:`as_dict` (every field checked: ints >= 0, finite floats, fractions in [0, 1])."""
         names = [f.name for f in fields(cls)]
-        if not isinstance(d, Mapping) or sorted(d) != sorted(names):
+        new = ("repeated", "distinct")  # 0.6.0's: a 0.5.0 history has none
+        if not isinstance(d, Mapping) or sorted(set(d) - set(new)) != sorted(set(names) - set(new)):
+            raise InvalidValueError(f"a history entry must be a dict with the keys {names}, got {d!r}")
+        if not set(d) <= set(names):
             raise InvalidValueError(f"a history entry must be a dict with the keys {names}, got {d!r}")
         values: dict[str, Any] = {}
         for name in names:
-            value = d[name]
-            if name in ("step", "matches", "reserved", "generated_tokens", "trained_tokens", "replaced"):
+            value = d.get(name)
+            if name in new and value is None:
+                values[name] = None
+            elif name in ("step", "matches", "reserved", "generated_tokens", "trained_tokens", "replaced", *new):
                 values[name] = check_int(name, value, low=0)
             elif name in ("validity", "solve_rate", "format_rate"):
                 values[name] = check_float(name, value, low=0.0, high=1.0)
@@ -227,11 +238,13 @@ class Round:
     opponents: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
     families: list[Task] = field(default_factory=list)
     # propose
+    examples: list[list[Problem]] = field(default_factory=list)
     teacher_ids: list[int] = field(default_factory=list)
     proposed: Replies = field(default_factory=lambda: Replies([], [], [], 0))
     # verify
     problems: list[Problem | None] = field(default_factory=list)
     held: Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.bool))
+    repeated: Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.bool))
     valid: Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.bool))
     # answer
     anchors: list[Problem] = field(default_factory=list)
@@ -287,7 +300,9 @@ def propose(loop: PopuLoRA, r: Round, distributed: bool) -> None:
     k = loop.config.proposals
     if not k:
         return
-    texts = [chat_text(loop.tokenizer, family.proposal_prompt(), loop.chat) for family in r.families for _ in range(k)]
+    r.examples = [draw_examples(loop, family) for family in r.families]
+    prompts = [chat_text(loop.tokenizer, proposal_prompt(f, e), loop.chat) for f, e in zip(r.families, r.examples)]
+    texts = [text for text in prompts for _ in range(k)]
     r.teacher_ids = torch.arange(loop.teachers.pop_size).repeat_interleave(k).tolist()
     start = time.perf_counter()
     r.proposed = generate_replies(
@@ -296,13 +311,32 @@ def propose(loop: PopuLoRA, r: Round, distributed: bool) -> None:
     r.seconds_generate += time.perf_counter() - start
 
 
+def draw_examples(loop: PopuLoRA, family: Task) -> list[Problem]:
+    """``prompt_examples`` past valid problems of ``family`` from the buffer (the loop's generator; none when off)."""
+    n = loop.config.prompt_examples
+    pool = [p for p in loop.buffer if isinstance(family, Mixture) or p.task == family.name]
+    if not n or not pool:
+        return []
+    return [pool[i] for i in torch.randperm(len(pool), generator=loop.generator)[:n].tolist()]
+
+
 def verify(loop: PopuLoRA, r: Round) -> None:
-    """Each proposal through its family's verifier; a valid one of a reserved question is held (not asked)."""
+    """Each proposal through its family's verifier; a valid one of a reserved question is held, and one that
+    repeats its prompt's examples or a recent problem (``novelty_window``) is repeated: neither is asked."""
     p_t, k = loop.teachers.pop_size, loop.config.proposals
     r.problems = [r.families[j // k].parse_proposal(text) for j, text in enumerate(r.proposed.texts)]
     held = [p is not None and p.question in loop.reserved for p in r.problems]
+    seen: list[set[str]] = [set() for _ in range(p_t)]
+    if loop.config.novelty_window:
+        recent = {q for _, q in loop.recent}
+        seen = [recent | {e.question for e in examples} for examples in (r.examples or [[]] * p_t)]
+    repeated = [
+        p is not None and not h and p.question in seen[j // k] for j, (p, h) in enumerate(zip(r.problems, held))
+    ]
     r.held = torch.tensor(held, dtype=torch.bool).view(p_t, k)
-    r.valid = torch.tensor([p is not None and not h for p, h in zip(r.problems, held)], dtype=torch.bool).view(p_t, k)
+    r.repeated = torch.tensor(repeated, dtype=torch.bool).view(p_t, k)
+    asked = [p is not None and not h and not x for p, h, x in zip(r.problems, held, repeated)]
+    r.valid = torch.tensor(asked, dtype=torch.bool).view(p_t, k)
 
 
 def answer(loop: PopuLoRA, r: Round, distributed: bool) -> None:
@@ -371,7 +405,8 @@ def score(loop: PopuLoRA, r: Round) -> None:
     r.anchor_solved = r.right[q * a :].view(p_s, c.anchors, a)
     if c.update == "rl":
         t_reward = teacher_rewards(r.valid, r.solved, c.teacher_reward)
-        r.teacher_rewards = torch.where(r.held, torch.zeros_like(t_reward), t_reward)  # reserved: not -1
+        # reserved or repeated: no reward (not the invalid -1, not a solve-based one)
+        r.teacher_rewards = torch.where(r.held | r.repeated, torch.zeros_like(t_reward), t_reward)
         r.student_rewards = student_rewards(r.right, r.formed, c.student_reward)
         return
     teacher_f, student_f = selfplay_fitnesses(
@@ -477,7 +512,7 @@ def record_of(loop: PopuLoRA, r: Round) -> PopuLoRARecord | SelfPlayRecord:
     assert r.teacher_rewards is not None and r.student_rewards is not None
     return PopuLoRARecord(
         step=loop.steps,
-        validity=float((r.valid | r.held).float().mean()) if k else 0.0,
+        validity=float((r.valid | r.held | r.repeated).float().mean()) if k else 0.0,
         teacher_reward=float(r.teacher_rewards.mean()) if k else 0.0,
         student_reward=float(r.student_rewards.mean()) if r.student_ids else 0.0,
         solve_rate=float(r.right[: q * a].float().mean()) if q else 0.0,
@@ -494,7 +529,26 @@ def record_of(loop: PopuLoRA, r: Round) -> PopuLoRARecord | SelfPlayRecord:
         replaced=sum(len(x.children) for x in r.replacements),
         seconds_generate=float(r.seconds_generate),
         seconds_train=float(r.seconds_train),
+        repeated=int(r.repeated.sum()),
+        distinct=len({p.question for p, v in zip(r.problems, r.valid.flatten().tolist()) if p is not None and v}),
     )
+
+
+def remember(loop: PopuLoRA, r: Round) -> None:
+    """The step's asked proposals join the recent window, the examples' buffer and each teacher's questions."""
+    c = loop.config
+    asked = [(j // max(c.proposals, 1), p) for j, (p, v) in enumerate(zip(r.problems, r.valid.flatten().tolist())) if v]
+    for teacher, problem in asked:
+        assert problem is not None
+        loop.questions[teacher].append(problem.question)
+        if c.novelty_window and (loop.steps, problem.question) not in loop.recent:
+            loop.recent.append((loop.steps, problem.question))
+        known = {p.question for p in loop.buffer}
+        family = loop.family_of(problem)
+        if c.prompt_examples and family is not None and problem.question not in known and family.proposal_line(problem):
+            loop.buffer.append(problem)
+    loop.recent = [(s, q) for s, q in loop.recent if s > loop.steps - c.novelty_window]
+    loop.buffer = loop.buffer[-c.buffer_size :]
 
 
 def _zero_where_centred_zero(rewards: Tensor, groups: Tensor) -> Tensor:
@@ -640,6 +694,9 @@ class PopuLoRA(Snapshot):
         self.steps = 0
         self.history: list[Any] = []
         self.replacements: list[ReplacementRecord] = []
+        self.buffer: list[Problem] = []  # past valid problems shown as prompt examples (prompt_examples)
+        self.recent: list[tuple[int, str]] = []  # (step, question) asked in the last novelty_window steps
+        self.questions: list[list[str]] = [[] for _ in range(teachers.pop_size)]  # every question each teacher asked
         self._synced = False
 
     def __getattr__(self, name: str) -> Any:
@@ -705,6 +762,14 @@ class PopuLoRA(Snapshot):
             + f"steps={self.steps})"
         )
 
+    def family_of(self, problem: Problem) -> Task | None:
+        """The member task ``problem`` belongs to (``None``: none of this loop's families)."""
+        return next((f for f in self.families if f.name == problem.task), None)
+
+    def distinct_asked(self) -> tuple[int, list[int]]:
+        """Distinct questions the teachers had asked over the run: ``(all teachers, [per teacher])``."""
+        return len({q for qs in self.questions for q in qs}), [len(set(qs)) for qs in self.questions]
+
     def population(self, name: str) -> Population:
         return self.teachers if name == "teachers" else self.students
 
@@ -738,7 +803,7 @@ class PopuLoRA(Snapshot):
             *self.optimizers.values(),
             self.ratings,
             self.generator,
-            Attributes(self, "steps", "history", "replacements"),
+            Attributes(self, "steps", "history", "replacements", "buffer", "recent", "questions"),
         ):
             return self._step(use_dist)
 
@@ -754,6 +819,7 @@ class PopuLoRA(Snapshot):
         update(self, r, distributed)
         replace(self, r)
         record = record_of(self, r)
+        remember(self, r)
         self.history.append(record)
         self.replacements.extend(r.replacements)
         self.steps += 1
@@ -974,6 +1040,9 @@ class PopuLoRA(Snapshot):
             "ratings": self.ratings.state_dict(),
             "history": [r.as_dict() for r in self.history],
             "replacements": [r.as_dict() for r in self.replacements],
+            "buffer": [(p.task, self.family_of(p).proposal_line(p)) for p in self.buffer],  # type: ignore[union-attr]
+            "recent": [list(x) for x in self.recent],
+            "questions": [list(qs) for qs in self.questions],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -1017,6 +1086,7 @@ class PopuLoRA(Snapshot):
         opts = state.get("optimizers", {})
         if not isinstance(opts, Mapping) or sorted(opts) != sorted(self.optimizers):
             raise CheckpointError(f"the {what} state's 'optimizers' must map {sorted(self.optimizers)}")
+        buffer, recent, questions = self._checked_memory(state, what)
         checked = {n: self.population(n).check_state_dict(state[n]) for n in NAMES}
         with transaction(self.ratings, *self.optimizers.values()):
             self.ratings.load_state_dict(state["ratings"])
@@ -1029,7 +1099,27 @@ class PopuLoRA(Snapshot):
         self.students.load_checked_state_dict(checked["students"])
         self.generator.set_state(probe.get_state())
         self.history, self.replacements = history, replacements
+        self.buffer, self.recent, self.questions = buffer, recent, questions
         self.steps = int(steps)
+
+    def _checked_memory(self, state: Mapping[str, Any], what: str) -> tuple[list[Problem], list, list[list[str]]]:
+        """The state's examples' buffer (re-read through each family's verifier), recent window and questions."""
+        p_t = self.teachers.pop_size
+        try:
+            buffer = []
+            for name, line in state.get("buffer", []):
+                family = next(f for f in self.families if f.name == name)
+                problem = family.parse_proposal(f"Problem: {line}")
+                if problem is None:
+                    raise ValueError(f"{name!r} reads no problem from {line!r:.60}")
+                buffer.append(problem)
+            recent = [(check_int("step", s, low=0), str(q)) for s, q in state.get("recent", [])]
+            questions = [[str(q) for q in qs] for qs in state.get("questions", [[] for _ in range(p_t)])]
+        except (StopIteration, TypeError, ValueError) as error:
+            raise CheckpointError(f"the {what} state's examples' buffer or questions are malformed: {error}") from None
+        if len(questions) != p_t:
+            raise CheckpointError(f"the {what} state's 'questions' must hold {p_t} lists (one per teacher)")
+        return buffer, recent, questions
 
     def load(self, path: Any) -> None:
         """Restore what :meth:`save` wrote (or 0.5.0's file of this mode): all or nothing."""
