@@ -68,7 +68,6 @@ from torch import Tensor, nn
 from populora import Population, __version__
 from populora.train import PBT, LRMultipliers
 
-
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "experiments" / "results" / __version__ / "train" / "pbt_digits.json"  # by the writing version
 
