@@ -52,7 +52,7 @@ stands. Run::
     python benchmarks/envs.py --task pendulum --seed 0 --algorithm es
     python benchmarks/envs.py --task lunarlander-continuous --seed 0 1 2 --budget-seconds 3600
     python benchmarks/envs.py --task lunarlander --seed 0 1 2 --budget-seconds 1000000 \
-        --json benchmarks/results/envs_lunarlander.json --checkpoints outputs/envs_ckpt
+        --json benchmarks/results/0.5.0/envs_lunarlander.json --checkpoints outputs/envs_ckpt
 
 ``--json PATH`` also writes every run (the table row plus its per-generation history: training best / mean /
 std, validated score, env steps) to ``PATH``, after each seed; rerun the same command to continue, and the seeds

@@ -30,7 +30,7 @@ transformers; what ``auto`` falls back to without the wheel), ``tiny`` (a toy Ll
 Rows are random token ids from a seeded generator: a dense model's cost does not depend on them.
 
     python benchmarks/train_step.py                                  # CPU, 1 thread, P = 8, b = 2, T = 64
-    python benchmarks/train_step.py --json benchmarks/results/train/train_step_cpu.json
+    python benchmarks/train_step.py --json benchmarks/results/0.5.0/train/train_step_cpu.json
     python benchmarks/train_step.py --model tiny --rounds 1          # seconds (a smoke test)
     python benchmarks/train_step.py --device cuda --dtype bfloat16 --rows-per-individual 8 --seq-len 256
 
