@@ -52,7 +52,7 @@ stands. Run::
     python benchmarks/envs.py --task pendulum --seed 0 --algorithm es
     python benchmarks/envs.py --task lunarlander-continuous --seed 0 1 2 --budget-seconds 3600
     python benchmarks/envs.py --task lunarlander --seed 0 1 2 --budget-seconds 1000000 \
-        --json benchmarks/results/envs_lunarlander.json --checkpoints outputs/envs_ckpt
+        --json benchmarks/results/0.5.0/envs_lunarlander.json --checkpoints outputs/envs_ckpt
 
 ``--json PATH`` also writes every run (the table row plus its per-generation history: training best / mean /
 std, validated score, env steps) to ``PATH``, after each seed; rerun the same command to continue, and the seeds
@@ -82,6 +82,8 @@ import populora
 from populora import evolve_with_env, interact_with_env
 from populora.interact import ES, Budget, Checkpointing, EnvOptions, Episodes
 from populora.loops.env.presets import preset
+
+RESULTS = Path(__file__).resolve().parent / "results" / populora.__version__  # by the version that writes
 
 REPORT = 7_000_000  # the reporting seeds' run seed offset (play() draws them from its own stream)
 
@@ -327,7 +329,15 @@ def main() -> None:
         "populora.loops.env.presets.preset(task))",
     )
     parser.add_argument("--budget-seconds", type=float, default=900.0, help="total wall time of all seeds")
-    parser.add_argument("--json", type=Path, default=None, help="also write the runs and their histories here")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        nargs="?",
+        const="auto",
+        default=None,
+        help="also write the runs and their histories here"
+        + " (--json alone: benchmarks/results/<version>/envs_<task>.json, <version> = populora.__version__)",
+    )
     parser.add_argument("--checkpoints", type=Path, default=None, help="checkpoint every run here (resumable)")
     parser.add_argument(
         "--table",
@@ -335,6 +345,10 @@ def main() -> None:
         help="print the rows of the runs already in --json (nothing is run): the results page's table",
     )
     args = parser.parse_args()
+    if args.json == "auto":
+        args.json = RESULTS / f"envs_{args.task}.json"
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     if args.table:
         if args.json is None or not args.json.exists():
             raise SystemExit(f"--table reads the runs of --json PATH; got {args.json}")

@@ -442,7 +442,13 @@ def main() -> None:
         "added when importable, evox when --evox-python is given)",
     )
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "float64"))
-    parser.add_argument("--json", default=None, help="also write the measurements and ratios to this JSON file")
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const="auto",
+        default=None,
+        help="also write the measurements and ratios here (--json alone: benchmarks/results/<version>/es.json)",
+    )
     parser.add_argument(
         "--in-process",
         action="store_true",
@@ -452,6 +458,12 @@ def main() -> None:
     parser.add_argument("--worker", choices=METHODS, help=argparse.SUPPRESS)
     parser.add_argument("--pop", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.json == "auto":
+        from populora import __version__
+
+        args.json = str(Path(__file__).resolve().parent / "results" / __version__ / "es.json")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
 
     if args.worker:
         print(
@@ -591,7 +603,10 @@ def main() -> None:
             if a and b:
                 ratios[f"evox/ours time N={pop}"] = a["seconds"] / b["seconds"]
                 ratios[f"evox/ours mem N={pop}"] = a["peak_mb"] / b["peak_mb"] if b["peak_mb"] > 0 else math.inf
+        from populora import __version__
+
         report = {
+            "populora": __version__,
             "device": args.device,
             "dtype": args.dtype,
             "threads": args.threads,

@@ -59,7 +59,9 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from populora import Population
+from populora import Population, __version__
+
+RESULTS = Path(__file__).resolve().parent / "results" / __version__  # benchmarks/results/<version>/
 
 
 class Attention(nn.Module):
@@ -349,7 +351,14 @@ def main():
     parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend (with --compile)")
     parser.add_argument("--match", default="", help="only the points whose label matches this regex")
     parser.add_argument("--skip-memory", action="store_true", help="skip the peak-memory-vs-r table")
-    parser.add_argument("--json", default=None, help="also write every point's figures here (rewritten per point)")
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const=str(RESULTS / "forward.json"),
+        default=None,
+        help="also write every point's figures here, rewritten per point "
+        "(--json alone: benchmarks/results/<version>/forward.json)",
+    )
     parser.add_argument(
         "--resume", action="store_true", help="with --json: keep the points that file holds, measure the others"
     )
@@ -367,6 +376,8 @@ def main():
         "--transformer-pops", type=int, nargs="*", help="P of the transformer points (default: 8 64; none: skip)"
     )
     args = parser.parse_args()
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     if args.compare:
         compare(*args.compare)
         return
@@ -452,7 +463,9 @@ def main():
         )
         rows.append(row)
         if args.json:  # rewritten after every point: a stopped run keeps what it measured
-            Path(args.json).write_text(json.dumps({"device": str(device), "torch": torch.__version__, "rows": rows}))
+            Path(args.json).write_text(
+                json.dumps({"populora": __version__, "device": str(device), "torch": torch.__version__, "rows": rows})
+            )
         loop = f"{row['r_loop']:10.2f}" if "r_loop" in row else f"{'-':>10}"
         mark = "" if judged else " *"
         print(

@@ -85,7 +85,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from populora import interact_with_env
+from populora import __version__, interact_with_env
+
+RESULTS = Path(__file__).resolve().parent / "results" / __version__  # benchmarks/results/<version>/
 
 
 def random_mlp() -> nn.Module:
@@ -304,13 +306,21 @@ def main() -> None:
         help="time with the process's CPU time (a loaded machine) instead of the wall clock",
     )
     parser.add_argument("--no-vector-path", action="store_true", help="skip the vector-path column")
-    parser.add_argument("--json", default=None, help="also write the rows here (rewritten after each row)")
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const=str(RESULTS / "interact.json"),
+        default=None,
+        help="also write the rows here, per row (--json alone: benchmarks/results/<version>/interact.json)",
+    )
     parser.add_argument(
         "--compile",
         action="store_true",
         help="time the per-timestep policy eager vs torch.compile instead (minutes to compile)",
     )
     args = parser.parse_args()
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     if args.seed_dm_control_block:
         seed_dm_control_block()
         return
@@ -366,6 +376,7 @@ def main() -> None:
                 Path(args.json).write_text(
                     json.dumps(
                         dict(
+                            populora=__version__,
                             torch=torch.__version__,
                             clock="cpu" if args.cpu_time else "wall",
                             repeats=repeats,

@@ -1,9 +1,11 @@
 """Every figure of the documentation site, from the committed benchmark outputs: one command.
 
-    python benchmarks/plots.py                    # reads benchmarks/results/, writes docs/images/
+    python benchmarks/plots.py                    # reads benchmarks/results/<version>/, writes docs/images/
     python benchmarks/plots.py --out /tmp/figs    # somewhere else
 
-Inputs (JSON under ``benchmarks/results/``; each records the command, populora version and commit it came from):
+Inputs (JSON under ``benchmarks/results/<version>/``, the folder named by the populora version that wrote the file;
+each records the command, populora version and commit it came from; of a name in several version folders the
+newest version's file is drawn):
 
 - ``forward.json`` (``benchmarks/forward.py``): routed forward / plain forward on the same rows, by ``d``, ``P``,
   ``b`` and ``r`` -> ``forward-ratio.png``.
@@ -238,16 +240,31 @@ def selfplay(report: dict[str, Any], path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def version_key(folder: str) -> tuple[int, ...]:
+    """``'0.3.1'`` -> ``(0, 3, 1)``; a folder not named by a version sorts first."""
+    parts = re.findall(r"\d+", folder)
+    return tuple(int(p) for p in parts) if re.match(r"^\d+(\.\d+)*", folder) else ()
+
+
+def newest(results: Path, name: str) -> Path | None:
+    """``results/<version>/<name>`` of the newest version holding it (or ``results/<name>`` itself), else None."""
+    found = sorted(results.glob(f"*/{name}"), key=lambda p: version_key(p.parent.name))
+    if found:
+        return found[-1]
+    return results / name if (results / name).exists() else None
+
+
 def main(results: Path = RESULTS, out: Path = IMAGES) -> dict[str, Path | None]:
     """Write every figure whose input exists; ``{figure name: path, or None when skipped}``."""
     out.mkdir(parents=True, exist_ok=True)
-    load = lambda name: json.loads((results / name).read_text()) if (results / name).exists() else None
+    load = lambda name: json.loads(path.read_text()) if (path := newest(results, name)) is not None else None
     made: dict[str, Path | None] = {}
     report = load("forward.json")
     made["forward-ratio.png"] = forward_ratio(report, out / "forward-ratio.png") if report else None
     report = load("es.json")
     made["es-vs-torcheggroll.png"] = es_vs_torcheggroll(report, out / "es-vs-torcheggroll.png") if report else None
-    for source in sorted(results.glob("envs_*.json")):
+    names = sorted({p.name for p in [*results.glob("envs_*.json"), *results.glob("*/envs_*.json")]})
+    for source in (newest(results, name) for name in names):
         task = source.stem.removeprefix("envs_")
         report = json.loads(source.read_text())
         if "runs" in report:  # envs_tasks.json is the table of final scores, without histories

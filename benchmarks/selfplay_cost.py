@@ -34,11 +34,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 
-from populora import Population
+from populora import Population, __version__
 from populora.llm import LLAMA_ALL
 from populora.llm.text import chat_text, generate_replies, pad_id
 from populora.tasks import Arithmetic
 from populora.train import policy_gradient_step_
+
+RESULTS = Path(__file__).resolve().parent / "results" / __version__  # benchmarks/results/<version>/
 
 
 def load(which: str) -> tuple[Any, Any, str]:
@@ -96,7 +98,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        nargs="?",
+        const=RESULTS / "paper" / "selfplay_cost.json",
+        default=None,
+        help="write the figures as JSON here (--out alone: benchmarks/results/<version>/paper/selfplay_cost.json)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     load_start = os.getloadavg()  # the machine is shared: the ratios are only as good as the load was steady
@@ -132,6 +141,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     equal = [x / y for x, y in zip(times["4T+4S, b rows"], times["1T+1S, 4b rows"])]
     paper = [x / y for x, y in zip(times["8 adapters, b rows"], times["1 adapter, b rows"])]
     result = {
+        "populora": __version__,
         "model": name,
         "rows_per_adapter_b": b,
         "rank": args.rank,

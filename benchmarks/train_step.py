@@ -30,7 +30,7 @@ transformers; what ``auto`` falls back to without the wheel), ``tiny`` (a toy Ll
 Rows are random token ids from a seeded generator: a dense model's cost does not depend on them.
 
     python benchmarks/train_step.py                                  # CPU, 1 thread, P = 8, b = 2, T = 64
-    python benchmarks/train_step.py --json benchmarks/results/train/train_step_cpu.json
+    python benchmarks/train_step.py --json benchmarks/results/0.5.0/train/train_step_cpu.json
     python benchmarks/train_step.py --model tiny --rounds 1          # seconds (a smoke test)
     python benchmarks/train_step.py --device cuda --dtype bfloat16 --rows-per-individual 8 --seq-len 256
 
@@ -58,8 +58,10 @@ import torch
 from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from populora import Population
+from populora import Population, __version__
 from populora.llm import LLAMA_ALL
+
+RESULTS = Path(__file__).resolve().parent / "results" / __version__  # benchmarks/results/<version>/
 
 VARIANTS = ("routed", "single", "peft", "separate")
 SHORT_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -410,7 +412,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads on CPU")
     parser.add_argument("--no-peft", action="store_true", help="skip the PEFT LoRA")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory step")
-    parser.add_argument("--json", type=Path, default=None, help="write the result here")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        nargs="?",
+        const=RESULTS / "train" / "train_step_cpu.json",
+        default=None,
+        help="write the result here (--json alone: benchmarks/results/<version>/train/train_step_cpu.json)",
+    )
     args = parser.parse_args(argv)
     if torch.device(args.device).type == "cpu":
         torch.set_num_threads(args.threads)
@@ -435,6 +444,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         log=lambda line: print(line, flush=True),
     )
     result["model"] = description
+    result["populora"] = __version__
     result["command"] = "python benchmarks/train_step.py " + " ".join(sys.argv[1:] if argv is None else argv)
     result["cpu_count"], result["load_average"] = os.cpu_count(), {"start": load_start, "end": os.getloadavg()}
     print(report(result, description), flush=True)

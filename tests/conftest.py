@@ -18,8 +18,9 @@ def one_thread():
 
 
 # over the README command's budget, run by .ci/run's `pytest -m slow` right after it: every multi-process
-# (torch.distributed) test, the example scripts run end to end, and the GPU script's CPU smoke run
-SLOW_FILES = ("tests/test_examples.py", "tests/test_gpu_script.py")
+# (torch.distributed) test, the example scripts and the experiment drivers run end to end, and the GPU script's
+# CPU smoke run
+SLOW_FILES = ("tests/test_examples.py", "tests/test_experiments.py", "tests/test_gpu_script.py")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker

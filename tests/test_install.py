@@ -9,7 +9,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted(
-    [*(ROOT / "populora").rglob("*.py"), *(ROOT / "examples").glob("*.py"), *(ROOT / "benchmarks").glob("*.py")]
+    [
+        *(ROOT / "populora").rglob("*.py"),
+        *(p for folder in ("examples", "experiments", "benchmarks") for p in (ROOT / folder).glob("*.py")),
+    ]
 )
 
 

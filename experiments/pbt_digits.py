@@ -37,14 +37,16 @@ wall clock of the whole PBT run against the 16 runs together, the median time of
 PBT step trains 16 individuals), and the peak tensor memory of one step: the resident tensors (base
 weights, adapters, Adam state) plus the step's transient peak measured by ``torch.profiler`` (CPU
 allocations). One test digit is 0.22 points, and the test accuracy of one run varies by about a point
-with the seed, so a single seed does not settle a 1-point comparison. With ``--out`` the results are written
-after every seed, and running the same command again takes the seeds already in the file (same options) and runs
-the others: a stopped run continues.
+with the seed, so a single seed does not settle a 1-point comparison. The results are written to ``--out``
+(default ``experiments/results/<version>/train/pbt_digits.json``; ``<version>`` is ``populora.__version__``, which
+the file also records) after every seed, and running the same command again takes the seeds already in the file
+(same options) and runs the others: a stopped run continues. A file of other options, or holding finished seeds
+the command does not ask for, is refused rather than overwritten.
 
     pip install scikit-learn
-    python examples/pbt_digits.py                          # one seed: a minute or two on one idle CPU core
-    python examples/pbt_digits.py --seeds 3 4 5 6 7 --out benchmarks/results/train/pbt_digits.json
-    python examples/pbt_digits.py --steps 20 --interval 5 --subset 400   # seconds (a smoke test)
+    python experiments/pbt_digits.py --seeds 3 4 5 6 7       # the results page's run (about 25 minutes)
+    python experiments/pbt_digits.py --out /tmp/pbt.json     # one seed: a minute or two on one idle CPU core
+    python experiments/pbt_digits.py --steps 20 --interval 5 --subset 400 --out /tmp/pbt.json   # seconds (smoke)
 """
 
 from __future__ import annotations
@@ -63,8 +65,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from populora import Population
+from populora import Population, __version__
 from populora.train import PBT, LRMultipliers
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO / "experiments" / "results" / __version__ / "train" / "pbt_digits.json"  # by the writing version
 
 
 def load_digits(seed: int, subset: int | None, validation: float, test: float) -> dict[str, tuple[Tensor, Tensor]]:
@@ -161,9 +166,13 @@ def optimizer_tensors(opt: torch.optim.Optimizer) -> list[Tensor]:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pop-size", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=600)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=f"Results go to {DEFAULT_OUT.relative_to(REPO)} unless --out says otherwise; re-running the same "
+        "command keeps the finished seeds.",
+    )
+    parser.add_argument("--pop-size", type=int, default=16, help="individuals (LoRA adapter sets)")
+    parser.add_argument("--steps", type=int, default=600, help="training steps of every run")
     parser.add_argument("--interval", type=int, default=50, help="PBT replaces every k steps")
     parser.add_argument("--fraction", type=float, default=0.25, help="fraction replaced (and parents' pool)")
     parser.add_argument(
@@ -174,9 +183,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--epsilon", type=float, default=0.0, help="weight mutation of copied children")
     parser.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate at multiplier 1")
     parser.add_argument("--lr-span", type=float, default=2.5, help="decades spanned by the starting multipliers")
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--rank", type=int, default=16)
-    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--hidden", type=int, default=256, help="hidden width of the frozen base MLP")
+    parser.add_argument("--rank", type=int, default=16, help="LoRA rank")
+    parser.add_argument("--batch", type=int, default=64, help="minibatch rows")
     parser.add_argument("--subset", type=int, default=None, help="use this many digits (smoke runs)")
     parser.add_argument("--validation", type=float, default=0.2, help="fraction of all digits")
     parser.add_argument("--test", type=float, default=0.25, help="fraction of all digits")
@@ -185,8 +194,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--seeds", type=int, nargs="+", default=[0], help="one run per seed (split, base, adapters, batches)"
     )
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (tiny matmuls: 1)")
-    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help=f"the results JSON (default: {DEFAULT_OUT.relative_to(REPO)})"
+    )
+    args = parser.parse_args(argv)
+    for name in ("pop_size", "steps", "interval", "hidden", "rank", "batch", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if not 0 < args.fraction <= 0.5:
+        parser.error(f"--fraction must be in (0, 0.5], got {args.fraction}")
+    if not (0 < args.validation < 1 and 0 < args.test < 1 and args.validation + args.test < 1):
+        parser.error("--validation and --test are fractions of all digits, each in (0, 1), summing below 1")
+    return args
 
 
 class Setup:
@@ -391,21 +410,35 @@ def write_json(path: Path, payload: dict[str, Any]) -> None:
 
 
 def resumable_seeds(path: Path | None, config: dict[str, Any]) -> dict[int, dict[str, Any]]:
-    """The finished seeds of an earlier run of the same configuration (``--seeds`` aside) written to ``path``."""
+    """The finished seeds of an earlier run of the same configuration (``--seeds`` aside) written to ``path``.
+
+    Raises:
+        SystemExit: ``path`` holds results of another configuration, or finished seeds ``--seeds`` leaves out
+            (rerunning would overwrite them).
+    """
     if path is None or not path.exists():
         return {}
     earlier = json.loads(path.read_text())
-    same = {k: v for k, v in earlier.get("config", {}).items() if k != "seeds"}
-    if same != {k: v for k, v in config.items() if k != "seeds"}:
-        return {}  # another configuration: it is overwritten
-    return {r["seed"]: r for r in earlier.get("seeds", [])}
+    ignored = ("seeds", "out", "threads")  # where it is written and how many threads do not change a result
+    old = {k: v for k, v in earlier.get("config", {}).items() if k not in ignored}
+    now = {k: v for k, v in config.items() if k not in ignored}
+    if old != now:
+        differ = {k: (old.get(k), now.get(k)) for k in sorted(old.keys() | now.keys()) if old.get(k) != now.get(k)}
+        raise SystemExit(f"{path} holds results of other options {differ} (file, now): pass another --out")
+    done = {r["seed"]: r for r in earlier.get("seeds", [])}
+    left_out = sorted(set(done) - set(config["seeds"]))
+    if left_out:
+        raise SystemExit(
+            f"{path} holds finished seeds {left_out} that --seeds leaves out: add them or pass another --out"
+        )
+    return done
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
     torch.set_num_threads(args.threads)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    command = "python examples/pbt_digits.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python experiments/pbt_digits.py " + " ".join(sys.argv[1:] if argv is None else argv)
     load = {"start": os.getloadavg()}  # 1, 5, 15-minute load averages: the wall clocks depend on them
     done = resumable_seeds(args.out, config)
     runs = []
@@ -416,7 +449,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         else:
             runs.append(run_seed(args, seed, memory=k == 0))
         if args.out is not None:  # partial results after every seed; rerunning the command continues from them
-            write_json(args.out, {"status": "running", "config": config, "command": command, "seeds": runs})
+            partial = {"status": "running", "populora": __version__, "config": config, "command": command}
+            write_json(args.out, {**partial, "seeds": runs})
     load["end"] = os.getloadavg()
     size, first = args.pop_size, runs[0]
     mean = lambda values: sum(values) / len(values)
@@ -463,6 +497,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
     result = {
         "status": "finished",
+        "populora": __version__,
         "config": config,
         "command": command,
         "cpu_count": os.cpu_count(),

