@@ -25,11 +25,11 @@ from typing import Any
 
 from populora import operators as ops
 from populora.checks import check_float, check_int
-from populora.config import Config
+from populora.config import Config, config_from_legacy
 from populora.errors import InvalidTypeError
 from populora.population.optimizer_rows import check_optimizer_state
 
-__all__ = ["EVOLVE_KEYWORDS", "Evolution"]
+__all__ = ["EVOLVE_KEYWORDS", "Evolution", "resolve_config"]
 
 _KINDS = (
     ("selection", "selection_type", "selection_kwargs"),
@@ -130,3 +130,20 @@ def check_fields(values: Mapping[str, Any], prefix: str, *, operators: Mapping[s
 EVOLVE_KEYWORDS: tuple[str, ...] = (*(f.name for f in dataclasses.fields(Evolution)), "optimizer", "config")
 """Every keyword :meth:`Population.evolve_ <populora.Population.evolve_>` takes, the flat 0.5.0 ones it
 still accepts (deprecated) included: what a dict of ``evolve_`` options is checked against."""
+
+
+def resolve_config(
+    cls: Any, config: Any, legacy: Mapping[str, Any], explicit: Mapping[str, Any], *, where: str, stacklevel: int
+) -> Any:
+    """The config of a call that takes ``config=``, keywords that override it and 0.5.0's flat ``**legacy``.
+
+    ``cls`` is a config class with ``with_overrides`` (:class:`Evolution`, :class:`~populora.es.EggrollConfig`).
+    The legacy keywords warn (:func:`~populora.config.config_from_legacy`); legacy and explicit values are
+    checked under their own names first, so their errors read as 0.5.0's.
+    """
+    base = config_from_legacy(cls, config, {}, where=where)  # the type of `config`
+    names = {f.name for f in dataclasses.fields(cls)}
+    if all(k in names for k in legacy):
+        base.with_overrides(**legacy)  # checked under the keyword's name; an unknown one is named below
+    base = config_from_legacy(cls, base, legacy, where=where, stacklevel=stacklevel + 1)
+    return base.with_overrides(**explicit)

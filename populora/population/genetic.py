@@ -31,12 +31,11 @@ from populora import fitness as _fitness
 from populora import operators as ops
 from populora.adapters import Factors
 from populora.checks import check_int
-from populora.config import config_from_legacy
 from populora.distributed import broadcast_object, broadcast_tensors_, is_distributed, sync_if_different_
 from populora.errors import InvalidValueError
 from populora.operators.devices import PerDevice
 from populora.operators.selection import SelectionResult
-from populora.population.evolution import Evolution
+from populora.population.evolution import Evolution, resolve_config
 from populora.population.host import HostBase
 from populora.population.optimizer_rows import OptimizerRows, check_optimizer_state
 from populora.stats import GenerationStats
@@ -356,8 +355,7 @@ class Evolvable(HostBase):
         self._check_alive()
         _need_two(self, "evolve_")
         # deprecated flat keywords first (a typo is named), then the explicit ones, checked under their names
-        base = config_from_legacy(Evolution, config, legacy, where="Population.evolve_", stacklevel=4)
-        c = base.with_overrides(
+        explicit = dict(
             survive_frac=survive_frac,
             elite_frac=elite_frac,
             selection_type=selection_type,
@@ -367,6 +365,7 @@ class Evolvable(HostBase):
             epsilon=epsilon,
             num_groups=num_groups,
         )
+        c = resolve_config(Evolution, config, legacy, explicit, where="Population.evolve_", stacklevel=4)
         rows = OptimizerRows(optimizer, self.adapter_parameters())
         epsilon_ = _check_epsilon(c.epsilon)
         f = self.validate_fitnesses(fitnesses)  # the one validation of this generation's fitnesses
