@@ -182,9 +182,9 @@ def evolve_with_env(
     and a list of 4). An env that does not replay an episode from its reset
     seed is named in a warning before the first episode.
 
-    The first twelve parameters take values as in the examples; the rest are keyword
-    option objects (:mod:`populora.loops.env.options`), each defaulting to
-    what ``None`` gives.
+    The first twelve parameters take values as in the examples (the seed release's); the rest are keyword
+    option objects (:mod:`populora.loops.env.options`, each a frozen :class:`~populora.config.Config` checked
+    when built), each defaulting to what ``None`` gives, and the ``callback``.
 
     Args:
         envs: one env, a list, a vector env, or a factory (see
@@ -216,7 +216,8 @@ def evolve_with_env(
             action range.
         checkpointing: :class:`~populora.loops.env.options.Checkpointing`:
             checkpoint folder and resume.
-        budget: :class:`~populora.loops.env.options.Budget`: env-step and wall-clock budgets.
+        budget: :class:`~populora.loops.base.Budget` (every loop's): env-step and wall-clock budgets (its
+            ``max_steps`` is refused: ``num_generations`` caps the generations).
         callback: ``callback(info)`` after every generation, ``info`` a
             :class:`~populora.loops.env.generations.GenerationInfo` (stats,
             history, fitnesses, champion score, the population or ES, the
@@ -241,7 +242,9 @@ def evolve_with_env(
             option object of the wrong type or with a bad value (named), before
             any episode runs.
         CheckpointError: resuming from a damaged file, a file of another kind,
-            or one written with another model (the file is named).
+            one written with another model, or one written with other options (the file and the first
+            option that differs are named, ``evolve_with_env.algorithm.evolution.epsilon=0.3; this run has
+            ...``; see :func:`run_config` for what is compared).
 
     On any error the model comes back unwrapped, its ``requires_grad`` flags
     restored.

@@ -15,8 +15,10 @@ comes in one of these, each with the defaults the flat keywords of 0.3 had::
     )
 
 Each checks its fields when built (``EnvOptions(num_envs='x')`` raises there, naming the field, the value and
-what was expected); what needs the environment or the model (``to_range`` against the action space, the values
-``evolve_kwargs`` give an operator) is checked again where it is used, before any episode runs.
+what was expected); what needs the environment or the model (``to_range`` against the action space, the
+fractions of ``GA.evolution`` against the population's size) is checked again where it is used, before any
+episode runs. Each is a :class:`~populora.config.Config` (``to_dict`` / ``from_dict``, ``dataclasses.replace``);
+``Budget`` is every loop's, :class:`populora.loops.base.Budget`.
 """
 
 from __future__ import annotations

@@ -263,7 +263,8 @@ class Preset:
         _check_call_keys(f"Preset({self.task!r}).kwargs", self.kwargs, evolve_with_env, ("envs", "model", "seed"))
         _check_call_keys(f"Preset({self.task!r}).play", self.play, EnvInteractor.play, ("self", "policy"))
         _check_call_keys(f"Preset({self.task!r}).interact", self.interact, interact_with_env, ("envs",))
-        options = {"algorithm": (GA, ES), "episodes": Episodes, "validation": Validation}
+        options: dict[str, type | tuple[type, ...]] = {"algorithm": (GA, ES), "episodes": Episodes}
+        options["validation"] = Validation
         options.update(env_options=EnvOptions, budget=Budget)
         for key, kind in options.items():
             value = self.kwargs.get(key)
