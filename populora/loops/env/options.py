@@ -27,7 +27,7 @@ import difflib
 import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +198,12 @@ class GA(Config):
                 f"`GA.evolution` must be a populora.population.evolution.Evolution, got {self.evolution!r:.80}"
             )
         _check_population_keys(self.population_kwargs)
+        dtype = self.population_kwargs.get("dtype")
+        if isinstance(dtype, str):  # the name to_dict writes (``'float64'``)
+            kind = getattr(torch, dtype.removeprefix("torch."), None)
+            if not isinstance(kind, torch.dtype):
+                raise InvalidValueError(f"`GA.population_kwargs['dtype']` must be a torch dtype, got {dtype!r:.80}")
+            object.__setattr__(self, "population_kwargs", {**self.population_kwargs, "dtype": kind})
         if self.evolve_kwargs:
             check_evolve_keys(dict(self.evolve_kwargs))  # a misspelt key is named
             if self.evolution != ENV_EVOLUTION:
@@ -210,6 +216,14 @@ class GA(Config):
             )
             object.__setattr__(self, "evolution", ENV_EVOLUTION.with_overrides(**self.evolve_kwargs))
             object.__setattr__(self, "evolve_kwargs", {})
+
+    def to_dict(self) -> dict[str, Any]:
+        """As :meth:`Config.to_dict`, with a ``dtype`` of ``population_kwargs`` by its name (``'float64'``)."""
+        dtype = self.population_kwargs.get("dtype")
+        if not isinstance(dtype, torch.dtype):
+            return super().to_dict()
+        named = dict(self.population_kwargs, dtype=str(dtype).removeprefix("torch."))
+        return {**super(GA, replace(self, population_kwargs={})).to_dict(), "population_kwargs": named}
 
 
 @dataclass(frozen=True)

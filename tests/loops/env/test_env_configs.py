@@ -80,6 +80,7 @@ def same_run(a, b):
         EnvOptions(num_envs=2, normalize_obs=True, to_range=(-2.0, 2.0), drop_obs_keys=("mission",)),
         Budget(max_env_steps=100, max_seconds=5.0),
         GA(evolution=dataclasses.replace(ENV_EVOLUTION, survive_frac=0.25), population_kwargs={"init_scale": 0.5}),
+        GA(population_kwargs={"dtype": torch.float64}),  # a dtype by its name
         ES(sigma=0.1, optimizer="clipup", max_speed=0.2, antithetic=True, noise_reuse=2),
     ],
     ids=lambda option: type(option).__name__,
