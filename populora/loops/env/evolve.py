@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -499,10 +499,10 @@ class _RunConfig(Config):
     def to_dict(self) -> dict[str, Any]:
         return dict(self.run)
 
-    def check_matches(self, stored: Any, what: str) -> None:
+    def check_matches(self, stored: Any, what: str, *, ignore: Collection[str] = ()) -> None:
         if not isinstance(stored, Mapping):
             raise CheckpointError(f"{what} holds no evolve_with_env config (got {type(stored).__name__})")
-        for key in list(self.run) + [k for k in stored if k not in self.run]:
+        for key in [k for k in list(self.run) + [k for k in stored if k not in self.run] if k not in ignore]:
             diff = _first_difference(
                 f"evolve_with_env.{key}", stored.get(key, "<absent>"), self.run.get(key, "<absent>")
             )
