@@ -85,6 +85,7 @@ from typing import Any
 import torch
 
 from populora import EggrollES, __version__
+from populora.es import EggrollConfig
 from populora.llm.reasoning import (
     ES_AT_SCALE,
     block_weights,
@@ -433,9 +434,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.sigma,
         lr,
         1 if args.mode == "lora" else args.rank,
-        seed=args.seed,
-        fitness_shaping=args.shaping,
-        group_size=args.group_size,
+        EggrollConfig(seed=args.seed, fitness_shaping=args.shaping, group_size=args.group_size),
         param_filter=block_weights if args.mode == "blocks" else None,
     )
     # outside a routed call the model computes with its own weights: the centre's evaluations use it directly

@@ -27,7 +27,7 @@ With :class:`~populora.EggrollES` or ``evolve_with_env(..., algorithm='es')``::
 
     from populora.optim import ClipUp
     es = EggrollES(model, 64, 0.1, None, 4, optimizer=lambda ps: ClipUp(ps, lr=0.05))
-    evolve_with_env(envs, model, 64, 4, algorithm="es", es_kwargs=dict(optimizer="clipup", lr=0.05))
+    evolve_with_env(envs, model, 64, 4, algorithm=ES(optimizer="clipup", lr=0.05))
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ path); ``save_pretrained`` then writes the evolved adapter. Combine with
 """
 
 from populora.es.compat import TorchEggrollES
+from populora.es.config import EggrollConfig
 from populora.es.core import EggrollES
 from populora.es.members import ESStateError, Individuals
 from populora.es.noise import (
@@ -40,6 +41,7 @@ from populora.es.noise import (
 from populora.es.shaping import FITNESS_SHAPINGS
 
 __all__ = [
+    "EggrollConfig",
     "FITNESS_SHAPINGS",
     "ESStateError",
     "EggrollES",

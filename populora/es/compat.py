@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from populora.checkpoint import atomic_save, load_checkpoint
 from populora.checks import check_bool, check_float
 from populora.errors import CheckpointError
+from populora.es.config import EggrollConfig
 from populora.es.core import EggrollES
 from populora.es.members import ESStateError
 from populora.es.params import call_filter
@@ -89,11 +90,13 @@ class TorchEggrollES:
             sigma,
             lr,
             rank,
-            seed=0,
-            antithetic=antithetic,
-            fitness_shaping="zscore" if normalize_fitness else "center",
+            EggrollConfig(
+                seed=0,
+                antithetic=antithetic,
+                fitness_shaping="zscore" if normalize_fitness else "center",
+                perturb_unroutable=True,
+            ),
             param_filter=wrapped,
-            perturb_unroutable=True,
             device=device,
         )
         self.model = self.es.model

@@ -30,8 +30,9 @@ from torch import Tensor, nn
 
 from populora import distributed as pd
 from populora.adapters import Adapter
-from populora.checks import check_bool, check_float, check_int, check_seed
+from populora.checks import check_float, check_int
 from populora.errors import InvalidTypeError, InvalidValueError
+from populora.es.config import EggrollConfig
 from populora.es.factors import MemberFactors, compute_dtype
 from populora.es.materialised import MaterialisedIndividuals
 from populora.es.members import (
@@ -44,9 +45,10 @@ from populora.es.members import (
 )
 from populora.es.noise import PairNoise
 from populora.es.params import ESParam, make_optimizer, select_params
-from populora.es.shaping import FITNESS_SHAPINGS, check_es_fitnesses, group_table, shape_fitness
+from populora.es.shaping import check_es_fitnesses, group_table, shape_fitness
 from populora.es.state import ESState
 from populora.fitness import evaluate as evaluate_fitness
+from populora.population.evolution import resolve_config
 from populora.routing.request import RoutingTarget
 from populora.routing.rows import split_rows
 from populora.stats import GenerationStats
@@ -71,31 +73,22 @@ class EggrollES(MaterialisedIndividuals, ESState):
         lr: learning rate of the default optimizer ``SGD(lr)``; ignored when
             ``optimizer`` is given (pass ``None`` then).
         rank: rank ``r`` of each matrix perturbation (per matrix ``min(r, R, C)``).
-        seed: the noise seed: same seed, same noise, on every rank.
-        antithetic: mirrored pairs: member ``i + N/2`` uses ``-E_i``.
-        fitness_shaping: ``'zscore'`` (``(f - mean) / (std + 1e-8)``),
-            ``'centered_rank'``, ``'center'`` (``f - mean``), ``'raw'``, or a
-            function mapping ``(groups, m)`` fitnesses to weights along the last dim.
-        group_size: shape fitness within groups of ``G`` members (members that
-            share a prompt); see :meth:`groups` for which members form a group.
+        config: an :class:`~populora.es.config.EggrollConfig`: the noise seed, antithetic pairs, fitness
+            shaping, groups, noise reuse, which parameter kinds are perturbed (default ``EggrollConfig()``).
+            Stored in :meth:`state_dict`; a state written with another config is refused, naming the field.
+        seed: overrides ``config.seed`` (the noise seed: same seed, same noise, on every rank).
+        antithetic: overrides ``config.antithetic`` (mirrored pairs: member ``i + N/2`` uses ``-E_i``).
         optimizer: a ``torch.optim.Optimizer`` over (at least) the selected
             parameters, or a function ``params -> Optimizer``; default ``SGD(params, lr)``.
             Any LR scheduler built on :attr:`optimizer` works.
         param_filter: which parameters to evolve, among those that require
             grad: ``fn(name, param) -> bool`` or ``fn(name) -> bool`` (told
             apart by the number of required positional parameters).
-        noise_reuse: reuse each noise for this many generations (noise epoch
-            ``generation // noise_reuse``); 1 gives fresh noise every generation.
-        perturb_vectors: give biases full Gaussian noise; ``False`` freezes
-            every 1-D parameter (biases, norm gains) instead.
-        perturb_unroutable: also perturb the selected parameters the routed
-            forward cannot reach (a bare ``nn.Parameter`` used in any
-            expression, a norm gain, a convolution kernel, the projections of
-            ``nn.MultiheadAttention``), through the ``functional_call``
-            fallback (see below). Default ``False``: they are frozen, with one
-            warning naming them.
         device: where the model and noise live; default the model's device, or
             ``cuda:(local_rank % device_count)`` under torchrun.
+
+    0.5.0's flat keywords ``fitness_shaping``, ``group_size``, ``noise_reuse``, ``perturb_vectors`` and
+    ``perturb_unroutable`` still work, with a ``DeprecationWarning``: they are fields of ``config``.
 
     How :meth:`ask` evaluates the members: ``nn.Linear`` weights and biases
     and ``nn.Embedding`` weights are perturbed by the routed forward, ONE
@@ -104,7 +97,7 @@ class EggrollES(MaterialisedIndividuals, ESState):
     batch, which is checked) computes its base product once over the ``b``
     rows and adds each member's delta to it (:mod:`populora.es.shared`;
     ``es.router.share_rows = False`` turns that off). With ``perturb_unroutable=True``
-    and a model that has unroutable parameters, the model is instead called
+    (a field of the config) and a model that has unroutable parameters, the model is instead called
     once per member with ``torch.func.functional_call`` and that member's
     values of the unroutable parameters (materialised, ``(m, *shape)``; low
     rank noise for a 2-D parameter, full Gaussian otherwise), vectorised over
@@ -136,23 +129,27 @@ class EggrollES(MaterialisedIndividuals, ESState):
         sigma: float,
         lr: float | None,
         rank: int,
+        config: EggrollConfig | None = None,
         *,
-        seed: int = 0,
-        antithetic: bool = True,
-        fitness_shaping: str | Callable[[Tensor], Tensor] = "zscore",
-        group_size: int | None = None,
+        seed: int | None = None,
+        antithetic: bool | None = None,
         optimizer: torch.optim.Optimizer | Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None,
         param_filter: Callable[..., bool] | None = None,
-        noise_reuse: int = 1,
-        perturb_vectors: bool = True,
-        perturb_unroutable: bool = False,
         device: str | torch.device | None = None,
+        **legacy: Any,
     ):
+        c = resolve_config(
+            EggrollConfig,
+            config,
+            legacy,
+            dict(seed=seed, antithetic=antithetic),
+            where="EggrollES",
+            stacklevel=3,
+        )
         if not isinstance(model, nn.Module):
             raise InvalidTypeError(f"`model` must be an nn.Module, got {type(model).__name__}")
         pop_size = check_int("pop_size", pop_size, low=2)
-        antithetic = check_bool("antithetic", antithetic)
-        if antithetic and pop_size % 2:
+        if c.antithetic and pop_size % 2:
             raise InvalidValueError(f"pop_size must be even when using antithetic sampling, got pop_size={pop_size}")
         sigma = check_float("sigma", sigma, low=0.0, low_open=True)
         if lr is not None:
@@ -160,24 +157,16 @@ class EggrollES(MaterialisedIndividuals, ESState):
         elif optimizer is None:
             raise InvalidValueError("`lr` must be a number when no `optimizer` is given, got None")
         rank = check_int("rank", rank, low=1)
-        seed = check_seed("seed", seed)
-        if not (
-            callable(fitness_shaping) or (isinstance(fitness_shaping, str) and fitness_shaping in FITNESS_SHAPINGS)
-        ):
+        group_size = c.group_size
+        if group_size is not None and (pop_size % group_size or (c.antithetic and group_size % 2)):
             raise InvalidValueError(
-                f"`fitness_shaping` must be one of {sorted(FITNESS_SHAPINGS)} or a function, got {fitness_shaping!r}"
+                f"`group_size` must divide pop_size={pop_size}"
+                + (" and be even (a group holds whole antithetic pairs)" if c.antithetic else "")
+                + f", got {group_size}"
             )
-        if group_size is not None:
-            group_size = check_int("group_size", group_size, low=2)
-            if pop_size % group_size or (antithetic and group_size % 2):
-                raise InvalidValueError(
-                    f"`group_size` must divide pop_size={pop_size}"
-                    + (" and be even (a group holds whole antithetic pairs)" if antithetic else "")
-                    + f", got {group_size}"
-                )
-        noise_reuse = check_int("noise_reuse", noise_reuse, low=1)
-        perturb_vectors = check_bool("perturb_vectors", perturb_vectors)
-        perturb_unroutable = check_bool("perturb_unroutable", perturb_unroutable)
+        seed, antithetic, fitness_shaping, noise_reuse = c.seed, c.antithetic, c.fitness_shaping, c.noise_reuse
+        perturb_vectors, perturb_unroutable = c.perturb_vectors, c.perturb_unroutable
+        self.config = c
         if optimizer is not None and not (isinstance(optimizer, torch.optim.Optimizer) or callable(optimizer)):
             raise InvalidTypeError(
                 f"`optimizer` must be a torch.optim.Optimizer or a function params -> Optimizer, "

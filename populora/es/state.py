@@ -28,6 +28,7 @@ from populora.stats import GenerationStats
 
 if TYPE_CHECKING:
     from populora.adapters import Adapter
+    from populora.es.config import EggrollConfig
     from populora.es.factors import MemberFactors
     from populora.es.params import ESParam
 
@@ -49,6 +50,7 @@ class ESState:
 
     # what EggrollES.__init__ sets (declared for the type checker)
     model: nn.Module
+    config: EggrollConfig
     optimizer: torch.optim.Optimizer
     pop_size: int
     rank: int
@@ -161,6 +163,22 @@ class ESState:
             "shapes": [list(p.param.shape) for p in self._params],
         }
 
+    def _stored_config(self) -> dict[str, Any]:
+        """The config as a state holds it: :meth:`EggrollConfig.to_dict`, less the seed (a load restores it)."""
+        return {k: v for k, v in self.config.to_dict().items() if k != "seed"}
+
+    def _check_stored_config(self, stored: Any) -> None:
+        """A state's ``'eggroll_config'`` equals this ES's (a shaping function is not compared, as before)."""
+        if not isinstance(stored, dict):
+            raise CheckpointError(
+                f"EggrollES state has a bad 'eggroll_config': expected a dict, got {type(stored).__name__}"
+            )
+        current = self.config.to_dict()
+        stored = {**stored, "seed": current["seed"]}
+        if isinstance(current["fitness_shaping"], dict) or isinstance(stored.get("fitness_shaping"), dict):
+            stored["fitness_shaping"] = current["fitness_shaping"]
+        self.config.check_matches(stored, "the EggrollES state")
+
     def state_dict(self) -> dict[str, Any]:
         """A snapshot for an exact resume: params, optimizer state, generation, seed, sigma, config.
 
@@ -174,11 +192,14 @@ class ESState:
         :attr:`best_individual` (the key files already hold); ``'history'``
         holds :attr:`history` as ``[generation, best, mean, std]`` rows;
         ``'optimizer_class'`` the optimizer's class (``'populora.optim.ClipUp'``),
-        which :meth:`load_state_dict` compares with its own.
+        which :meth:`load_state_dict` compares with its own; ``'eggroll_config'`` the
+        :class:`~populora.es.config.EggrollConfig` (its ``to_dict``, the seed aside: a load restores the
+        state's seed), which a load compares with its own, naming the first field that differs.
         """
         return {
             "format": FORMAT,
             "config": self._config(),
+            "eggroll_config": self._stored_config(),
             "seed": self.seed,
             "sigma": self.sigma,
             "generation": self.generation,
@@ -228,6 +249,8 @@ class ESState:
             except PopuloraError as error:
                 raise CheckpointError(f"EggrollES state has a bad {key!r}: {error}") from None
 
+        if "eggroll_config" in state:  # states written before 0.6.0 hold none: their 'config' is checked below
+            self._check_stored_config(state["eggroll_config"])
         mine, theirs = self._config(), state["config"]
         if not isinstance(theirs, dict):
             raise CheckpointError(f"EggrollES state has a bad 'config': expected a dict, got {type(theirs).__name__}")

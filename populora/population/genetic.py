@@ -35,6 +35,7 @@ from populora.distributed import broadcast_object, broadcast_tensors_, is_distri
 from populora.errors import InvalidValueError
 from populora.operators.devices import PerDevice
 from populora.operators.selection import SelectionResult
+from populora.population.evolution import Evolution, resolve_config
 from populora.population.host import HostBase
 from populora.population.optimizer_rows import OptimizerRows, check_optimizer_state
 from populora.stats import GenerationStats
@@ -313,28 +314,31 @@ class Evolvable(HostBase):
     def evolve_(
         self,
         fitnesses: Any,
+        config: Evolution | None = None,
         *,
-        survive_frac: float = 0.5,
-        elite_frac: float = 0.1,
-        selection_type: str = "deterministic",
-        parent_selection_type: str = "tournament",
-        crossover_type: str = "average",
-        mutation_type: str = "full_gaussian",
-        epsilon: float = 0.1,
-        num_groups: int = 1,
-        num_parents_per_child: int = 2,
-        selection_kwargs: dict | None = None,
-        parent_kwargs: dict | None = None,
-        crossover_kwargs: dict | None = None,
-        mutation_kwargs: dict | None = None,
+        survive_frac: float | None = None,
+        elite_frac: float | None = None,
+        selection_type: str | None = None,
+        parent_selection_type: str | None = None,
+        crossover_type: str | None = None,
+        mutation_type: str | None = None,
+        epsilon: float | None = None,
+        num_groups: int | None = None,
         optimizer: Any = None,
-        optimizer_state: str = "inherit",
+        **legacy: Any,
     ) -> SelectionResult:
         """One generation: select -> parents -> crossover into the culled -> mutate children.
 
+        ``config`` (an :class:`~populora.population.evolution.Evolution`, default ``Evolution()``) holds
+        every option; the keywords given here override its fields (``evolve_(f, survive_frac=0.3)`` is
+        ``evolve_(f, Evolution(survive_frac=0.3))``). 0.5.0's other flat keywords
+        (``num_parents_per_child``, ``selection_kwargs``, ``parent_kwargs``, ``crossover_kwargs``,
+        ``mutation_kwargs``, ``optimizer_state``) still work, with a ``DeprecationWarning``: they are
+        fields of the config.
+
         With ``optimizer=`` (one or several optimizers over :meth:`adapter_parameters`), the optimizer's
         per-individual state follows: survivors keep their rows, a child gets its first parent's
-        (``optimizer_state="inherit"``) or zeros (``"reset"``); see
+        (``Evolution.optimizer_state="inherit"``) or zeros (``"reset"``); see
         :mod:`populora.population.optimizer_rows`.
 
         Higher fitness is better. Elites are never modified; survivors keep
@@ -350,57 +354,58 @@ class Evolvable(HostBase):
         """
         self._check_alive()
         _need_two(self, "evolve_")
-        optimizer_state = check_optimizer_state(optimizer_state)
-        rows = OptimizerRows(optimizer, self.adapter_parameters())
-        kinds = (
-            ("selection", selection_type, selection_kwargs),
-            ("parent_selection", parent_selection_type, parent_kwargs),
-            ("crossover", crossover_type, crossover_kwargs),
-            ("mutation", mutation_type, mutation_kwargs),
+        # deprecated flat keywords first (a typo is named), then the explicit ones, checked under their names
+        explicit = dict(
+            survive_frac=survive_frac,
+            elite_frac=elite_frac,
+            selection_type=selection_type,
+            parent_selection_type=parent_selection_type,
+            crossover_type=crossover_type,
+            mutation_type=mutation_type,
+            epsilon=epsilon,
+            num_groups=num_groups,
         )
-        for kind, name, options in kinds:
-            ops.get_operator(kind, name)
-            ops.check_options(kind, name, options or {})
-        epsilon = _check_epsilon(epsilon)
-        num_parents_per_child = check_int("num_parents_per_child", num_parents_per_child, low=1)
+        c = resolve_config(Evolution, config, legacy, explicit, where="Population.evolve_", stacklevel=4)
+        rows = OptimizerRows(optimizer, self.adapter_parameters())
+        epsilon_ = _check_epsilon(c.epsilon)
         f = self.validate_fitnesses(fitnesses)  # the one validation of this generation's fitnesses
-        ops.selection.group_sizes(self.pop_size, survive_frac, elite_frac, num_groups)
-        num_groups = ops.check_num_groups(self.pop_size, num_groups)
+        ops.selection.group_sizes(self.pop_size, c.survive_frac, c.elite_frac, c.num_groups)
+        groups = ops.check_num_groups(self.pop_size, c.num_groups)
 
         generator_state = self.generator.get_state()
         with transaction(self.generator):  # selection writes no adapter, only draws
             result = ops.selection.select_survivors(
                 f,
-                ops.get_operator("selection", selection_type),
-                survive_frac,
-                elite_frac,
-                num_groups,
+                ops.get_operator("selection", c.selection_type),
+                c.survive_frac,
+                c.elite_frac,
+                groups,
                 generator=self.generator,
-                **(selection_kwargs or {}),
+                **c.selection_kwargs,
             )
         culled = result.selected_out_indices
         with self._undo_on_error(culled, generator_state, rows):  # e.g. a crossover needing another parent count
             parents = self._select_parents(
-                ops.get_operator("parent_selection", parent_selection_type),
+                ops.get_operator("parent_selection", c.parent_selection_type),
                 f,
                 culled.numel(),
                 culled,
-                num_parents_per_child,
-                num_groups,
-                parent_kwargs or {},
+                c.num_parents_per_child,
+                groups,
+                dict(c.parent_kwargs),
             )
             if culled.numel():
                 self._crossover(
-                    ops.get_operator("crossover", crossover_type),
+                    ops.get_operator("crossover", c.crossover_type),
                     parents,
                     culled,
                     f,
-                    num_groups,
-                    crossover_kwargs or {},
+                    groups,
+                    dict(c.crossover_kwargs),
                 )
-            self._mutate(ops.get_operator("mutation", mutation_type), culled, epsilon, mutation_kwargs or {})
+            self._mutate(ops.get_operator("mutation", c.mutation_type), culled, epsilon_, dict(c.mutation_kwargs))
             if culled.numel():
-                rows.replace(culled, parents[:, 0] if optimizer_state == "inherit" else None)
+                rows.replace(culled, parents[:, 0] if c.optimizer_state == "inherit" else None)
         self.history.append(
             GenerationStats(self.generation, float(f.max()), float(f.mean()), float(f.std(correction=0)))
         )

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from populora.errors import InvalidTypeError, InvalidValueError
+from populora.population.evolution import EVOLVE_KEYWORDS
 from populora.population.population import Population
 
 __all__: list[str] = []
@@ -146,7 +147,9 @@ def check_evolve_kwargs(
         accepted = [
             p for p, v in params.items() if p != "fitnesses" and v.kind in (v.KEYWORD_ONLY, v.POSITIONAL_OR_KEYWORD)
         ]
-        open_ended = any(v.kind is v.VAR_KEYWORD for v in params.values())
+        if "legacy" in params:  # Population.evolve_: 0.5.0's flat keywords, deprecated, are its config's fields
+            accepted += [k for k in EVOLVE_KEYWORDS if k not in accepted]
+        open_ended = any(v.kind is v.VAR_KEYWORD and p != "legacy" for p, v in params.items())
         for key in options:
             if key not in accepted and not open_ended:
                 close = difflib.get_close_matches(str(key), accepted, n=1)

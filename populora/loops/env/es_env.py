@@ -18,6 +18,7 @@ the start states).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -30,6 +31,7 @@ from populora.envs.interactor import EnvInteractor
 from populora.envs.schedule import training_seeds
 from populora.errors import InvalidTypeError, InvalidValueError
 from populora.es import EggrollES
+from populora.es.config import EggrollConfig
 from populora.targets import select_modules
 
 __all__ = ["ES_DEFAULTS", "ES_OPTIMIZERS", "es_fitnesses", "make_es"]
@@ -96,8 +98,10 @@ def make_es(
     options.setdefault("seed", seed)
     if device is not None:
         options.setdefault("device", device)
+    config_fields = {f.name for f in dataclasses.fields(EggrollConfig)}
+    config = EggrollConfig(**{k: options.pop(k) for k in list(options) if k in config_fields})
     try:
-        return EggrollES(model, pop_size, options.pop("sigma"), None, low_rank, **options)
+        return EggrollES(model, pop_size, options.pop("sigma"), None, low_rank, config, **options)
     except TypeError as error:
         raise InvalidTypeError(f"`es_kwargs` does not fit EggrollES: {error}") from error
 

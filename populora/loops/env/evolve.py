@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -24,6 +24,7 @@ from torch import nn
 
 from populora.checkpoint import load_checkpoint
 from populora.checks import check_bool, check_float, check_int, check_one_of
+from populora.config import Config
 from populora.distributed import checksum, world_size
 from populora.envs.actions import ActionFn
 from populora.envs.interactor import EnvInteractor, interact_with_env
@@ -34,6 +35,7 @@ from populora.loops.env.champion import Validator
 from populora.loops.env.es_env import make_es
 from populora.loops.env.generations import GenerationInfo, Run, run_es, run_ga
 from populora.loops.env.options import (
+    ENV_EVOLUTION,
     ES,
     GA,
     Budget,
@@ -41,8 +43,8 @@ from populora.loops.env.options import (
     EnvOptions,
     Episodes,
     Validation,
-    check_evolve_keys,
 )
+from populora.population.evolution import Evolution
 from populora.population.population import Population
 from populora.stats import GenerationStats
 from populora.transaction import closing_on_failure
@@ -90,8 +92,8 @@ def validation_defaults(pop_size: int, num_episodes: int) -> tuple[int, int]:
 
 
 ENV_EVOLVE_DEFAULTS: dict[str, Any] = {"epsilon": 0.3}
-"""``Population.evolve_`` options that ``evolve_with_env`` changes by default (``GA(evolve_kwargs=)`` overrides
-them): mutation scale 0.3 instead of 0.1 (CartPole-v1 with 64 individuals: 5/5 seeds solved, 3/5 with 0.1)."""
+"""0.5.0's form of :data:`~populora.loops.env.options.ENV_EVOLUTION` (``Population.evolve_`` options that
+``evolve_with_env`` changes by default: mutation scale 0.3 instead of 0.1); kept for one release."""
 
 CHECKPOINT_NAME = "evolve_with_env.pt"
 _FORMAT = "populora.evolve_with_env/2"
@@ -180,9 +182,9 @@ def evolve_with_env(
     and a list of 4). An env that does not replay an episode from its reset
     seed is named in a warning before the first episode.
 
-    The first twelve parameters take values as in the examples; the rest are keyword
-    option objects (:mod:`populora.loops.env.options`), each defaulting to
-    what ``None`` gives.
+    The first twelve parameters take values as in the examples (the seed release's); the rest are keyword
+    option objects (:mod:`populora.loops.env.options`, each a frozen :class:`~populora.config.Config` checked
+    when built), each defaulting to what ``None`` gives, and the ``callback``.
 
     Args:
         envs: one env, a list, a vector env, or a factory (see
@@ -214,7 +216,8 @@ def evolve_with_env(
             action range.
         checkpointing: :class:`~populora.loops.env.options.Checkpointing`:
             checkpoint folder and resume.
-        budget: :class:`~populora.loops.env.options.Budget`: env-step and wall-clock budgets.
+        budget: :class:`~populora.loops.base.Budget` (every loop's): env-step and wall-clock budgets (its
+            ``max_steps`` is refused: ``num_generations`` caps the generations).
         callback: ``callback(info)`` after every generation, ``info`` a
             :class:`~populora.loops.env.generations.GenerationInfo` (stats,
             history, fitnesses, champion score, the population or ES, the
@@ -239,7 +242,9 @@ def evolve_with_env(
             option object of the wrong type or with a bad value (named), before
             any episode runs.
         CheckpointError: resuming from a damaged file, a file of another kind,
-            or one written with another model (the file is named).
+            one written with another model, or one written with other options (the file and the first
+            option that differs are named, ``evolve_with_env.algorithm.evolution.epsilon=0.3; this run has
+            ...``; see :func:`run_config` for what is compared).
 
     On any error the model comes back unwrapped, its ``requires_grad`` flags
     restored.
@@ -273,6 +278,19 @@ def evolve_with_env(
     if num_envs is None and is_factory(envs):
         num_envs = min(-(-pop_size // max(1, world_size())), DEFAULT_NUM_ENVS)
 
+    run = dataclasses.replace(
+        run,
+        config=run_config(
+            pop_size=pop_size,
+            low_rank=low_rank,
+            seed=seed,
+            horizon=horizon,
+            algorithm=algorithm,
+            episodes=episodes,
+            validation=validation,
+            env_options=env_options,
+        ),
+    )
     interactor = interact_with_env(
         envs,
         env_options.device,
@@ -365,19 +383,12 @@ def _check_options(
     num_generations = check_int("num_generations", num_generations, low=1)
     if target_fitness is not None:
         target_fitness = check_float("target_fitness", target_fitness)
-    evolve: dict[str, Any] = {}
-    if isinstance(algorithm, GA):
-        for name in ("evolve_kwargs", "population_kwargs"):
-            if not isinstance(getattr(algorithm, name), Mapping):
-                raise InvalidTypeError(f"`GA.{name}` must be a dict, got {getattr(algorithm, name)!r:.80}")
-        evolve = {**ENV_EVOLVE_DEFAULTS, **dict(algorithm.evolve_kwargs)}
-        check_evolve_keys(evolve)
-    elif not isinstance(algorithm.extra, Mapping):
-        raise InvalidTypeError(f"`ES.extra` must be a dict of EggrollES arguments, got {algorithm.extra!r:.80}")
-    else:
-        own = sorted(set(algorithm.extra) & {f.name for f in dataclasses.fields(ES)})
-        if own:
-            raise InvalidValueError(f"`ES.extra` names {own}, which are ES's own fields: pass ES({own[0]}=...) instead")
+    evolve = algorithm.evolution if isinstance(algorithm, GA) else ENV_EVOLUTION  # each checked when built
+    if budget.max_steps is not None:
+        raise InvalidValueError(
+            f"`Budget.max_steps` does not apply to evolve_with_env (got {budget.max_steps}): "
+            "`num_generations` caps its generations"
+        )
     num_episodes = check_int("Episodes.num_episodes", episodes.num_episodes, low=1)
     seeding = check_one_of("Episodes.seeding", episodes.seeding, EPISODE_SEEDINGS)
     if episodes.fitness is not None and not callable(episodes.fitness):
@@ -427,14 +438,12 @@ def _evolve(population: Population, interactor: EnvInteractor, run: Run) -> tupl
     history: list[GenerationStats] = []
     validator = Validator(run.seed, run.validation_episodes, run.validation_top)
     if run.resume and run.checkpoint is not None and run.checkpoint.is_file():
-        history, extra = _resume(
-            run.checkpoint, population.load_state_dict, population.state_dict, interactor, base_sum, "ga"
-        )
+        history, extra = _resume(run.checkpoint, population.load_state_dict, run.config, interactor, base_sum, "ga")
         validator.load_state_dict(extra.get("validator"))
     _check_evolve_values(population, run.evolve)  # before the first episode
 
     def save() -> dict[str, Any]:
-        return _checkpoint("ga", population.snapshot("cpu"), interactor, history, base_sum, validator)
+        return _checkpoint("ga", population.snapshot("cpu"), interactor, history, base_sum, validator, run.config)
 
     steps_before = _steps_of(history)
     return run_ga(population, interactor, run, history, validator, steps_before, save), history
@@ -458,13 +467,84 @@ def _evolve_es(
         history: list[GenerationStats] = []
         validator = Validator(run.seed, run.validation_episodes, 1)
         if run.resume and run.checkpoint is not None and run.checkpoint.is_file():
-            history, extra = _resume(run.checkpoint, es.load_state_dict, es.state_dict, interactor, base_sum, "es")
+            history, extra = _resume(run.checkpoint, es.load_state_dict, run.config, interactor, base_sum, "es")
             validator.load_state_dict(extra.get("validator"))
 
         def save() -> dict[str, Any]:
-            return _checkpoint("es", es.state_dict(), interactor, history, base_sum, validator)
+            return _checkpoint("es", es.state_dict(), interactor, history, base_sum, validator, run.config)
 
         return run_es(es, interactor, run, history, validator, _steps_of(history), save), history
+
+
+def run_config(**options: Any) -> Config:
+    """What a checkpoint of :func:`evolve_with_env` stores of the run and a resume must match: ``pop_size``,
+    ``low_rank``, ``seed``, ``horizon`` and the option objects that shape its generations (``algorithm``,
+    ``episodes``, ``validation``, ``env_options`` less its ``device``: a run may resume on another machine),
+    JSON-safe. Not stored: ``num_generations``, ``target_fitness``, ``budget`` (a resumed run may go on
+    longer), ``checkpointing``, ``progress``, ``callback``."""
+    values = {k: _json_safe(v) for k, v in options.items()}
+    if isinstance(values.get("env_options"), dict):
+        values["env_options"] = {k: v for k, v in values["env_options"].items() if k != "device"}
+    if isinstance(values.get("algorithm"), dict):
+        values["algorithm"] = {"kind": type(options["algorithm"]).__name__, **values["algorithm"]}
+    return _RunConfig(values)
+
+
+@dataclasses.dataclass(frozen=True)
+class _RunConfig(Config):
+    """The stored run (see :func:`run_config`): one field per option, compared field by field."""
+
+    run: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.run)
+
+    def check_matches(self, stored: Any, what: str, *, ignore: Collection[str] = ()) -> None:
+        if not isinstance(stored, Mapping):
+            raise CheckpointError(f"{what} holds no evolve_with_env config (got {type(stored).__name__})")
+        for key in [k for k in list(self.run) + [k for k in stored if k not in self.run] if k not in ignore]:
+            diff = _first_difference(
+                f"evolve_with_env.{key}", stored.get(key, "<absent>"), self.run.get(key, "<absent>")
+            )
+            if diff is not None:
+                path, old, new = diff
+                raise CheckpointError(
+                    f"{what} was written with {path}={old!r}; this run has {path}={new!r} "
+                    "(resume with the same options, or start a new run)"
+                )
+
+
+def _first_difference(path: str, stored: Any, current: Any) -> tuple[str, Any, Any] | None:
+    if isinstance(stored, Mapping) and isinstance(current, Mapping):
+        for key in list(current) + [k for k in stored if k not in current]:
+            found = _first_difference(f"{path}.{key}", stored.get(key, "<absent>"), current.get(key, "<absent>"))
+            if found is not None:
+                return found
+        return None
+    if isinstance(stored, (list, tuple)) and isinstance(current, (list, tuple)):
+        stored, current = list(stored), list(current)
+    return None if stored == current else (path, stored, current)
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` as plain Python values (a config by its ``to_dict``; an object with no JSON form by its
+    class, a ``torch.dtype`` by its name)."""
+    if isinstance(value, Config):
+        try:
+            return value.to_dict()
+        except InvalidTypeError:  # a field with no JSON form (an optimizer object, a dtype)
+            return {f.name: _json_safe(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, torch.dtype):
+        return str(value)
+    if callable(value) and not isinstance(value, torch.optim.Optimizer):
+        return {"callable": f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', repr(value))}"}
+    return {"object": f"{type(value).__module__}.{type(value).__qualname__}"}
 
 
 def _steps_of(history: list[GenerationStats]) -> int:
@@ -478,6 +558,7 @@ def _checkpoint(
     history: list[GenerationStats],
     base_sum: list[int],
     validator: Validator,
+    config: Config,
 ) -> dict[str, Any]:
     return {
         "format": _FORMAT,
@@ -487,10 +568,11 @@ def _checkpoint(
         "history": [tuple(h)[:6] for h in history],  # the fields a run records (ES tell's extras are not kept)
         "base_checksum": base_sum,
         "validator": validator.state_dict(),
+        "config": config.to_dict(),  # what the run is; a resume with another is refused, naming the field
     }
 
 
-def _check_evolve_values(population: Population, options: dict[str, Any]) -> None:
+def _check_evolve_values(population: Population, options: Evolution) -> None:
     """Run one ``evolve_`` with ``options`` on the population, then restore it exactly.
 
     Whatever ``evolve_`` would refuse (an unknown operator, ``epsilon=-1``,
@@ -499,12 +581,12 @@ def _check_evolve_values(population: Population, options: dict[str, Any]) -> Non
     counters are restored from a copy afterwards, so the run is the same as
     without the check.
     """
-    if options == ENV_EVOLVE_DEFAULTS:  # the defaults are valid by construction
+    if options == ENV_EVOLUTION:  # the defaults are valid by construction
         return
     saved = population.snapshot()
     fitnesses = torch.arange(population.pop_size, dtype=torch.float32, device=population.device)
     try:
-        population.evolve_(fitnesses, **options)
+        population.evolve_(fitnesses, options)
     finally:
         population.load_state_dict(saved)
 
@@ -512,15 +594,15 @@ def _check_evolve_values(population: Population, options: dict[str, Any]) -> Non
 def _resume(
     path: Path,
     load: Callable[[dict[str, Any]], Any],
-    current: Callable[[], Any],
+    config: Config,
     interactor: EnvInteractor,
     base_sum: list[int],
     algorithm: str,
 ) -> tuple[list[GenerationStats], dict[str, Any]]:
     """Restore a checkpoint: the history and the checkpoint's other entries (``validator``).
 
-    ``load`` restores the population's (or ES's) state; ``current`` is unused
-    but names what is restored in messages.
+    ``load`` restores the population's (or ES's) state; ``config`` is this run's (a checkpoint that stores
+    one, written since 0.6.0, must hold the same: the first field that differs is named).
     """
     where = f"checkpoint {str(path)!r}"
     state = load_checkpoint(path, kind="evolve_with_env")  # CheckpointError: damaged, foreign kind
@@ -540,6 +622,8 @@ def _resume(
             f"the model passed differs from the one {where} was written with (checksum of its parameters); "
             "resuming needs the same base model (seed its construction)"
         )
+    if "config" in state:  # written since 0.6.0 (earlier files hold none and resume as before)
+        config.check_matches(state["config"], where)
     saved = state["interactor"]
     normalized = isinstance(saved, dict) and saved.get("obs_stats") is not None
     if normalized != interactor.normalize_obs:

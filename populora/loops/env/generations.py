@@ -28,6 +28,7 @@ from populora.envs.normalize import sum_over_ranks
 from populora.loops.base import callback_says_stop
 from populora.loops.env.champion import Validator, fingerprint, top_candidates
 from populora.loops.env.es_env import es_fitnesses
+from populora.population.evolution import Evolution
 from populora.population.population import Population
 from populora.stats import BudgetProgress, GenerationStats
 
@@ -43,7 +44,7 @@ class Run:
     progress: bool
     episodes: dict[str, Any]  # action, horizon, num_episodes, to_range (+ fitness for the GA)
     episode_seeding: str
-    evolve: dict[str, Any]  # Population.evolve_'s
+    evolve: Evolution  # every generation's Population.evolve_ options
     checkpoint: Path | None
     resume: bool
     seed: int
@@ -53,6 +54,7 @@ class Run:
     max_env_steps: int | None
     max_seconds: float | None = None
     started: float = field(default_factory=lambda: time.monotonic())  # Budget.max_seconds counts from the call
+    config: Any = None  # the run's config (a Config), stored in its checkpoint and compared on resume
 
 
 class GenerationInfo(NamedTuple):
@@ -238,7 +240,7 @@ def run_ga(
             lower = None if validator.champion is None else validator.champion.lower
             if loop.record(population.generation, fitnesses, validated, champion_score, population, lower):
                 break
-            population.evolve_(fitnesses, **run.evolve)
+            population.evolve_(fitnesses, run.evolve)
             interactor.update_obs_stats(population)  # fold this generation's observations in (all ranks)
             if run.checkpoint is not None and save is not None and is_main_rank():
                 atomic_save(save(), run.checkpoint, kind="evolve_with_env")

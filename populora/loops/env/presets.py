@@ -32,6 +32,8 @@ slot there). MiniGrid's cell codes are small integers: encode them one hot
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -252,6 +254,36 @@ class Preset:
     interact: dict[str, Any] = field(default_factory=dict)
     target: float | None = None
     measured: str = ""
+
+    def __post_init__(self) -> None:
+        # the three dicts are the keyword arguments of a call: each key is checked against it when built
+        from populora.envs.interactor import EnvInteractor, interact_with_env
+        from populora.loops.env.evolve import evolve_with_env
+
+        _check_call_keys(f"Preset({self.task!r}).kwargs", self.kwargs, evolve_with_env, ("envs", "model", "seed"))
+        _check_call_keys(f"Preset({self.task!r}).play", self.play, EnvInteractor.play, ("self", "policy"))
+        _check_call_keys(f"Preset({self.task!r}).interact", self.interact, interact_with_env, ("envs",))
+        options: dict[str, type | tuple[type, ...]] = {"algorithm": (GA, ES), "episodes": Episodes}
+        options["validation"] = Validation
+        options.update(env_options=EnvOptions, budget=Budget)
+        for key, kind in options.items():
+            value = self.kwargs.get(key)
+            if value is not None and not isinstance(value, kind):
+                raise InvalidTypeError(
+                    f"`Preset({self.task!r}).kwargs[{key!r}]` must be an option object, got {value!r:.80}"
+                )
+
+
+def _check_call_keys(where: str, options: Any, fn: Callable[..., Any], own: Sequence[str]) -> None:
+    """Every key of ``options`` (a dict of keyword arguments of ``fn``) is one of its parameters, not in ``own``."""
+    if not isinstance(options, dict):
+        raise InvalidTypeError(f"`{where}` must be a dict of {fn.__qualname__} arguments, got {options!r:.80}")
+    allowed = [name for name in inspect.signature(fn).parameters if name not in own]
+    for key in options:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise InvalidTypeError(f"`{where}` has the key {key!r}{hint}, which {fn.__qualname__} does not take")
 
 
 def _presets() -> dict[str, Preset]:
