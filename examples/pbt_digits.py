@@ -64,7 +64,7 @@ import torch
 from torch import Tensor, nn
 
 from populora import Population
-from populora.train import PBT, LRMultipliers
+from populora.train import PBT, LRMultipliers, PBTConfig
 
 
 def load_digits(seed: int, subset: int | None, validation: float, test: float) -> dict[str, tuple[Tensor, Tensor]]:
@@ -228,13 +228,15 @@ def run_pbt(setup: Setup) -> dict[str, Any]:
     pbt = PBT(
         pop,
         opt,
-        interval=args.interval,
-        fraction=args.fraction,
-        decay=args.decay,
-        crossover_rate=args.crossover_rate,
-        epsilon=args.epsilon,
+        PBTConfig(
+            interval=args.interval,
+            fraction=args.fraction,
+            decay=args.decay,
+            crossover_rate=args.crossover_rate,
+            epsilon=args.epsilon,
+            seed=setup.seed,
+        ),
         lr_multipliers=lr,
-        seed=setup.seed,
     )
     step_s: list[float] = []
     replacements, twins = [], {}
