@@ -38,7 +38,7 @@ from populora import Population, __version__
 from populora.llm import LLAMA_ALL
 from populora.llm.text import chat_text, generate_replies, pad_id
 from populora.tasks import Arithmetic
-from populora.train import policy_gradient_step_
+from populora.train import PolicyGradient, policy_gradient_step_
 
 RESULTS = Path(__file__).resolve().parent / "results" / __version__  # benchmarks/results/<version>/
 
@@ -84,7 +84,13 @@ def step(roles: list[Role], rows: int, tok: Any, new_tokens: int, seed: int) -> 
         adv = torch.randn(len(ids), generator=g, dtype=torch.float64)
         start = time.perf_counter()
         policy_gradient_step_(
-            role.pop, role.opt, out.prompt_ids, out.reply_ids, ids, adv, pad_id=pad_id(tok), micro_batch=16
+            role.pop,
+            role.opt,
+            out.prompt_ids,
+            out.reply_ids,
+            ids,
+            adv,
+            PolicyGradient(pad_id=pad_id(tok), micro_batch=16),
         )
         training += time.perf_counter() - start
     return generation, training

@@ -139,7 +139,7 @@ def main() -> None:
         opponents[:] = hall.sample(min(args.opponents, len(hall.champions("proposer"))), "proposer")
         if is_main_rank() and (generation % args.print_every == 0 or generation == args.generations - 1):
             stats = " | ".join(
-                f"{name} best {h[-1].best:+.3f} mean {h[-1].mean:+.3f}" for name, h in coevolve.history.items()
+                f"{name} best {s.best:+.3f} mean {s.mean:+.3f}" for name, s in coevolve.history[-1].populations.items()
             )
             champion_mse, median_mse = held_out()
             print(
@@ -179,8 +179,8 @@ def main() -> None:
         ax.plot(grid.flatten(), answers.flatten(), color="tab:orange", lw=2, label="solver champion")
         ax.set(xlabel="x", ylabel="y", title=f"solver after {args.generations} generations (faint: population)")
         ax.legend()
-        generations = [s.generation for s in coevolve.history["solver"]]
-        for name, h in coevolve.history.items():
+        generations = [s.generation for s in coevolve.history.of("solver")]
+        for name, h in coevolve.history.by_population().items():
             curve.plot(generations, [s.best for s in h], label=f"{name} best")
         curve.set(xlabel="generation", ylabel="fitness (higher is better)", title="best fitness per population")
         curve.legend()

@@ -66,7 +66,7 @@ import torch
 from torch import Tensor, nn
 
 from populora import Population, __version__
-from populora.train import PBT, LRMultipliers
+from populora.train import PBT, LRMultipliers, PBTConfig
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "experiments" / "results" / __version__ / "train" / "pbt_digits.json"  # by the writing version
@@ -247,13 +247,15 @@ def run_pbt(setup: Setup) -> dict[str, Any]:
     pbt = PBT(
         pop,
         opt,
-        interval=args.interval,
-        fraction=args.fraction,
-        decay=args.decay,
-        crossover_rate=args.crossover_rate,
-        epsilon=args.epsilon,
+        PBTConfig(
+            interval=args.interval,
+            fraction=args.fraction,
+            decay=args.decay,
+            crossover_rate=args.crossover_rate,
+            epsilon=args.epsilon,
+            seed=setup.seed,
+        ),
         lr_multipliers=lr,
-        seed=setup.seed,
     )
     step_s: list[float] = []
     replacements, twins = [], {}

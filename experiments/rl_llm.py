@@ -70,7 +70,7 @@ from populora import Population, __version__
 from populora.checkpoint import atomic_save, load_checkpoint
 from populora.llm import LLAMA_ALL
 from populora.llm.reasoning import encode_prompts, problem_prompts, verifier_rewards
-from populora.train import PBT, LRMultipliers, advantages, policy_gradient_step_
+from populora.train import PBT, LRMultipliers, PBTConfig, PolicyGradient, advantages, policy_gradient_step_
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/ is not a package: the sibling script's helpers
 from es_countdown import (  # the same model, task, seeds, sets, intervals and exposure as ES
@@ -282,8 +282,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     multipliers = torch.logspace(-args.lr_span / 2, args.lr_span / 2, size, dtype=torch.float64)
     lr = LRMultipliers(size, values=multipliers, seed=args.seed)
     pbt = (
-        PBT(pop, opt, interval=args.pbt_interval, fraction=0.25, decay=0.5, crossover_rate=0.0, epsilon=0.0,
-            lr_multipliers=lr, seed=args.seed)
+        PBT(pop, opt, PBTConfig(interval=args.pbt_interval, fraction=0.25, decay=0.5, crossover_rate=0.0,
+                                epsilon=0.0, seed=args.seed), lr_multipliers=lr)
         if args.pbt_interval
         else None
     )  # fmt: skip
@@ -395,10 +395,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             roll["replies"],
             roll["individuals"],
             adv,
-            pad_id=tokenizer.pad_token_id,
-            micro_batch=args.micro_batch,
-            max_grad_norm=args.max_grad_norm,
-            kl_coef=args.kl_coef,
+            PolicyGradient(
+                pad_id=tokenizer.pad_token_id,
+                micro_batch=args.micro_batch,
+                max_grad_norm=args.max_grad_norm,
+                kl_coef=args.kl_coef,
+            ),
             lr_multipliers=lr,
         )
         step_s = state["step_s"] = time.perf_counter() - t_step  # training only: a validation is counted apart

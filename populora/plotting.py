@@ -128,6 +128,8 @@ def _series(history: Any) -> tuple[dict[str, Rows], str]:
         history = history.es  # TorchEggrollES keeps its history on its EggrollES
     if hasattr(history, "history") and not isinstance(history, Mapping):
         history = history.history
+    if callable(getattr(history, "by_population", None)):
+        history = history.by_population()  # Coevolve's records, one series per population
     if isinstance(history, Mapping):
         out = {str(name): _rows(rows, f"history[{name!r}]") for name, rows in history.items()}
         if not out:

@@ -13,12 +13,16 @@ The loop, in ten lines::
 
     pop = Population(model, 8, 16, lora_targets, init_scale=0, requires_grad=True)
     opt = torch.optim.Adam(pop.adapter_parameters(), lr=1e-4)
-    pbt = PBT(pop, opt, interval=10, fraction=0.25, lr_multipliers=LRMultipliers(8))
+    pbt = PBT(pop, opt, PBTConfig(interval=10, fraction=0.25), lr_multipliers=LRMultipliers(8))
     for step in range(200):
         prompts, replies, ids, rewards = rollouts(pop)              # one routed pop.generate
         adv = advantages(rewards, groups=prompt_keys, method="reinforce++")
         policy_gradient_step_(pop, opt, prompts, replies, ids, adv, lr_multipliers=pbt.lr_multipliers)
         pbt.step(per_individual_mean(rewards, ids))                 # every 10 steps: exploit and explore
+
+or, with the training step as ``train=`` (``train(pbt)`` trains every individual once and returns the
+``(P,)`` fitnesses), the loop surface every loop has: ``pbt.run(200, callback=log)``, ``pbt.history`` (one
+:class:`PBTRecord` per step), ``pbt.save(path)`` / ``pbt.load(path)``.
 
 Under ``torch.distributed`` every rank holds the same PBT (same seed) and must pass the same fitnesses
 (exchange them first, e.g. :func:`populora.distributed.all_gather_values`); the replacement then runs in
@@ -28,27 +32,149 @@ lockstep with no communication.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
+from populora import distributed as pd
 from populora import operators as ops
-from populora.checks import check_bool, check_float, check_int, check_seed
+from populora.checks import check_bool, check_float, check_int, check_one_of, check_seed, is_real
+from populora.config import Config, config_from_legacy
 from populora.errors import CheckpointError, FitnessError, InvalidTypeError, InvalidValueError
+from populora.loops.base import Budget, load_state, run_steps, save_state
 from populora.loops.ratings import Ratings
 from populora.operators.selection import SelectionResult
-from populora.population.optimizer_rows import OptimizerRows, check_optimizer_state
+from populora.population.optimizer_rows import OPTIMIZER_STATES, OptimizerRows
 from populora.population.population import Population
 from populora.snapshots import Snapshot
 from populora.train.lr import LRMultipliers
 from populora.transaction import Attributes, transaction
 
-__all__ = ["PBT", "Replacement"]
+__all__ = ["PBT", "PBTConfig", "PBTRecord", "Replacement"]
 
-_FORMAT = "populora.PBT/1"
+_FORMAT = "populora.PBT/2"
+_FORMAT_050 = "populora.PBT/1"  # 0.5.0's files: no config, no history
+
+
+@dataclass(frozen=True)
+class PBTConfig(Config):
+    """The hyperparameters of :class:`PBT`, checked when built (a bad field is named), stored in its checkpoints.
+
+    Attributes:
+        interval: ``k >= 1`` steps between replacements.
+        fraction: ``gamma`` in ``(0, 0.5]``: ``max(1, floor(gamma * P))`` bottom individuals are replaced; the
+            parents are drawn from the top ``max(that, 2)`` (at most ``P - replaced``).
+        decay: the fitness moving average's ``beta`` in ``[0, 1)``: ``avg <- beta * avg + (1 - beta) * f``
+            (the first fitness after a birth sets it; ``0``: the last fitness).
+        crossover_rate: probability in ``[0, 1]`` that a child is a crossover (needs two top parents).
+        crossover, crossover_kwargs: the crossover operator (``Population.crossover_``) and its own options
+            (checked key by key against the registered operator); fitness-aware types get the ranking keys
+            as fitnesses.
+        mutation, epsilon, mutation_kwargs: the mutation of a mutated child (``Population.mutate_``).
+        optimizer_state: ``"inherit"`` or ``"reset"`` (children's optimizer rows).
+        perturb_lr: perturb the children's learning-rate multipliers (PBT's explore); ``False`` only
+            inherits them.
+        seed: seeds PBT's own generator (children's kind and parents). A checkpoint restores the generator
+            itself, so a resume may be built with another seed.
+
+    Example:
+        >>> PBTConfig(interval=5).fraction
+        0.25
+        >>> PBTConfig(fraction=0.75)
+        Traceback (most recent call last):
+        ...
+        populora.errors.InvalidValueError: `PBTConfig.fraction` must be a finite number in (0.0, 0.5], got 0.75
+    """
+
+    interval: int = 10
+    fraction: float = 0.25
+    decay: float = 0.9
+    crossover_rate: float = 0.5
+    crossover: str = "layer_wise"
+    crossover_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    mutation: str = "full_gaussian"
+    epsilon: float = 0.1
+    mutation_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    optimizer_state: str = "inherit"
+    perturb_lr: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:  # each field stored as checked: JSON-safe, one type per field
+        checked: dict[str, Any] = {
+            "interval": check_int("PBTConfig.interval", self.interval, low=1),
+            "fraction": check_float("PBTConfig.fraction", self.fraction, low=0.0, high=0.5, low_open=True),
+            "decay": check_float("PBTConfig.decay", self.decay, low=0.0, high=1.0, high_open=True),
+            "crossover_rate": check_float("PBTConfig.crossover_rate", self.crossover_rate, low=0.0, high=1.0),
+            "epsilon": check_float("PBTConfig.epsilon", self.epsilon, low=0.0),
+            "optimizer_state": check_one_of("PBTConfig.optimizer_state", self.optimizer_state, OPTIMIZER_STATES),
+            "perturb_lr": check_bool("PBTConfig.perturb_lr", self.perturb_lr),
+            "seed": check_seed("PBTConfig.seed", self.seed),
+        }
+        for kind in ("crossover", "mutation"):
+            op, options = getattr(self, kind), getattr(self, f"{kind}_kwargs")
+            if options is None:  # (0.5.0's default)
+                options = {}
+            if not isinstance(options, Mapping):
+                raise InvalidTypeError(
+                    f"`PBTConfig.{kind}_kwargs` must be a dict of the {kind}'s options, got {type(options).__name__}"
+                )
+            if not isinstance(op, str):
+                raise InvalidTypeError(f"`PBTConfig.{kind}` must be a registered {kind}'s name, got {op!r:.60}")
+            field_name = kind
+            try:  # the registered name, then the operator's own options, key by key
+                ops.get_operator(kind, op)
+                field_name = f"{kind}_kwargs"
+                ops.check_options(kind, op, options)
+            except (InvalidTypeError, InvalidValueError) as error:
+                raise type(error)(f"`PBTConfig.{field_name}`: {error}") from None
+            checked[f"{kind}_kwargs"] = dict(options)
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
+        self.to_dict()  # an option without a JSON form is refused here, not when the first checkpoint is written
+
+
+@dataclass(frozen=True)
+class PBTRecord:
+    """One :meth:`PBT.step` (an entry of ``PBT.history``).
+
+    Attributes:
+        step: the step count after it (``1`` for the first step: the count :class:`Replacement` has).
+        replaced: children written this step (0 on a step without a replacement).
+        crossovers: how many of them are crossovers.
+        key_best / key_mean / key_worst: the ranking keys after the step (the fitness moving averages, or the
+            ratings' ``mu - 3 sigma``); ``None`` while an individual has no fitness yet.
+    """
+
+    step: int
+    replaced: int
+    crossovers: int
+    key_best: float | None
+    key_mean: float | None
+    key_worst: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{field: number}`` (a key statistic may be ``None``): one line of logging."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> PBTRecord:
+        """A record from :meth:`as_dict` (every field checked; a checkpoint's history is read with it)."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        if not isinstance(d, Mapping) or sorted(d) != sorted(names):
+            raise InvalidValueError(f"a PBT history entry must be a dict with the keys {names}, got {d!r:.120}")
+        counts = [check_int(n, d[n], low=0) for n in ("step", "replaced", "crossovers")]
+        keys: list[float | None] = []
+        for n in ("key_best", "key_mean", "key_worst"):
+            if d[n] is not None and not is_real(d[n]):
+                raise InvalidValueError(f"a PBT history entry's {n!r} must be a number or None, got {d[n]!r:.60}")
+            keys.append(None if d[n] is None else float(d[n]))
+        return cls(*counts, *keys)
 
 
 class Replacement(NamedTuple):
@@ -85,6 +211,23 @@ class Replacement(NamedTuple):
         }
 
 
+def _checked_history(rows: Any, steps: int) -> list[PBTRecord]:
+    """A state's ``history`` as records: consecutive step counts ending at ``steps`` (a run resumed from a
+    0.5.0 file has none before it)."""
+    if not isinstance(rows, Sequence) or isinstance(rows, (str, bytes)):
+        raise CheckpointError(f"the PBT state's 'history' must be a list of PBTRecord dicts, got {type(rows).__name__}")
+    try:
+        history = [PBTRecord.from_dict(r) for r in rows]
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(f"the PBT state's 'history' is malformed: {error}") from None
+    if [r.step for r in history] != list(range(steps - len(history) + 1, steps + 1)):
+        raise CheckpointError(
+            f"the PBT state's 'history' must hold the step counts up to its 'steps' ({steps}), one per step, "
+            f"got {[r.step for r in history][:8]}"
+        )
+    return history
+
+
 def _as_list(value: Any, kind: type, name: str) -> list[Any]:
     if value is None:
         return []
@@ -96,39 +239,38 @@ def _as_list(value: Any, kind: type, name: str) -> list[Any]:
 
 
 class PBT(Snapshot):
-    """Exploit and explore every ``interval`` steps (see the module docstring).
+    """Exploit and explore every ``config.interval`` steps (see the module docstring).
 
     Args:
         population: a :class:`~populora.Population` of ``P >= 2``.
         optimizer: the optimizer(s) over ``population.adapter_parameters()`` whose rows follow the children
             (``None``: none).
-        interval: ``k >= 1`` steps between replacements.
-        fraction: ``gamma`` in ``(0, 0.5]``: ``max(1, floor(gamma * P))`` bottom individuals are replaced; the
-            parents are drawn from the top ``max(that, 2)`` (at most ``P - replaced``).
+        config: the hyperparameters, a :class:`PBTConfig` (``None``: its defaults).
         ratings: rank by ``ratings.ordinal(name)`` (``mu - 3 sigma``) instead of a fitness moving average;
             children's ratings restart (``Ratings.follow_``: the prior, or per its ``inherit``).
         name: the population's name in ``ratings``.
-        decay: the fitness moving average's ``beta`` in ``[0, 1)``: ``avg <- beta * avg + (1 - beta) * f``
-            (the first fitness after a birth sets it; ``0``: the last fitness).
-        crossover_rate: probability in ``[0, 1]`` that a child is a crossover (needs two top parents).
-        crossover, crossover_kwargs: the crossover operator (``Population.crossover_``); fitness-aware types
-            get the ranking keys as fitnesses.
-        mutation, epsilon, mutation_kwargs: the mutation of a mutated child (``Population.mutate_``).
-        optimizer_state: ``"inherit"`` or ``"reset"`` (children's optimizer rows).
         lr_multipliers: per-individual learning-rate multipliers: children inherit their first parent's, then
-            :meth:`LRMultipliers.perturb_`.
-        perturb_lr: perturb the children's multipliers (PBT's explore); ``False`` only inherits them.
-        schedulers: learning-rate scheduler(s) stepped by the caller, held here for checkpoints.
-        seed: seeds PBT's own generator (children's kind and parents).
+            :meth:`LRMultipliers.perturb_` (``config.perturb_lr``).
+        schedulers: learning-rate scheduler(s) stepped by the caller (or by ``train``), held here for
+            checkpoints.
+        train: the training step, ``train(pbt)``: trains every individual one step and returns the ``(P,)``
+            fitnesses (``None`` when ranking by ``ratings``, which it updated). With it, :meth:`step` takes no
+            fitnesses and :meth:`run` runs the loop; without it, the caller trains and passes
+            ``step(fitnesses)``.
+        legacy: 0.5.0's flat keywords (``interval=10, fraction=0.25, ...``): deprecated, applied over
+            ``config`` with a ``DeprecationWarning``; they go in 0.7.0.
 
     Attributes:
+        config: the :class:`PBTConfig` (its fields are also read-only attributes: ``pbt.interval``, ...).
         steps: completed :meth:`step` calls.
+        history: one :class:`PBTRecord` per step.
         fitness: ``(P,)`` float64 moving averages (NaN before an individual's first fitness).
         generator: PBT's ``torch.Generator``.
 
-    Checkpoints: :meth:`state_dict` (population without its base model, optimizers, schedulers, multipliers,
-    ratings, counters, moving averages, generator) / :meth:`load_state_dict`, ``save`` / ``load``: a loaded
-    PBT continues bit for bit.
+    Checkpoints: :meth:`state_dict` (the config, population without its base model, optimizers, schedulers,
+    multipliers, ratings, counters, moving averages, generator, history) / :meth:`load_state_dict`, ``save``
+    / ``load``: a loaded PBT continues bit for bit; a state written with another config is refused, naming
+    the field (the seed aside: the generator itself is restored). 0.5.0's files load too.
     """
 
     _checkpoint_kind = "PBT"
@@ -137,35 +279,29 @@ class PBT(Snapshot):
         self,
         population: Population,
         optimizer: Any = None,
+        config: PBTConfig | None = None,
         *,
-        interval: int = 10,
-        fraction: float = 0.25,
         ratings: Ratings | None = None,
         name: str | None = None,
-        decay: float = 0.9,
-        crossover_rate: float = 0.5,
-        crossover: str = "layer_wise",
-        crossover_kwargs: Mapping[str, Any] | None = None,
-        mutation: str = "full_gaussian",
-        epsilon: float = 0.1,
-        mutation_kwargs: Mapping[str, Any] | None = None,
-        optimizer_state: str = "inherit",
         lr_multipliers: LRMultipliers | None = None,
-        perturb_lr: bool = True,
         schedulers: Any = None,
-        seed: int = 0,
+        train: Callable[[PBT], Any] | None = None,
+        **legacy: Any,
     ) -> None:
+        self.config = config_from_legacy(PBTConfig, config, legacy, where="PBT")
         if not isinstance(population, Population):
             raise InvalidTypeError(f"`population` must be a populora Population, got {type(population).__name__}")
         if population.pop_size < 2:
             raise InvalidValueError(
                 f"PBT needs a population of 2 or more individuals, got pop_size={population.pop_size}"
             )
+        if isinstance(optimizer, PBTConfig):
+            raise InvalidTypeError(
+                "`optimizer` is a PBTConfig: pass it as `config=` (PBT(population, optimizer, config))"
+            )
         self.optimizers = _as_list(optimizer, torch.optim.Optimizer, "optimizer")
         OptimizerRows(self.optimizers, population.adapter_parameters())  # every state can be split by individual
         self.schedulers = _as_list(schedulers, torch.optim.lr_scheduler.LRScheduler, "schedulers")
-        self.interval = check_int("interval", interval, low=1)
-        self.fraction = check_float("fraction", fraction, low=0.0, high=0.5, low_open=True)
         if ratings is not None:
             if not isinstance(ratings, Ratings):
                 raise InvalidTypeError(f"`ratings` must be a populora Ratings, got {type(ratings).__name__}")
@@ -180,31 +316,35 @@ class PBT(Snapshot):
                 )
         elif name is not None:
             raise InvalidValueError("`name` names the population in `ratings`: pass `ratings=` too")
-        self.decay = check_float("decay", decay, low=0.0, high=1.0, high_open=True)
-        self.crossover_rate = check_float("crossover_rate", crossover_rate, low=0.0, high=1.0)
-        self.crossover, self.mutation = crossover, mutation
-        self.crossover_kwargs, self.mutation_kwargs = dict(crossover_kwargs or {}), dict(mutation_kwargs or {})
-        for kind, op, options in (
-            ("crossover", crossover, self.crossover_kwargs),
-            ("mutation", mutation, self.mutation_kwargs),
-        ):
-            ops.get_operator(kind, op)
-            ops.check_options(kind, op, options)
-        self.epsilon = check_float("epsilon", epsilon, low=0.0)
-        self.optimizer_state = check_optimizer_state(optimizer_state)
         if lr_multipliers is not None and (
             not isinstance(lr_multipliers, LRMultipliers) or lr_multipliers.pop_size != population.pop_size
         ):
             raise InvalidValueError(f"`lr_multipliers` must be LRMultipliers of pop_size {population.pop_size}")
-        self.perturb_lr = check_bool("perturb_lr", perturb_lr)
+        if train is not None and not callable(train):
+            raise InvalidTypeError(f"`train` must be callable as train(pbt) -> fitnesses, got {train!r:.80}")
         self.population, self.ratings, self.name, self.lr_multipliers = population, ratings, name, lr_multipliers
+        self.train = train
         size = population.pop_size
-        self.replaced = max(1, math.floor(self.fraction * size))
-        self.seed = check_seed("seed", seed)
-        self.generator = torch.Generator().manual_seed(self.seed)
+        self.replaced = max(1, math.floor(self.config.fraction * size))
+        self.generator = torch.Generator().manual_seed(self.config.seed)
         self.steps = 0
+        self.history: list[PBTRecord] = []
         self.fitness = torch.full((size,), math.nan, dtype=torch.float64)
         self.counts = torch.zeros(size, dtype=torch.int64)  # fitnesses seen since birth
+
+    # the config's fields, read-only (0.5.0's attributes)
+    interval = property(lambda self: self.config.interval)
+    fraction = property(lambda self: self.config.fraction)
+    decay = property(lambda self: self.config.decay)
+    crossover_rate = property(lambda self: self.config.crossover_rate)
+    crossover = property(lambda self: self.config.crossover)
+    crossover_kwargs = property(lambda self: self.config.crossover_kwargs)
+    mutation = property(lambda self: self.config.mutation)
+    epsilon = property(lambda self: self.config.epsilon)
+    mutation_kwargs = property(lambda self: self.config.mutation_kwargs)
+    optimizer_state = property(lambda self: self.config.optimizer_state)
+    perturb_lr = property(lambda self: self.config.perturb_lr)
+    seed = property(lambda self: self.config.seed)
 
     # ------------------------------------------------------------------ the loop
 
@@ -213,27 +353,101 @@ class PBT(Snapshot):
         return (self.steps + 1) % self.interval == 0
 
     def step(self, fitnesses: Any = None) -> Replacement | None:
-        """Count a training step: fold ``fitnesses`` ``(P,)`` (higher is better) into the moving averages, and
-        every ``interval`` steps run :meth:`exploit_and_explore`.
+        """One step, all or nothing: with ``train=``, ``train(self)`` (one training step of every individual,
+        giving the fitnesses); fold the fitnesses ``(P,)`` (higher is better) into the moving averages; every
+        ``interval`` steps run :meth:`exploit_and_explore`; append the step's :class:`PBTRecord` to
+        :attr:`history`.
+
+        If anything raises (``train`` included), the PBT and everything it holds (population, optimizers,
+        schedulers, multipliers, ratings, generator, counters, history) are as before: a retry is this step
+        again. (Without ``train=`` the caller's training step is the caller's to undo.)
 
         Returns:
             The :class:`Replacement`, or ``None`` on a step without one.
 
         Raises:
             FitnessError: bad fitnesses (nothing changed); no fitness yet when ranking by fitness.
-            InvalidValueError: fitnesses given while ranking by ``ratings``.
+            InvalidValueError: fitnesses given while ranking by ``ratings``, or given to a PBT that trains
+                through ``train=``.
         """
-        with transaction(Attributes(self, "fitness", "counts", "steps")):  # a retry is this step again
-            if fitnesses is not None:
-                if self.ratings is not None:
-                    raise InvalidValueError("this PBT ranks by `ratings`: step() takes no fitnesses")
-                f = self.population.validate_fitnesses(fitnesses).to("cpu", torch.float64)
-                self.fitness = torch.where(self.counts == 0, f, self.decay * self.fitness + (1.0 - self.decay) * f)
-                self.counts = self.counts + 1
-            self.steps += 1
-            if self.steps % self.interval:
-                return None
-            return self.exploit_and_explore()
+        counters = Attributes(self, "fitness", "counts", "steps", "history")
+        if self.train is None:
+            with transaction(counters):  # exploit_and_explore is a transaction of its own
+                return self._step(fitnesses)
+        if fitnesses is not None:
+            raise InvalidValueError("this PBT trains through `train=`: step() takes no fitnesses (train returns them)")
+        held = [o for o in (self.lr_multipliers, self.ratings) if o is not None]
+        with transaction(self.population, *self.optimizers, *self.schedulers, *held, self.generator, counters):
+            return self._step(self.train(self))
+
+    def _step(self, fitnesses: Any) -> Replacement | None:
+        if fitnesses is not None:
+            if self.ratings is not None:
+                raise InvalidValueError("this PBT ranks by `ratings`: step() takes no fitnesses")
+            f = self.population.validate_fitnesses(fitnesses).to("cpu", torch.float64)
+            self.fitness = torch.where(self.counts == 0, f, self.decay * self.fitness + (1.0 - self.decay) * f)
+            self.counts = self.counts + 1
+        self.steps += 1
+        result = None if self.steps % self.interval else self.exploit_and_explore()
+        self.history.append(self._record(result))
+        return result
+
+    def _record(self, result: Replacement | None) -> PBTRecord:
+        keys = result.keys if result is not None else self._keys_if_known()
+        stats: list[float | None] = [None, None, None]
+        if keys is not None:
+            keys = keys.double()
+            stats = [float(keys.max()), float(keys.mean()), float(keys.min())]
+        replaced = 0 if result is None else int(result.children.numel())
+        crossovers = 0 if result is None else int(result.crossed.sum())
+        return PBTRecord(self.steps, replaced, crossovers, *stats)
+
+    def _keys_if_known(self) -> Tensor | None:
+        if self.ratings is None and bool(torch.isnan(self.fitness).any()):
+            return None
+        return self.keys()
+
+    def run(
+        self,
+        budget: int | Budget | None = None,
+        *,
+        callback: Callable[[PBTRecord], Any] | None = None,
+        progress: bool = False,
+    ) -> list[PBTRecord]:
+        """:meth:`step` until ``budget`` is spent (an int: steps; a :class:`~populora.loops.base.Budget`: steps
+        and / or seconds, whichever comes first; at least one step runs) or ``callback`` says stop.
+
+        Args:
+            budget: steps (int) or a ``Budget(max_steps=, max_seconds=)``.
+            callback: ``callback(record)`` after every step; ``None`` / ``False`` continue, ``True`` stops,
+                anything else raises ``InvalidTypeError`` naming the callback and the value.
+            progress: a tqdm bar (main rank) over the budget closest to running out.
+
+        Returns:
+            The records of this call's steps (also appended to :attr:`history`).
+
+        Raises:
+            InvalidValueError: no ``train=`` was given (the loop cannot get fitnesses itself: call
+                ``step(fitnesses)`` after your own training step), or no budget.
+        """
+        if self.train is None:
+            raise InvalidValueError(
+                "PBT.run needs the training step: build the PBT with train=fn (fn(pbt) trains every individual "
+                "one step and returns the (P,) fitnesses), or call pbt.step(fitnesses) after your own training step"
+            )
+        distributed = pd.is_distributed()
+        return run_steps(
+            self.step,
+            lambda: self.history,
+            budget,
+            callback,
+            progress,
+            where="PBT.run",
+            desc="PBT",
+            postfix=lambda r: {} if r.key_best is None else {"best": f"{r.key_best:.3g}", "mean": f"{r.key_mean:.3g}"},
+            main_rank=pd.is_main_rank(),
+            sync_seconds=(lambda s: float(pd.broadcast_object(s))) if distributed else None,
+        )
 
     def keys(self) -> Tensor:
         """``(P,)`` float64 ranking keys: the ratings' ``mu - 3 sigma``, or the fitness moving averages."""
@@ -305,11 +519,12 @@ class PBT(Snapshot):
     def state_dict(self) -> dict[str, Any]:
         """Everything an exact resume needs but the base model (copies, CPU tensors for the population).
 
-        ``{'format', 'steps', 'seed', 'generator', 'fitness', 'counts', 'population' (a snapshot),
-        'optimizers', 'schedulers', 'lr_multipliers', 'ratings'}``.
+        ``{'format', 'config', 'steps', 'seed', 'generator', 'fitness', 'counts', 'population' (a snapshot),
+        'optimizers', 'schedulers', 'lr_multipliers', 'ratings', 'history'}``.
         """
         return {
             "format": _FORMAT,
+            "config": self.config.to_dict(),
             "steps": self.steps,
             "seed": self.seed,
             "generator": self.generator.get_state().clone(),
@@ -320,30 +535,37 @@ class PBT(Snapshot):
             "schedulers": [copy.deepcopy(s.state_dict()) for s in self.schedulers],
             "lr_multipliers": self.lr_multipliers.state_dict() if self.lr_multipliers is not None else None,
             "ratings": self.ratings.state_dict() if self.ratings is not None else None,
+            "history": [r.as_dict() for r in self.history],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict` into this PBT (built over a twin population, optimizers and schedulers).
+        """Restore :meth:`state_dict` into this PBT (built over a twin population, optimizers and schedulers, with
+        the same config), or a state of 0.5.0's PBT (no config, no history: the history starts empty).
 
-        The population, counters, moving averages, generator, the numbers of optimizers and schedulers and their
-        parameter groups are checked before anything is written; what only loading can check (the multipliers'
-        values, the ratings' tables, an optimizer's state) is loaded in one transaction: a state that fails
-        anywhere changes nothing.
+        The config (field by field, the seed aside), the history, the population, counters, moving averages,
+        generator, the numbers of optimizers and schedulers and their parameter groups are checked before anything
+        is written; what only loading can check (the multipliers' values, the ratings' tables, an optimizer's
+        state) is loaded in one transaction: a state that fails anywhere changes nothing.
 
         Raises:
-            CheckpointError: another kind of state, a missing or malformed entry, a population that does not
-                fit, other numbers of optimizers / schedulers, multipliers or ratings present in one and not
-                the other.
+            CheckpointError: another kind of state, a state written with another config (the field is named),
+                a missing or malformed entry, a population that does not fit, other numbers of optimizers /
+                schedulers, multipliers or ratings present in one and not the other.
         """
-        if not isinstance(state, Mapping) or state.get("format") != _FORMAT:
-            raise CheckpointError(f"not a PBT state (expected format {_FORMAT!r})")
+        fmt = state.get("format") if isinstance(state, Mapping) else None
+        if fmt not in (_FORMAT, _FORMAT_050):
+            raise CheckpointError(f"not a PBT state (expected format {_FORMAT!r}, or 0.5.0's {_FORMAT_050!r})")
         keys = ("steps", "generator", "fitness", "counts", "population", "optimizers", "schedulers")
-        missing = [k for k in (*keys, "lr_multipliers", "ratings") if k not in state]
+        new = ("config", "history") if fmt == _FORMAT else ()
+        missing = [k for k in (*keys, "lr_multipliers", "ratings", *new) if k not in state]
         if missing:
             raise CheckpointError(f"the PBT state lacks {missing}")
+        if fmt == _FORMAT:  # (the seed only seeded the generator the state restores)
+            self.config.check_matches(state["config"], "the PBT state", ignore=("seed",))
         steps = state["steps"]
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             raise CheckpointError(f"the PBT state's 'steps' must be an int >= 0, got {steps!r}")
+        history = _checked_history(state.get("history", []), steps)
         size = self.population.pop_size
         fitness, counts = state["fitness"], state["counts"]
         if not (isinstance(fitness, Tensor) and fitness.dtype == torch.float64 and fitness.shape == (size,)):
@@ -394,7 +616,7 @@ class PBT(Snapshot):
             *held,
             self.population,
             self.generator,
-            Attributes(self, "fitness", "counts", "steps"),
+            Attributes(self, "fitness", "counts", "steps", "history"),
         ):
             try:
                 for opt, opt_state in zip(self.optimizers, state["optimizers"]):
@@ -410,7 +632,15 @@ class PBT(Snapshot):
             self.population.load_checked_state_dict(checked)
             self.generator.set_state(probe.get_state())
             self.fitness, self.counts = fitness.clone(), counts.clone()
-            self.steps = steps
+            self.steps, self.history = steps, history
+
+    def save(self, path: str | Path) -> Path:
+        """Write :meth:`state_dict` atomically (temp file + rename); returns the ``Path`` written."""
+        return save_state(self, path, self._checkpoint_kind)
+
+    def load(self, path: str | Path) -> None:
+        """Restore what :meth:`save` wrote (or 0.5.0's PBT file): all or nothing (the file is named in an error)."""
+        load_state(self, path, self._checkpoint_kind)
 
     def __repr__(self) -> str:
         by = f"ratings[{self.name!r}]" if self.ratings is not None else f"fitness (decay {self.decay})"

@@ -25,6 +25,7 @@ from populora.train.rl import (
     ADVANTAGE_METHODS,
     KL_ESTIMATORS,
     REDUCTIONS,
+    PolicyGradient,
     PolicyGradientStats,
     TokenLogprobs,
     advantages,
@@ -38,8 +39,11 @@ __all__ = [
     "ADVANTAGE_METHODS",
     "KL_ESTIMATORS",
     "PBT",
+    "PBTConfig",
+    "PBTRecord",
     "REDUCTIONS",
     "LRMultipliers",
+    "PolicyGradient",
     "PolicyGradientStats",
     "Replacement",
     "TokenLogprobs",
@@ -54,7 +58,7 @@ __all__ = [
 def __getattr__(name: str) -> object:
     # PBT is a loop (populora.loops, above this layer): imported on first use, so `import populora.train`
     # imports nothing above it
-    if name in ("PBT", "Replacement"):
+    if name in ("PBT", "PBTConfig", "PBTRecord", "Replacement"):
         import importlib
 
         return getattr(importlib.import_module("populora.loops.pbt"), name)

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from populora import distributed as pd
 from populora.checks import check_float, check_index, check_int, check_one_of, is_int
+from populora.config import Config, config_from_legacy
 from populora.errors import FitnessError, InvalidIndexError, InvalidTypeError, InvalidValueError
 from populora.fitness import as_fitnesses
 from populora.routing import BASE
@@ -42,6 +43,7 @@ __all__ = [
     "ADVANTAGE_METHODS",
     "KL_ESTIMATORS",
     "REDUCTIONS",
+    "PolicyGradient",
     "PolicyGradientStats",
     "TokenLogprobs",
     "advantages",
@@ -68,6 +70,49 @@ class TokenLogprobs(NamedTuple):
 
     logprobs: Tensor
     mask: Tensor
+
+
+@dataclass(frozen=True)
+class PolicyGradient(Config):
+    """The options of :func:`policy_gradient_step_`, checked when built (a bad field is named).
+
+    Attributes:
+        pad_id: the left padding id (``>= 0``; checked against the model's vocabulary at the step).
+        micro_batch: rows per forward / backward (``>= 1``).
+        reduction: ``"token_mean"``, ``"sequence_mean"`` or ``"sum"`` (see :func:`policy_gradient_step_`).
+        kl_coef: weight ``>= 0`` of the KL-to-base term.
+        kl_estimator: ``"k1"``, ``"k2"`` or ``"k3"`` (:func:`kl_estimate`).
+        max_grad_norm: clip each individual's gradient to this L2 norm (``> 0``; ``None``: no clipping).
+
+    Example:
+        >>> PolicyGradient(kl_coef=0.01, max_grad_norm=1.0).reduction
+        'token_mean'
+        >>> PolicyGradient(reduction="mean")
+        Traceback (most recent call last):
+        ...
+        populora.errors.InvalidValueError: `PolicyGradient.reduction` must be one of ...
+    """
+
+    pad_id: int = 0
+    micro_batch: int = 8
+    reduction: str = "token_mean"
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    max_grad_norm: float | None = None
+
+    def __post_init__(self) -> None:  # each field stored as checked (a NumPy int as an int, ...): JSON-safe
+        checked = {
+            "pad_id": check_int("PolicyGradient.pad_id", self.pad_id, low=0),
+            "micro_batch": check_int("PolicyGradient.micro_batch", self.micro_batch, low=1),
+            "reduction": check_one_of("PolicyGradient.reduction", self.reduction, REDUCTIONS),
+            "kl_coef": check_float("PolicyGradient.kl_coef", self.kl_coef, low=0.0),
+            "kl_estimator": check_one_of("PolicyGradient.kl_estimator", self.kl_estimator, KL_ESTIMATORS),
+            "max_grad_norm": None
+            if self.max_grad_norm is None
+            else check_float("PolicyGradient.max_grad_norm", self.max_grad_norm, low=0.0, low_open=True),
+        }
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
 
 
 @dataclass(frozen=True)
@@ -507,21 +552,19 @@ def policy_gradient_step_(
     replies: Sequence[Sequence[int] | Tensor],
     individuals: Sequence[int] | Tensor,
     advantages: Any,
+    config: PolicyGradient | None = None,
     *,
-    pad_id: int = 0,
-    micro_batch: int = 8,
-    reduction: str = "token_mean",
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    max_grad_norm: float | None = None,
     lr_multipliers: LRMultipliers | None = None,
     distributed: bool | None = None,
+    **legacy: Any,
 ) -> PolicyGradientStats:
     """One optimizer step of every individual on the REINFORCE loss of its own rows, in place.
 
     Individual ``i``'s loss, over its rows ``j`` (reply tokens ``t``), ``A_j`` the row's advantage::
 
         L_i = sum_j sum_t w_jt * (-A_j * log p_i(y_jt) + kl_coef * KL_jt)
+
+    (the options, ``kl_coef`` and the rest, are the fields of ``config``, a :class:`PolicyGradient`)
 
     with ``w_jt = 1 / (reply tokens of i)`` for ``reduction="token_mean"``, ``1 / (len_j * rows of i)`` for
     ``"sequence_mean"`` (each row's mean, averaged over i's rows) and ``1`` for ``"sum"``; ``KL_jt`` the
@@ -553,14 +596,12 @@ def policy_gradient_step_(
         prompts, replies: ``n`` rows of token ids (see :func:`token_logprobs`).
         individuals: ``(n,)`` ids in ``[0, P)`` (:data:`~populora.BASE` has nothing to train).
         advantages: ``(n,)`` finite per-row advantages (:func:`advantages`).
-        pad_id: the left padding id.
-        micro_batch: rows per forward / backward.
-        reduction: ``"token_mean"``, ``"sequence_mean"`` or ``"sum"`` (above).
-        kl_coef: weight ``>= 0`` of the KL-to-base term.
-        kl_estimator: ``"k1"``, ``"k2"`` or ``"k3"``.
-        max_grad_norm: clip each individual's gradient to this L2 norm (``None``: no clipping).
+        config: a :class:`PolicyGradient` (``pad_id``, ``micro_batch``, ``reduction``, ``kl_coef``,
+            ``kl_estimator``, ``max_grad_norm``); ``None``: its defaults.
         lr_multipliers: per-individual learning-rate multipliers (:class:`~populora.train.LRMultipliers`).
         distributed: sum over the ranks (``None``: when a process group is initialised).
+        legacy: 0.5.0's flat keywords (``kl_coef=0.01, ...``): deprecated, applied over ``config`` with a
+            ``DeprecationWarning`` (the same step, bit for bit); they go in 0.7.0.
 
     Returns:
         :class:`PolicyGradientStats`.
@@ -577,18 +618,14 @@ def policy_gradient_step_(
     changed. The caller's ``.grad`` tensors (of every parameter the optimizers hold) are kept, and put back
     as they were if the forward or the backward raises.
     """
+    config = config_from_legacy(PolicyGradient, config, legacy, where="policy_gradient_step_")
+    pad_id, micro_batch, reduction = config.pad_id, config.micro_batch, config.reduction
+    kl_coef, kl_estimator, max_grad_norm = config.kl_coef, config.kl_estimator, config.max_grad_norm
     prompt_rows, reply_rows, ids = _rows(population, prompts, replies, individuals, allow_base=False)
     n, size = len(ids), population.pop_size
     adv = _real_rows("advantages", advantages, n, FitnessError)
     optimizers = _optimizers(optimizer)
-    pad_id = check_int("pad_id", pad_id, low=0)
     _check_vocab(population, {"prompts": prompt_rows, "replies": reply_rows}, pad_id)
-    micro_batch = check_int("micro_batch", micro_batch, low=1)
-    reduction = check_one_of("reduction", reduction, REDUCTIONS)
-    kl_coef = check_float("kl_coef", kl_coef, low=0.0)
-    kl_estimator = check_one_of("kl_estimator", kl_estimator, KL_ESTIMATORS)
-    if max_grad_norm is not None:
-        max_grad_norm = check_float("max_grad_norm", max_grad_norm, low=0.0, low_open=True)
     if lr_multipliers is not None:
         if not isinstance(lr_multipliers, LRMultipliers):
             raise InvalidTypeError(

@@ -12,7 +12,7 @@ from models import mlp
 from populora import Population, register_mutation
 from populora.errors import CheckpointError, FitnessError, InvalidTypeError, InvalidValueError
 from populora.loops.ratings import Ratings
-from populora.train import PBT, LRMultipliers
+from populora.train import PBT, LRMultipliers, PBTConfig
 
 P = 8
 
@@ -46,7 +46,8 @@ def test_every_interval_the_bottom_fraction_is_replaced_by_children_of_the_top()
     pop = population()
     opt = torch.optim.Adam(pop.adapter_parameters(), lr=1e-2)
     lr = LRMultipliers(P, values=torch.arange(1.0, P + 1), factors=(0.5, 2.0), bounds=(1e-3, 1e3))
-    pbt = PBT(pop, opt, interval=3, fraction=0.25, crossover_rate=0.5, epsilon=0.0, lr_multipliers=lr, seed=1)
+    config = PBTConfig(interval=3, fraction=0.25, crossover_rate=0.5, epsilon=0.0, seed=1)
+    pbt = PBT(pop, opt, config, lr_multipliers=lr)
     fitness = torch.tensor([5.0, 1.0, 7.0, 0.0, 3.0, 6.0, -2.0, 4.0], dtype=torch.float64)
     for _ in range(2):
         assert not pbt.ready()
@@ -82,7 +83,8 @@ def test_every_interval_the_bottom_fraction_is_replaced_by_children_of_the_top()
 def test_crossover_children_mix_two_distinct_parents_and_reset_zeros_their_rows():
     pop = population()
     opt = torch.optim.SGD(pop.adapter_parameters(), lr=1e-2, momentum=0.9)
-    pbt = PBT(pop, opt, interval=1, fraction=0.5, crossover_rate=1.0, crossover="average", optimizer_state="reset")
+    config = PBTConfig(interval=1, fraction=0.5, crossover_rate=1.0, crossover="average", optimizer_state="reset")
+    pbt = PBT(pop, opt, config)
     train(pop, opt)
     before = stacks(pop)
     result = pbt.step(torch.arange(float(P)))
@@ -102,7 +104,7 @@ def test_ratings_rank_by_mu_minus_three_sigma_and_children_restart():
     for i in range(P):  # student i beats the teacher i times: higher ids rate higher
         for k in range(P - 1):
             ratings.rate_(("students", i), ("teachers", 0), 1.0 if k < i else 0.0)
-    pbt = PBT(pop, None, interval=1, fraction=0.25, ratings=ratings, name="students", crossover_rate=0.0)
+    pbt = PBT(pop, None, PBTConfig(interval=1, fraction=0.25, crossover_rate=0.0), ratings=ratings, name="students")
     ordinal = ratings.ordinal("students")
     result = pbt.step()
     assert torch.equal(result.keys, ordinal)
@@ -129,7 +131,7 @@ def test_a_failing_replacement_changes_nothing_and_the_retry_replaces(request):
     pop = population()
     opt = torch.optim.Adam(pop.adapter_parameters(), lr=1e-2)
     lr = LRMultipliers(P)
-    pbt = PBT(pop, opt, interval=1, crossover_rate=0.0, mutation="flaky_for_pbt", lr_multipliers=lr)
+    pbt = PBT(pop, opt, PBTConfig(interval=1, crossover_rate=0.0, mutation="flaky_for_pbt"), lr_multipliers=lr)
     train(pop, opt)
     state = copy.deepcopy(pbt.state_dict())
     with pytest.raises(RuntimeError, match="flaky mutation"):
@@ -152,7 +154,8 @@ def run(split: int | None, tmp_path, total: int = 7) -> PBT:
         opt = torch.optim.Adam(pop.adapter_parameters(), lr=1e-2)
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
         lr = LRMultipliers(P, seed=seed)
-        pbt = PBT(pop, opt, interval=3, fraction=0.25, schedulers=sched, lr_multipliers=lr, seed=seed, decay=0.5)
+        config = PBTConfig(interval=3, fraction=0.25, seed=seed, decay=0.5)
+        pbt = PBT(pop, opt, config, schedulers=sched, lr_multipliers=lr)
         return pop, opt, lr, pbt
 
     pop, opt, lr, pbt = build(0)
@@ -184,18 +187,18 @@ def test_resume_is_bit_for_bit_the_straight_run(tmp_path):
 
 def test_bad_arguments_and_states_are_refused():
     pop = population()
-    with pytest.raises(InvalidValueError, match="`fraction` must be a finite number in"):
-        PBT(pop, fraction=0.75)
+    with pytest.raises(InvalidValueError, match="`PBTConfig.fraction` must be a finite number in"):
+        PBT(pop, config=PBTConfig(fraction=0.75))
     with pytest.raises(InvalidValueError, match="pass `ratings=` too"):
         PBT(pop, name="students")
     with pytest.raises(InvalidValueError, match="crossover"):
-        PBT(pop, crossover="no_such_crossover")
+        PBT(pop, config=PBTConfig(crossover="no_such_crossover"))
     with pytest.raises(InvalidTypeError, match="optimizer"):
         PBT(pop, "adam")
     one = Population(mlp(4, 8, 2), pop_size=1, low_rank=2)
     with pytest.raises(InvalidValueError, match="2 or more"):
         PBT(one)
-    pbt = PBT(pop, interval=1)
+    pbt = PBT(pop, config=PBTConfig(interval=1))
     with pytest.raises(FitnessError, match="no fitness yet"):
         pbt.step()
     assert pbt.steps == 0
@@ -203,7 +206,7 @@ def test_bad_arguments_and_states_are_refused():
         pbt.step(torch.zeros(P + 1))
     state = pbt.state_dict()
     with pytest.raises(CheckpointError, match="holds 1 optimizers"):
-        PBT(pop).load_state_dict({**state, "optimizers": [{}]})
+        PBT(pop, config=pbt.config).load_state_dict({**state, "optimizers": [{}]})  # (same config: it is checked first)
     with pytest.raises(CheckpointError, match="not a PBT state"):
         pbt.load_state_dict({"format": "other"})
 
@@ -236,7 +239,7 @@ def test_a_damaged_state_is_refused_and_changes_nothing(damage):
         pop = population()
         opt = torch.optim.Adam(pop.adapter_parameters(), lr=1e-2)
         ratings = Ratings({"students": P})
-        pbt = PBT(pop, opt, interval=2, lr_multipliers=LRMultipliers(P), ratings=ratings, name="students")
+        pbt = PBT(pop, opt, PBTConfig(interval=2), lr_multipliers=LRMultipliers(P), ratings=ratings, name="students")
         train(pop, opt)
         ratings.rate_many_("students", [seed, 1 + seed], "students", [3, 4], [1.0, 0.0])
         return pbt, opt
@@ -271,7 +274,7 @@ def test_a_checkpoint_written_by_050_loads_and_is_this_versions_run():
     def run():
         pop = population()
         opt = torch.optim.Adam(pop.adapter_parameters(), lr=1e-2)
-        pbt = PBT(pop, opt, interval=2)
+        pbt = PBT(pop, opt, PBTConfig(interval=2))
         train(pop, opt)
         pbt.step(torch.arange(float(P)))
         train(pop, opt)
@@ -280,10 +283,11 @@ def test_a_checkpoint_written_by_050_loads_and_is_this_versions_run():
 
     here = run()
     pop = population()
-    twin = PBT(pop, torch.optim.Adam(pop.adapter_parameters(), lr=1e-2), interval=2)
+    twin = PBT(pop, torch.optim.Adam(pop.adapter_parameters(), lr=1e-2), PBTConfig(interval=2))
     twin.load(Path(__file__).parent / "data" / "pbt_050.pt")
     assert twin.steps == 2
-    assert _same(_everything(twin), _everything(here))
+    assert twin.history == [] and len(here.history) == 2  # a 0.5.0 file holds no history: it starts empty
+    assert _same({**_everything(twin), "history": None}, {**_everything(here), "history": None})
     state = twin.state_dict()
     with pytest.raises(CheckpointError, match="populora.PBT/1"):
         twin.load_state_dict({**state, "format": "populora.PBT/0"})

@@ -229,7 +229,7 @@ class TestCoevolve:
         for name in ("a", "b"):
             assert_same(everything(resumed[name]), everything(straight[name]))
         assert resumed.history == straight.history and resumed.generation == 4
-        assert all(s.std is not None and s.std >= 0 for s in resumed.history["a"])
+        assert all(s.std is not None and s.std >= 0 for s in resumed.history.of("a"))
         assert [c.generation for c in resumed.hall_of_fame.champions()] == [0, 1, 2, 3]
 
     def test_a_bad_part_changes_nothing(self):

@@ -10,7 +10,7 @@ from models import mlp
 
 from populora import Population
 from populora.loops.pbt import Replacement
-from populora.train import PBT
+from populora.train import PBT, PBTConfig
 from populora.train.rl import PolicyGradientStats
 
 
@@ -35,7 +35,7 @@ def test_policy_gradient_stats_as_dict():
 def test_replacement_as_dict_from_a_pbt_step():
     torch.manual_seed(0)
     pop = Population(mlp(4, 8, 2), pop_size=8, low_rank=2, seed=0, init_scale=0.5)
-    pbt = PBT(pop, None, interval=1, fraction=0.25, crossover_rate=0.5, seed=1)
+    pbt = PBT(pop, None, PBTConfig(interval=1, fraction=0.25, crossover_rate=0.5, seed=1))
     fitness = torch.tensor([5.0, 1.0, 7.0, 0.0, 3.0, 6.0, -2.0, 4.0], dtype=torch.float64)
     result = pbt.step(fitness)
     row = result.as_dict()

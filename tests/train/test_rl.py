@@ -5,6 +5,7 @@ before anything moves."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from populora import BASE, Population
 from populora.errors import FitnessError, InvalidIndexError, InvalidTypeError, InvalidValueError
 from populora.llm import tiny_chat_model
 from populora.optim import ClipUp
-from populora.train import LRMultipliers, kl_to_base, policy_gradient_step_, token_logprobs
+from populora.train import LRMultipliers, PolicyGradient, kl_to_base, policy_gradient_step_, token_logprobs
 
 TARGETS = ["model.layers.*.self_attn.q_proj", "model.layers.*.self_attn.v_proj", "model.layers.*.mlp.down_proj"]
 
@@ -110,15 +111,18 @@ def test_a_batched_step_equals_p_separate_single_individual_steps(case):
     individual's own step (on a twin with its own optimizer copy) takes the batch's advantages for its rows,
     and individual 2's is a zero-gradient step."""
     make_opt, options = CASES[case]
+    config = PolicyGradient(**options)
     pop = population()
     opt = make_opt(pop.adapter_parameters())
     lr = LRMultipliers(3, values=[1.0, 0.5, 2.0])
     prompts, replies = rows(5, seed=3)
-    policy_gradient_step_(pop, opt, prompts, replies, [2, 1, 0, 2, 1], [1.0, -0.5, 0.3, -1.0, 0.7], **options)
+    policy_gradient_step_(pop, opt, prompts, replies, [2, 1, 0, 2, 1], [1.0, -0.5, 0.3, -1.0, 0.7], config)
     ids = [0, 1, 0, 1, 0]
     adv = [0.8, -0.2, -1.1, 0.6, 0.4]
     twins = [copy.deepcopy((pop, opt, lr)) for _ in range(3)]
-    stats = policy_gradient_step_(pop, opt, prompts, replies, ids, adv, micro_batch=2, lr_multipliers=lr, **options)
+    stats = policy_gradient_step_(
+        pop, opt, prompts, replies, ids, adv, dataclasses.replace(config, micro_batch=2), lr_multipliers=lr
+    )
     for i, (twin, twin_opt, twin_lr) in enumerate(twins):
         mine = [j for j, k in enumerate(ids) if k == i]
         alone = policy_gradient_step_(
@@ -128,8 +132,8 @@ def test_a_batched_step_equals_p_separate_single_individual_steps(case):
             [replies[j] for j in mine],
             [i] * len(mine),
             [adv[j] for j in mine],
+            config,
             lr_multipliers=twin_lr,
-            **options,
         )
         for got, want in zip(pop.adapter_parameters(), twin.adapter_parameters()):
             torch.testing.assert_close(got[i], want[i], rtol=0, atol=1e-6)
@@ -187,8 +191,9 @@ BAD = {
     "empty prompt": (dict(prompts=[[3, 4], [], [5]]), InvalidValueError, r"`prompts\[1\]` is empty"),
     "float token": (dict(replies=[[3], [4.5], [5]]), InvalidTypeError, r"`replies\[1\]` must hold int token ids"),
     "negative token": (dict(replies=[[3], [-4], [5]]), InvalidValueError, "negative token id -4"),
-    "reduction": (dict(reduction="mean"), InvalidValueError, "`reduction` must be one of"),
-    "kl_coef": (dict(kl_coef=-1.0), InvalidValueError, "`kl_coef`"),
+    # (0.5.0's flat keywords, deprecated: the config refuses the value, naming its field, before anything moves)
+    "reduction": (dict(reduction="mean"), InvalidValueError, "`PolicyGradient.reduction` must be one of"),
+    "kl_coef": (dict(kl_coef=-1.0), InvalidValueError, "`PolicyGradient.kl_coef`"),
     "optimizer": (dict(optimizer="adam"), InvalidTypeError, "torch.optim.Optimizer"),
     "other parameters": (
         dict(optimizer=torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)),
@@ -206,7 +211,11 @@ BAD = {
         InvalidIndexError,
         rf"`prompts\[1\]` holds the token id {VOCAB} \(position 1\), out of the model's vocabulary \[0, {VOCAB}\)",
     ),
-    "pad_id beyond the vocabulary": (dict(pad_id=VOCAB + 3), InvalidIndexError, rf"`pad_id` is {VOCAB + 3}"),
+    "pad_id beyond the vocabulary": (
+        dict(config=PolicyGradient(pad_id=VOCAB + 3)),
+        InvalidIndexError,
+        rf"`pad_id` is {VOCAB + 3}",
+    ),
 }
 
 
@@ -279,7 +288,7 @@ def test_a_step_that_raises_inside_puts_the_callers_gradients_back(where, monkey
 
         monkeypatch.setattr(pop, "forward", failing)
     with pytest.raises(error):
-        policy_gradient_step_(pop, opt, prompts, replies, [0, 1, 2], [1.0, 0.5, -1.0], micro_batch=1)
+        policy_gradient_step_(pop, opt, prompts, replies, [0, 1, 2], [1.0, 0.5, -1.0], PolicyGradient(micro_batch=1))
     assert where == "unknown vocabulary" or calls[0] == 2
     assert all(p.grad is g for p, g in zip(held, grads))
     assert all(torch.equal(p.grad, v) for p, v in zip(held, values))

@@ -31,7 +31,7 @@ def build():
 
 def steps(pop, opt, rows: list[int], later: list[int], distributed: bool) -> None:
     """A step on ``rows``, evolve_, a step on ``later`` (a rank may have none)."""
-    from populora.train import policy_gradient_step_
+    from populora.train import PolicyGradient, policy_gradient_step_
 
     def step(share: list[int]) -> None:
         policy_gradient_step_(
@@ -41,9 +41,7 @@ def steps(pop, opt, rows: list[int], later: list[int], distributed: bool) -> Non
             [REPLIES[j] for j in share],
             [IDS[j] for j in share],
             [ADV[j] for j in share],
-            micro_batch=2,
-            kl_coef=0.1,
-            pad_id=0,
+            PolicyGradient(micro_batch=2, kl_coef=0.1, pad_id=0),
             distributed=distributed,
         )
 

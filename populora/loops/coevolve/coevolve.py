@@ -26,7 +26,8 @@ through ``coevolve.hall_of_fame``.
 from __future__ import annotations
 
 import keyword
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from torch import Tensor
@@ -34,8 +35,10 @@ from torch import Tensor
 from populora import distributed as pd
 from populora.checks import is_int, is_real
 from populora.errors import CheckpointError, FitnessError, InvalidTypeError, InvalidValueError
+from populora.loops.base import Budget, load_state, run_steps, save_state
 from populora.loops.coevolve.distributed import probe_distributed, sync_from_main_rank
 from populora.loops.coevolve.hall_of_fame import HallOfFame
+from populora.loops.coevolve.history import CoevolveHistory, CoevolveRecord
 from populora.loops.coevolve.specs import (
     SPEC_KEYS,
     SUFFIX,
@@ -51,7 +54,7 @@ from populora.loops.coevolve.specs import (
 from populora.population.population import Population, evaluating
 from populora.snapshots import Snapshot
 from populora.stats import GenerationStats
-from populora.transaction import transaction
+from populora.transaction import Attributes, transaction
 
 __all__ = ["Coevolve"]
 
@@ -83,13 +86,18 @@ class Coevolve(Snapshot):
     stay ordinary tensors that fitnesses may modify in place.
 
     Attributes:
-        history: ``{name: [GenerationStats(generation, best, mean, std), ...]}``,
-            one entry per step; ``generation`` is the population's generation
-            that was evaluated (before it evolved).
+        history: a :class:`~populora.loops.coevolve.history.CoevolveHistory`, one
+            :class:`~populora.loops.coevolve.history.CoevolveRecord` per step
+            (``record['solver']``: ``GenerationStats(generation, best, mean,
+            std)``, ``generation`` the population's, evaluated before it
+            evolved); ``history.of('solver')`` is one population's list
+            (0.5.0's ``history['solver']``, deprecated).
         generation: number of completed steps.
         order: population names in the order their probes run.
 
-    Checkpoints: :meth:`state_dict` / :meth:`load_state_dict` (a snapshot of
+    The loop surface every loop has: :meth:`step`, :meth:`run` (a budget of
+    steps or seconds, a callback), ``history``, and checkpoints:
+    :meth:`state_dict` / :meth:`load_state_dict` (a snapshot of
     everything but the base models) and ``save(path)`` / ``load(path)``, so
     the next step after a load is the one that would have followed. Under
     torchrun every rank holds the same state: save on the main rank
@@ -121,8 +129,8 @@ class Coevolve(Snapshot):
         ['a', 'b']
         >>> sorted(co.step())
         ['a', 'b']
-        >>> len(co.history['b'])
-        1
+        >>> len(co.history), co.history.of('b')[0].generation
+        (1, 0)
     """
 
     _checkpoint_kind = "Coevolve"
@@ -197,7 +205,7 @@ class Coevolve(Snapshot):
         self.order: list[str] = topological(names, deps)
         self.evolve_kwargs: dict[str, dict[str, Any]] = kwargs
         self.hall_of_fame = hall_of_fame
-        self.history: dict[str, list[GenerationStats]] = {name: [] for name in names}
+        self.history = CoevolveHistory(names)
         self.generation = 0
         self._synced = False  # distributed: rank 0's populations broadcast once
 
@@ -239,9 +247,12 @@ class Coevolve(Snapshot):
 
         Higher fitness is better. Every fitness is checked (a finite ``(P,)``
         tensor for its population, or NaN under ``nan_policy='worst'``) before
-        any population changes; if an option in ``evolve_kwargs`` turns out
-        invalid at the first step, the populations already evolved are
-        restored before the error propagates.
+        any population changes. All or nothing: if anything raises (a probe, a
+        fitness, an option in ``evolve_kwargs`` found invalid, the hall of
+        fame), every population, the hall of fame, the history and the
+        counter are as before. Appends the step's
+        :class:`~populora.loops.coevolve.history.CoevolveRecord` to
+        :attr:`history`.
 
         Args:
             distributed: under ``torch.distributed``, share the probes out
@@ -272,6 +283,13 @@ class Coevolve(Snapshot):
         use_dist = bool(distributed) and pd.is_distributed()
         if use_dist and not self._synced:
             self._sync_from_rank0()
+        held = [self.hall_of_fame] if self.hall_of_fame is not None else []
+        with transaction(
+            *(m.population for m in self._members.values()), *held, Attributes(self, "history", "generation")
+        ):
+            return self._step(use_dist)
+
+    def _step(self, use_dist: bool) -> dict[str, Tensor]:
         with self._evaluating():
             outputs = self._probe_distributed() if use_dist else self._probe_local()
             fitnesses = {name: self._fitness(name, outputs) for name in self._members}
@@ -281,12 +299,49 @@ class Coevolve(Snapshot):
         if self.hall_of_fame is not None:  # (else no champions)
             for champion in champions:
                 self.hall_of_fame.append(champion)
-        for name, f in fitnesses.items():
-            self.history[name].append(
-                GenerationStats(evaluated[name], float(f.max()), float(f.mean()), float(f.std(correction=0)))
-            )
+        stats = {
+            name: GenerationStats(evaluated[name], float(f.max()), float(f.mean()), float(f.std(correction=0)))
+            for name, f in fitnesses.items()
+        }
+        self.history.append(CoevolveRecord(self.generation, stats))
         self.generation += 1
         return fitnesses
+
+    def run(
+        self,
+        budget: int | Budget | None = None,
+        *,
+        callback: Callable[[CoevolveRecord], Any] | None = None,
+        progress: bool = False,
+        distributed: bool = False,
+    ) -> list[CoevolveRecord]:
+        """:meth:`step` until ``budget`` is spent (an int: steps; a :class:`~populora.loops.base.Budget`: steps
+        and / or seconds, whichever comes first; at least one step runs) or ``callback`` says stop.
+
+        Args:
+            budget: steps (int) or a ``Budget(max_steps=, max_seconds=)``.
+            callback: ``callback(record)`` after every step; ``None`` / ``False`` continue, ``True`` stops,
+                anything else raises ``InvalidTypeError`` naming the callback and the value.
+            progress: a tqdm bar (main rank) over the budget closest to running out.
+            distributed: passed to :meth:`step` (``max_seconds`` then judged by rank 0's clock).
+
+        Returns:
+            The records of this call's steps (also appended to :attr:`history`).
+        """
+        use_dist = bool(distributed) and pd.is_distributed()
+        first = next(iter(self._members))
+        return run_steps(
+            lambda: self.step(distributed=distributed),
+            lambda: self.history,
+            budget,
+            callback,
+            progress,
+            where="Coevolve.run",
+            desc="coevolve",
+            postfix=lambda r: {f"{first} best": f"{r[first].best:.3g}"},
+            main_rank=pd.is_main_rank(),
+            sync_seconds=(lambda s: float(pd.broadcast_object(s))) if use_dist else None,
+        )
 
     def _evaluating(self) -> Any:
         return evaluating(m.population for m in self._members.values())
@@ -314,7 +369,8 @@ class Coevolve(Snapshot):
 
     def _sync_from_rank0(self) -> None:
         """Make every rank start from rank 0's populations, counters and history."""
-        self.generation, self.history = sync_from_main_rank(self.populations, self.generation, self.history)
+        self.generation, history = sync_from_main_rank(self.populations, self.generation, self.history.by_population())
+        self.history = _records(history, list(self._members), self.generation)
         self._synced = True
 
     def _fitness(self, name: str, outputs: Mapping[str, Any]) -> Tensor:
@@ -346,7 +402,7 @@ class Coevolve(Snapshot):
             "names": list(self._members),
             "generation": self.generation,
             "populations": {name: m.population.snapshot("cpu") for name, m in self._members.items()},
-            "history": {name: [list(s)[:4] for s in h] for name, h in self.history.items()},
+            "history": {name: [list(s)[:4] for s in h] for name, h in self.history.by_population().items()},
             "hall_of_fame": None if self.hall_of_fame is None else self.hall_of_fame.state_dict(),
         }
 
@@ -378,11 +434,13 @@ class Coevolve(Snapshot):
                 f"(checkpoint: {state['hall_of_fame'] is not None}, "
                 f"here: {self.hall_of_fame is not None})"
             )
-        history = _check_history(state["history"], list(self._members))
         if not is_int(state["generation"]) or state["generation"] < 0:
             raise CheckpointError(
                 f"the coevolution state's 'generation' must be an int >= 0, got {state['generation']!r}"
             )
+        history = _records(
+            _check_history(state["history"], list(self._members)), list(self._members), int(state["generation"])
+        )
         hall = None if self.hall_of_fame is None else self.hall_of_fame.check_state(state["hall_of_fame"])
         populations = state["populations"]
         if not isinstance(populations, Mapping) or list(populations) != list(self._members):
@@ -391,12 +449,22 @@ class Coevolve(Snapshot):
                 f"the coevolution state's 'populations' must be keyed by {list(self._members)}, got {got}"
             )
         checked = {name: m.population.check_state_dict(populations[name]) for name, m in self._members.items()}
-        for name, m in self._members.items():
-            m.population.load_checked_state_dict(checked[name])
-        if hall is not None and self.hall_of_fame is not None:  # (a hall state only with a hall of fame)
-            self.hall_of_fame.load_checked(hall)
+        held = [self.hall_of_fame] if self.hall_of_fame is not None else []
+        with transaction(*(m.population for m in self._members.values()), *held):  # a write failing half-way
+            for name, m in self._members.items():
+                m.population.load_checked_state_dict(checked[name])
+            if hall is not None and self.hall_of_fame is not None:  # (a hall state only with a hall of fame)
+                self.hall_of_fame.load_checked(hall)
         self.history = history
         self.generation = int(state["generation"])
+
+    def save(self, path: str | Path) -> Path:
+        """Write :meth:`state_dict` atomically (temp file + rename); returns the ``Path`` written."""
+        return save_state(self, path, self._checkpoint_kind)
+
+    def load(self, path: str | Path) -> None:
+        """Restore what :meth:`save` wrote (0.5.0's files too): all or nothing (the file is named in an error)."""
+        load_state(self, path, self._checkpoint_kind)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -421,6 +489,19 @@ def _check_name(name: Any) -> None:
 
 
 _INSTANCE_ATTRIBUTES = frozenset({"order", "evolve_kwargs", "hall_of_fame", "history", "generation"})
+
+
+def _records(history: Mapping[str, list[GenerationStats]], names: list[str], generation: int) -> CoevolveHistory:
+    """``{name: [GenerationStats, ...]}`` (a state's form) as one record per step (every list one per step)."""
+    lengths = {len(history[n]) for n in names}
+    if len(lengths) > 1:
+        raise CheckpointError(
+            f"the coevolution state's history must hold one entry per step for every population, got lengths "
+            f"{ {n: len(history[n]) for n in names} }"
+        )
+    steps = lengths.pop() if lengths else 0
+    first = max(0, generation - steps)
+    return CoevolveHistory(names, (CoevolveRecord(first + i, {n: history[n][i] for n in names}) for i in range(steps)))
 
 
 def _check_history(history: Any, names: list[str]) -> dict[str, list[GenerationStats]]:

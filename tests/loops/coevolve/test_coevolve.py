@@ -158,15 +158,15 @@ class TestContract:
     def test_two_then_three_populations(self):
         ns = contract(3, 2)
         two, three = ns["coevolve_two"], ns["coevolve"]
-        assert [len(two.history[n]) for n in ("proposer", "solver")] == [3, 3]
-        assert [len(three.history[n]) for n in ("proposer", "solver", "judge")] == [2, 2, 2]
+        assert [len(two.history.of(n)) for n in ("proposer", "solver")] == [3, 3]
+        assert [len(three.history.of(n)) for n in ("proposer", "solver", "judge")] == [2, 2, 2]
         assert two.proposer is ns["proposer"] and two["solver"] is ns["solver"]
         assert three.judge is ns["judge"] and three["judge"] is ns["judge"]
         assert three.order == ["proposer", "solver", "judge"]
         # the three-population Coevolve continues the same populations
-        assert [s.generation for s in three.history["solver"]] == [3, 4]
+        assert [s.generation for s in three.history.of("solver")] == [3, 4]
         assert ns["solver"].generation == 5 and ns["judge"].generation == 2
-        for stats in three.history["judge"]:
+        for stats in three.history.of("judge"):
             assert isinstance(stats, GenerationStats)
             assert 0.0 <= stats.mean <= stats.best <= 1.0  # judge accuracy
 
@@ -177,7 +177,7 @@ class TestContract:
         assert list(fitnesses) == ["proposer", "solver", "judge"]
         for name, f in fitnesses.items():
             assert f.shape == (8,) and f.dtype == torch.float32
-            stats = co.history[name][-1]
+            stats = co.history.of(name)[-1]
             assert stats == GenerationStats(0, float(f.max()), float(f.mean()), float(f.std(correction=0)))
         assert co.generation == 1
 
@@ -395,7 +395,7 @@ class TestOrder:
         }
         co = Coevolve(populations=pops)
         co.step()
-        assert [len(h) for h in co.history.values()] == [1, 1, 1]
+        assert [len(h) for h in co.history.by_population().values()] == [1, 1, 1]
 
 
 # ---------------------------------------------------------------------------- one step
@@ -414,7 +414,7 @@ class TestStep:
         ):
             co.step()
         assert all(torch.equal(x, y) for x, y in zip(before, adapters(a) + adapters(b)))
-        assert a.generation == b.generation == co.generation == 0 and co.history == {"a": [], "b": []}
+        assert a.generation == b.generation == co.generation == 0 and co.history == []
 
     def test_non_finite_and_non_tensor_fitness_raise_naming_the_population(self):
         co = Coevolve(populations=dict(a=spec(line(), fitness=lambda a_outputs: torch.full((4,), float("nan")))))
@@ -467,7 +467,7 @@ class TestStep:
         with pytest.raises(ValueError, match="survive_frac"):
             co.step()
         assert all(torch.equal(x, y) for x, y in zip(before, adapters(a) + adapters(b)))
-        assert torch.equal(a.generator.get_state(), state) and a.generation == 0 and co.history["a"] == []
+        assert torch.equal(a.generator.get_state(), state) and a.generation == 0 and co.history.of("a") == []
 
     def test_a_failure_at_a_later_step_restores_every_population(self, monkeypatch):
         """All or nothing at every step, not only the first: population b's evolve_ fails at step 2."""
@@ -486,7 +486,7 @@ class TestStep:
             co.step()
         assert all(torch.equal(x, y) for x, y in zip(before, adapters(a) + adapters(b)))
         assert torch.equal(a.generator.get_state(), states[0]) and torch.equal(b.generator.get_state(), states[1])
-        assert (a.generation, b.generation, co.generation, len(co.history["a"])) == (1, 1, 1, 1)
+        assert (a.generation, b.generation, co.generation, len(co.history.of("a"))) == (1, 1, 1, 1)
         monkeypatch.setattr(b, "evolve_", real)
         twin_a, twin_b = line(seed=1), line(seed=2)
         twin = Coevolve(populations=dict(a=spec(twin_a, name="a"), b=spec(twin_b, name="b")))
@@ -606,7 +606,7 @@ class TestSaveLoad:
         resumed = pure_coevolution()
         resumed.step()  # state to be overwritten: adapters, generators, counters, history, archive
         resumed.load(tmp_path / "co.pt")
-        assert resumed.generation == 3 and [len(h) for h in resumed.history.values()] == [3, 3]
+        assert resumed.generation == 3 and [len(h) for h in resumed.history.by_population().values()] == [3, 3]
         for _ in range(3):
             resumed.step()
 
@@ -654,7 +654,7 @@ class TestSaveLoad:
         fresh = pure_coevolution()
         with pytest.raises(CheckpointError, match="history of 'solver' must be a list of"):
             fresh.load_state_dict(state)
-        assert fresh.generation == 0 and fresh.history == {"proposer": [], "solver": []}
+        assert fresh.generation == 0 and fresh.history == []
 
     @pytest.mark.parametrize("damage", ["empty", "truncated", "text", "flipped"])
     def test_a_damaged_checkpoint_raises_checkpoint_error_and_changes_nothing(self, tmp_path, damage):
@@ -760,7 +760,7 @@ class TestHallOfFame:
             fitnesses = co.step()
             champion = archive.champions("proposer")[-1]
             assert champion.generation == g and champion.individual == int(torch.argmax(fitnesses["proposer"]))
-            assert champion.fitness == co.history["proposer"][-1].best
+            assert champion.fitness == co.history.of("proposer")[-1].best
             with torch.no_grad():
                 assert torch.allclose(archive.run(champion, z).flatten(), before[champion.individual], atol=1e-6)
         assert len(archive) == 3  # capacity
@@ -849,7 +849,7 @@ def test_arms_race_lowers_the_solvers_held_out_error():
     assert curve[0] > 0.35, curve  # the untrained solver is far from sin(pi x) (predicting 0 scores 0.5)
     assert max(curve[2:]) < 0.6 * curve[0], curve
     assert curve[-1] < 0.3, curve
-    assert co.history["solver"][-1].best > co.history["solver"][0].best
+    assert co.history.of("solver")[-1].best > co.history.of("solver")[0].best
 
 
 # ---------------------------------------------------------------------------- two processes
@@ -861,10 +861,10 @@ def _contract_run(seed: int, distributed: bool, res: dict) -> None:
     two, three = ns["coevolve_two"], ns["coevolve"]
     for _ in range(3):
         two.step(distributed=distributed)
-    res["two_history"] = copy.deepcopy(two.history)
+    res["two_history"] = copy.deepcopy(two.history.by_population())
     for _ in range(3):
         three.step(distributed=distributed)
-    res["three_history"] = copy.deepcopy(three.history)
+    res["three_history"] = copy.deepcopy(three.history.by_population())
     res["adapters"] = {n: adapters(ns[n]) for n in ("proposer", "solver", "judge")}
     res["generators"] = {n: ns[n].generator.get_state() for n in ("proposer", "solver", "judge")}
     res["models"] = {n: copy.deepcopy(ns[n].model.state_dict()) for n in ("proposer", "solver", "judge")}
@@ -981,7 +981,7 @@ def _torchrun() -> list[str]:
 
 SAVE_STATE = """
 import os as _os
-torch.save({"history": coevolve.history, "state": coevolve.state_dict()},
+torch.save({"history": coevolve.history.by_population(), "state": coevolve.state_dict()},
            _os.path.join(_os.environ["POPULORA_TEST_OUT"], f"rank{_os.environ['RANK']}.pt"))
 """
 
