@@ -78,7 +78,7 @@ from populora.population.population import Population, evaluating
 from populora.snapshots import Snapshot, naming
 from populora.tasks import Mixture, Problem, Task, check_code_replies
 from populora.tasks.base import proposal_prompt
-from populora.train import advantages, policy_gradient_step_
+from populora.train import PolicyGradient, advantages, policy_gradient_step_
 from populora.transaction import Attributes, closing_on_failure, transaction
 
 __all__ = [
@@ -873,11 +873,13 @@ class PopuLoRA(Snapshot):
                 replies.reply_ids,
                 ids,
                 adv,
-                pad_id=self.pad_id,
-                micro_batch=c.micro_batch,
-                reduction="token_mean",
-                kl_coef=c.kl_coef,
-                max_grad_norm=c.max_grad_norm,
+                PolicyGradient(
+                    pad_id=self.pad_id,
+                    micro_batch=c.micro_batch,
+                    reduction="token_mean",
+                    kl_coef=c.kl_coef,
+                    max_grad_norm=c.max_grad_norm,
+                ),
                 distributed=False,
             )
         finally:
@@ -902,9 +904,9 @@ class PopuLoRA(Snapshot):
                 [replies[j] for j in rows],
                 [ids[j] for j in rows],
                 adv[rows],
-                pad_id=pad_id(self.tokenizer),
-                micro_batch=self.config.micro_batch,
-                reduction="sequence_mean",
+                PolicyGradient(
+                    pad_id=pad_id(self.tokenizer), micro_batch=self.config.micro_batch, reduction="sequence_mean"
+                ),
                 distributed=use_dist,
             )
         finally:
