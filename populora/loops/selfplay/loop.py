@@ -75,7 +75,7 @@ from populora.loops.selfplay.replacement import PaperRatings, ReplacementRecord,
 from populora.loops.selfplay.rewards import match_outcomes, student_rewards, teacher_rewards
 from populora.loops.selfplay.scores import SelfPlayRecord, match_scores, selfplay_fitnesses
 from populora.population.population import Population, evaluating
-from populora.snapshots import Snapshot, naming
+from populora.snapshots import Snapshot
 from populora.tasks import Mixture, Problem, Task, check_code_replies
 from populora.tasks.base import proposal_prompt
 from populora.train import PolicyGradient, advantages, policy_gradient_step_
@@ -384,7 +384,9 @@ def draw_anchors(loop: PopuLoRA) -> list[Problem]:
 def check_answers(task: Task, problems: Sequence[Problem], replies: Sequence[str]) -> Tensor:
     """``(n,)`` bool: code problems through the sandbox (batched), every other through ``task.check``."""
     code = [i for i, p in enumerate(problems) if p.task in ("code_i", "code_f")]
-    out = torch.tensor([i not in code and task.check(p, reply) for i, (p, reply) in enumerate(zip(problems, replies))])
+    sandboxed = set(code)
+    pairs = enumerate(zip(problems, replies))
+    out = torch.tensor([i not in sandboxed and task.check(p, reply) for i, (p, reply) in pairs])
     if code:
         out[code] = check_code_replies([problems[i] for i in code], [replies[i] for i in code])
     return out.bool()
@@ -538,15 +540,16 @@ def remember(loop: PopuLoRA, r: Round) -> None:
     """The step's asked proposals join the recent window, the examples' buffer and each teacher's questions."""
     c = loop.config
     asked = [(j // max(c.proposals, 1), p) for j, (p, v) in enumerate(zip(r.problems, r.valid.flatten().tolist())) if v]
+    known = {p.question for p in loop.buffer}
     for teacher, problem in asked:
         assert problem is not None
         loop.questions[teacher].append(problem.question)
         if c.novelty_window and (loop.steps, problem.question) not in loop.recent:
             loop.recent.append((loop.steps, problem.question))
-        known = {p.question for p in loop.buffer}
         family = loop.family_of(problem)
         if c.prompt_examples and family is not None and problem.question not in known and family.proposal_line(problem):
             loop.buffer.append(problem)
+            known.add(problem.question)
     loop.recent = [(s, q) for s, q in loop.recent if s > loop.steps - c.novelty_window]
     loop.buffer = loop.buffer[-c.buffer_size :]
 
@@ -904,9 +907,7 @@ class PopuLoRA(Snapshot):
                 [replies[j] for j in rows],
                 [ids[j] for j in rows],
                 adv[rows],
-                PolicyGradient(
-                    pad_id=pad_id(self.tokenizer), micro_batch=self.config.micro_batch, reduction="sequence_mean"
-                ),
+                PolicyGradient(pad_id=self.pad_id, micro_batch=self.config.micro_batch, reduction="sequence_mean"),
                 distributed=use_dist,
             )
         finally:
@@ -1122,14 +1123,6 @@ class PopuLoRA(Snapshot):
         if len(questions) != p_t:
             raise CheckpointError(f"the {what} state's 'questions' must hold {p_t} lists (one per teacher)")
         return buffer, recent, questions
-
-    def load(self, path: Any) -> None:
-        """Restore what :meth:`save` wrote (or 0.5.0's file of this mode): all or nothing."""
-        from populora.checkpoint import load_checkpoint
-
-        state = load_checkpoint(path, kind=self._checkpoint_kind)
-        with naming(path):
-            self.load_state_dict(state)
 
 
 def _checked_history(rows: Any, steps: int, kind: type[PopuLoRARecord] | type[SelfPlayRecord], what: str) -> list[Any]:
