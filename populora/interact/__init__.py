@@ -13,7 +13,7 @@ sub-envs of a ``SyncVectorEnv``, vector envs), ``envs`` (:class:`EnvSlots`
 and :func:`build_slots`), ``rollout`` (the episode loop), ``interactor``
 (:class:`EnvInteractor`), ``champion`` (validation episodes and the
 champion), ``es_env`` (EggrollES individuals playing episodes),
-``generations`` (the GA and ES loops), ``options`` (the option objects of
+``loop`` (:class:`EnvLoop`, the GA and ES loops), ``options`` (the option objects of
 :func:`evolve_with_env`), ``evolve`` (:func:`evolve_with_env`), ``presets``
 (measured settings per task, and :class:`~populora.loops.env.presets.ConvPolicy`
 for image observations).
@@ -25,6 +25,7 @@ from populora.envs.normalize import ObsNormalizer
 from populora.envs.slots import EnvStepError
 from populora.loops.env.evolve import EvolveResult, evolve_with_env
 from populora.loops.env.generations import GenerationInfo
+from populora.loops.env.loop import EnvLoop
 from populora.loops.env.options import ES, GA, Budget, Checkpointing, EnvOptions, Episodes, Validation
 from populora.stats import GenerationStats
 
@@ -38,6 +39,7 @@ __all__ = [
     "Validation",
     "ActionFormat",
     "EnvInteractor",
+    "EnvLoop",
     "EnvStepError",
     "EvolveResult",
     "GenerationInfo",

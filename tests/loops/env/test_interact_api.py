@@ -22,6 +22,7 @@ from populora.envs.sources import SingleEnvs, SubEnvSource
 from populora.envs.vector import VectorSource
 from populora.errors import CheckpointError, InvalidTypeError, InvalidValueError
 from populora.loops.env.evolve import CHECKPOINT_NAME
+from populora.loops.env.loop import EnvLoop
 from populora.loops.env.options import Checkpointing, EnvOptions, Episodes, Validation
 
 
@@ -202,11 +203,21 @@ def test_resume_reads_version_1_checkpoints(tmp_path):
     run(2, False, tmp_path)
     path = tmp_path / CHECKPOINT_NAME
     state = load_checkpoint(path, kind="evolve_with_env")
-    assert state["format"] == "populora.evolve_with_env/2" and len(state["history"][0]) == 6
+    assert state["format"] == "populora.evolve_with_env/3" and len(state["history"][0]) == 6
+    # 0.1 wrote the population after its generation's evolve_ (0.6.0 writes it before, with the fitnesses)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2))
+    envs = gym.make_vec("CartPole-v1", 4, vectorization_mode="sync")
+    options = dict(action=argmax, horizon=40, seed=9, validation=Validation(episodes=0))
+    with EnvLoop(envs, model, 8, 2, env_options=EnvOptions(normalize_obs=True), **options) as loop:
+        loop.load(path)
+        loop.optimizer.evolve_(loop.pending, loop.setup.evolve)
+        loop.interactor.update_obs_stats(loop.optimizer)
+        evolved, obs_stats = loop.optimizer.snapshot("cpu"), loop.interactor.state_dict()["obs_stats"]
     old = {
         "format": "populora.evolve_with_env/1",
-        "population": state["population"],
-        "normalizer": state["interactor"]["obs_stats"],
+        "population": evolved,
+        "normalizer": obs_stats,
         "history": [h[:3] for h in state["history"]],
         "base_checksum": state["base_checksum"],
     }
