@@ -1,7 +1,8 @@
 """What every loop shares: the callback rule, the budget, ``run``, and saving to a file.
 
 Every loop (:class:`~populora.PopuLoRA`, :class:`~populora.PBT`, :class:`~populora.Coevolve`,
-:class:`~populora.loops.env.EnvLoop` behind :func:`~populora.evolve_with_env`) has one small surface, the :class:`Loop` protocol:
+:class:`~populora.loops.env.EnvLoop` behind :func:`~populora.evolve_with_env`) has one small surface, the
+:class:`Loop` protocol:
 
 - ``step()`` runs one step (all or nothing) and appends its record to ``history``;
 - ``run(budget=, callback=, progress=)`` steps until the :class:`Budget` is spent or the callback says stop;

@@ -1,10 +1,10 @@
 """Evolution against environments: :func:`evolve_with_env`, its option objects, presets and generations.
 
-Modules: ``options`` (the option objects of :func:`evolve_with_env`), ``champion`` (validation episodes and
-the champion), ``es_env`` (EggrollES individuals playing episodes), ``generations`` (validation, records, stopping
-rules), ``loop`` (:class:`EnvLoop`, one generation a step), ``setup`` and ``state`` (its options and its
-checkpoint), ``evolve`` (:func:`evolve_with_env`: an :class:`EnvLoop` run to its end), ``presets`` (measured settings per task, and
-:class:`~populora.loops.env.presets.ConvPolicy` for image observations). Episodes are played by
+Modules: ``options`` (the option objects of :func:`evolve_with_env`), ``setup`` (their checks), ``champion``
+(validation episodes and the champion), ``es_env`` (EggrollES individuals playing episodes), ``generations``
+(validation, records, stopping rules), ``state`` (the checkpoint), ``loop`` (:class:`EnvLoop`, one generation a
+step), ``evolve`` (:func:`evolve_with_env`: an :class:`EnvLoop` run to its end), ``presets`` (measured settings
+per task, and :class:`~populora.loops.env.presets.ConvPolicy` for image observations). Episodes are played by
 :mod:`populora.envs`.
 """
 
