@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from populora import Coevolve, HallOfFame, Population, is_main_rank
+from populora import Coevolve, Evolution, HallOfFame, Population, is_main_rank
 
 TOLERANCE = 0.05  # squared error below which an answer counts as correct
 DEFAULT_PLOT = Path(__file__).resolve().parents[1] / "outputs" / "coevolve_sine.png"  # git-ignored folder
@@ -119,7 +119,7 @@ def main() -> None:
             solver=dict(population=solver, probe=probe_solver, fitness=fitness_solver),
             judge=dict(population=judge, probe=probe_judge, fitness=fitness_judge),
         ),
-        evolve_kwargs=dict(solver=dict(epsilon=0.3)),
+        evolution=dict(solver=Evolution(epsilon=0.3)),
         hall_of_fame=hall,
     )
 

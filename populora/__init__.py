@@ -42,13 +42,13 @@ from populora.operators import (
 )
 from populora.optim import ClipUp
 from populora.plotting import plot_history
-from populora.population import Population, SelectionResult
+from populora.population import Evolution, Population, SelectionResult
 from populora.routing import BASE
 from populora.stats import GenerationStats
 
 ESStats = GenerationStats  # 0.3's name of what EggrollES.tell returns (one record type for a generation)
 
-__version__ = "0.5.0"
+__version__ = "0.6.0.dev0"
 
 __all__ = [
     "BASE",
@@ -56,6 +56,7 @@ __all__ = [
     "Coevolve",
     "EggrollES",
     "EnvInteractor",
+    "Evolution",
     "EvolveResult",
     "Factors",
     "GenerationInfo",

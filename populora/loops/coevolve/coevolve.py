@@ -43,7 +43,7 @@ from populora.loops.coevolve.specs import (
     SPEC_KEYS,
     SUFFIX,
     Member,
-    check_evolve_kwargs,
+    check_evolution,
     find_cycle,
     fn_name,
     injected,
@@ -51,6 +51,7 @@ from populora.loops.coevolve.specs import (
     sources,
     topological,
 )
+from populora.population.evolution import Evolution
 from populora.population.population import Population, evaluating
 from populora.snapshots import Snapshot
 from populora.stats import GenerationStats
@@ -72,8 +73,9 @@ class Coevolve(Snapshot):
             ``<name>_outputs`` (another population's probe output);
             ``fitness`` takes any of ``<name>`` / ``<name>_outputs`` and returns the
             population's ``(P,)`` fitness (higher is better).
-        evolve_kwargs: ``{name: {option: value}}``, keyword arguments of that
-            population's ``evolve_`` (e.g. ``dict(solver=dict(epsilon=0.05))``).
+        evolution: ``{name: Evolution}``, that population's ``evolve_`` options
+            (e.g. ``dict(solver=Evolution(epsilon=0.05))``; a population left out uses ``Evolution()``).
+            0.5.0's ``{name: {option: value}}`` (here or as ``evolve_kwargs=``) still works, deprecated.
         hall_of_fame: a :class:`HallOfFame` over (some of) these populations;
             each step archives the champion of every population it tracks,
             before the population evolves. Reachable as
@@ -111,7 +113,7 @@ class Coevolve(Snapshot):
         ValueError: a bad name, a parameter that cannot be injected (named,
             with the allowed names), a cycle among probes (spelled out,
             ``proposer -> solver -> proposer``), a population used twice, or
-            ``evolve_kwargs`` for an unknown population or option.
+            ``evolution`` for an unknown population (or option, in the deprecated dict form).
 
     Example:
         >>> import torch
@@ -138,9 +140,10 @@ class Coevolve(Snapshot):
     def __init__(
         self,
         populations: Mapping[str, Mapping[str, Any]],
-        evolve_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+        evolution: Mapping[str, Evolution] | None = None,
         *,
         hall_of_fame: HallOfFame | None = None,
+        evolve_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
     ):
         if not isinstance(populations, Mapping) or not populations:
             raise InvalidTypeError(
@@ -190,7 +193,7 @@ class Coevolve(Snapshot):
                 "Probes must form a chain; a fitness may close the circle instead, since every probe runs "
                 "before any fitness"
             )
-        kwargs = check_evolve_kwargs(evolve_kwargs, {n: m.population for n, m in members.items()})
+        options = check_evolution(evolution, evolve_kwargs, {n: m.population for n, m in members.items()})
         if hall_of_fame is not None:
             if not isinstance(hall_of_fame, HallOfFame):
                 raise InvalidTypeError(f"`hall_of_fame` must be a HallOfFame, got {type(hall_of_fame).__name__}")
@@ -203,7 +206,7 @@ class Coevolve(Snapshot):
 
         self._members = members
         self.order: list[str] = topological(names, deps)
-        self.evolve_kwargs: dict[str, dict[str, Any]] = kwargs
+        self.evolution: dict[str, Evolution | dict[str, Any]] = options  # a dict: 0.5.0's form
         self.hall_of_fame = hall_of_fame
         self.history = CoevolveHistory(names)
         self.generation = 0
@@ -248,7 +251,7 @@ class Coevolve(Snapshot):
         Higher fitness is better. Every fitness is checked (a finite ``(P,)``
         tensor for its population, or NaN under ``nan_policy='worst'``) before
         any population changes. All or nothing: if anything raises (a probe, a
-        fitness, an option in ``evolve_kwargs`` found invalid, the hall of
+        fitness, an ``evolution`` option found invalid, the hall of
         fame), every population, the hall of fame, the history and the
         counter are as before. Appends the step's
         :class:`~populora.loops.coevolve.history.CoevolveRecord` to
@@ -385,7 +388,11 @@ class Coevolve(Snapshot):
         """Evolve every population, all or nothing: if one raises (at any step), every one is as before."""
         with transaction(*(m.population for m in self._members.values())):
             for name, m in self._members.items():
-                m.population.evolve_(fitnesses[name], **self.evolve_kwargs.get(name, {}))
+                options = self.evolution.get(name)
+                if isinstance(options, Mapping):  # 0.5.0's keywords (deprecated)
+                    m.population.evolve_(fitnesses[name], **options)
+                else:
+                    m.population.evolve_(fitnesses[name], options)
 
     # ------------------------------------------------------------------ state
 
@@ -488,7 +495,7 @@ def _check_name(name: Any) -> None:
         )
 
 
-_INSTANCE_ATTRIBUTES = frozenset({"order", "evolve_kwargs", "hall_of_fame", "history", "generation"})
+_INSTANCE_ATTRIBUTES = frozenset({"order", "evolution", "evolve_kwargs", "hall_of_fame", "history", "generation"})
 
 
 def _records(history: Mapping[str, list[GenerationStats]], names: list[str], generation: int) -> CoevolveHistory:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from populora.errors import InvalidTypeError, InvalidValueError
-from populora.population.evolution import EVOLVE_KEYWORDS
+from populora.population.evolution import EVOLVE_KEYWORDS, Evolution
 from populora.population.population import Population
 
 __all__: list[str] = []
@@ -122,6 +123,43 @@ def topological(names: Sequence[str], deps: Mapping[str, Sequence[str]]) -> list
     while len(order) < len(names):
         order.append(next(n for n in names if n not in order and all(d in order for d in deps[n])))
     return order
+
+
+def check_evolution(
+    evolution: Mapping[str, Any] | None, evolve_kwargs: Mapping[str, Any] | None, populations: Mapping[str, Population]
+) -> dict[str, Evolution | dict[str, Any]]:
+    """``{name: Evolution}`` checked against the population names; 0.5.0's ``{name: {option: value}}`` (as
+    ``evolve_kwargs=`` or in ``evolution``'s place) is checked key by key and kept, with a ``DeprecationWarning``."""
+    if evolution is not None and evolve_kwargs is not None:
+        raise InvalidValueError("pass `evolution={name: Evolution(...)}` or the deprecated `evolve_kwargs=`, not both")
+    if evolve_kwargs is None and evolution is not None:
+        if not isinstance(evolution, Mapping):
+            raise InvalidTypeError(
+                f"`evolution` must be a dict {{population name: Evolution(...)}}, got {type(evolution).__name__}"
+            )
+        if all(isinstance(v, Evolution) for v in evolution.values()):
+            unknown = [n for n in evolution if n not in populations]
+            if unknown:
+                raise InvalidValueError(
+                    f"`evolution` has options for {unknown[0]!r}, which is not a population; "
+                    f"populations: {list(populations)}"
+                )
+            return dict(evolution)
+        if not all(isinstance(v, Mapping) for v in evolution.values()):
+            bad = next(n for n, v in evolution.items() if not isinstance(v, (Evolution, Mapping)))
+            raise InvalidTypeError(
+                f"`evolution[{bad!r}]` must be a populora.Evolution, got {type(evolution[bad]).__name__}"
+            )
+        evolve_kwargs = evolution  # 0.5.0's second positional argument
+    if evolve_kwargs is None:
+        return {}
+    warnings.warn(
+        "Coevolve(evolve_kwargs={name: {option: value}}) is deprecated since 0.6.0 and goes in 0.7.0: pass "
+        "evolution={name: populora.Evolution(...)}",
+        DeprecationWarning,
+        stacklevel=4,
+    )
+    return dict(check_evolve_kwargs(evolve_kwargs, populations))
 
 
 def check_evolve_kwargs(

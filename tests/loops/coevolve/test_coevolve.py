@@ -22,7 +22,7 @@ import torch.distributed as dist
 from ranks import init_gloo, save, spawn
 from torch import nn
 
-from populora import CheckpointError, Coevolve, FitnessError, HallOfFame, Population
+from populora import CheckpointError, Coevolve, Evolution, FitnessError, HallOfFame, Population
 from populora.loops.coevolve.hall_of_fame import Champion
 from populora.stats import GenerationStats
 
@@ -424,36 +424,68 @@ class TestStep:
         with pytest.raises(FitnessError, match="fitness of population 'a'"):
             co.step()
 
-    def test_evolve_kwargs_reach_their_population(self, monkeypatch):
+    def test_evolution_reaches_its_population(self, monkeypatch):
         a, b = line(seed=1), line(seed=2)
         seen = {}
 
         def spy(name, original):
-            def evolve_(fitnesses, **kwargs):
-                seen[name] = kwargs
-                return original(fitnesses, **kwargs)
+            def evolve_(fitnesses, config=None, **kwargs):
+                seen[name] = (config, kwargs)
+                return original(fitnesses, config, **kwargs)
 
             return evolve_
 
         for name, pop in (("a", a), ("b", b)):
             monkeypatch.setattr(pop, "evolve_", spy(name, pop.evolve_))
-        co = Coevolve(
-            populations=dict(a=spec(a, name="a"), b=spec(b, name="b")),
-            evolve_kwargs=dict(b=dict(epsilon=0.5, survive_frac=0.25)),
-        )
+        chosen = Evolution(epsilon=0.5, survive_frac=0.25)
+        co = Coevolve(populations=dict(a=spec(a, name="a"), b=spec(b, name="b")), evolution=dict(b=chosen))
         co.step()
-        assert seen == {"a": {}, "b": {"epsilon": 0.5, "survive_frac": 0.25}}
+        assert seen == {"a": (None, {}), "b": (chosen, {})}
 
-    def test_evolve_kwargs_for_unknown_population_or_option_raise(self):
+    def test_0_5_0s_evolve_kwargs_warn_and_give_the_same_run(self):
+        runs = []
+        for form in ("config", "keyword", "positional"):
+            a, b = line(seed=1), line(seed=2)
+            pops = dict(a=spec(a, name="a"), b=spec(b, name="b"))
+            if form == "config":
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error")
+                    co = Coevolve(pops, dict(b=Evolution(epsilon=0.5, survive_frac=0.25)))
+            else:
+                options = dict(b=dict(epsilon=0.5, survive_frac=0.25))
+                with pytest.warns(DeprecationWarning, match=r"evolution=\{name: populora.Evolution"):
+                    co = Coevolve(pops, **({"evolve_kwargs": options} if form == "keyword" else {"evolution": options}))
+            co.step()
+            co.step()
+            runs.append(adapters(a) + adapters(b))
+        assert not all(torch.equal(x, y) for x, y in zip(runs[0], adapters(line(seed=1)) + adapters(line(seed=2))))
+        for other in runs[1:]:
+            assert all(torch.equal(x, y) for x, y in zip(runs[0], other))
+
+    def test_evolution_for_unknown_population_or_option_raise(self):
         pops = dict(a=spec(line(), name="a"))
         with pytest.raises(
             ValueError,
-            match=r"`evolve_kwargs` has options for 'b', which is not a population; "
-            r"populations: \['a'\]",
+            match=r"`evolution` has options for 'b', which is not a population; populations: \['a'\]",
+        ):
+            Coevolve(populations=pops, evolution=dict(b=Evolution()))
+        with pytest.raises(TypeError, match=r"`evolution\['a'\]` must be a populora.Evolution, got float"):
+            Coevolve(populations=pops, evolution=dict(a=0.1))
+        with pytest.raises(ValueError, match="not both"):
+            Coevolve(populations=pops, evolution=dict(a=Evolution()), evolve_kwargs=dict(a={}))
+        with (
+            pytest.warns(DeprecationWarning),
+            pytest.raises(
+                ValueError,
+                match=r"`evolve_kwargs` has options for 'b', which is not a population; populations: \['a'\]",
+            ),
         ):
             Coevolve(populations=pops, evolve_kwargs=dict(b={}))
-        with pytest.raises(
-            ValueError, match="option `epsilonn`, which Population.evolve_ does not take.*Did you mean `epsilon`"
+        with (
+            pytest.warns(DeprecationWarning),
+            pytest.raises(
+                ValueError, match="option `epsilonn`, which Population.evolve_ does not take.*Did you mean `epsilon`"
+            ),
         ):
             Coevolve(populations=pops, evolve_kwargs=dict(a=dict(epsilonn=0.1)))
 
@@ -461,9 +493,12 @@ class TestStep:
         a, b = line(seed=1), line(seed=2)
         before = adapters(a) + adapters(b)
         state = a.generator.get_state()
-        co = Coevolve(
-            populations=dict(a=spec(a, name="a"), b=spec(b, name="b")), evolve_kwargs=dict(b=dict(survive_frac=2.0))
-        )
+        with pytest.raises(TypeError, match="bogus"):  # an Evolution refuses it when built
+            Evolution(mutation_kwargs=dict(bogus=1))
+        with pytest.warns(DeprecationWarning):  # 0.5.0's dict form is checked by evolve_ itself, at the step
+            co = Coevolve(
+                populations=dict(a=spec(a, name="a"), b=spec(b, name="b")), evolve_kwargs=dict(b=dict(survive_frac=2.0))
+            )
         with pytest.raises(ValueError, match="survive_frac"):
             co.step()
         assert all(torch.equal(x, y) for x, y in zip(before, adapters(a) + adapters(b)))
@@ -584,7 +619,7 @@ def pure_coevolution(seed: int = 0, hall: bool = True) -> Coevolve:
                 fitness=lambda solver_outputs, proposer_outputs: -errors(solver_outputs, proposer_outputs).mean(1),
             ),
         ),
-        evolve_kwargs=dict(solver=dict(epsilon=0.2)),
+        evolution=dict(solver=Evolution(epsilon=0.2)),
         hall_of_fame=archive,
     )
 
@@ -832,7 +867,7 @@ def test_arms_race_lowers_the_solvers_held_out_error():
                 fitness=lambda solver_outputs, proposer_outputs: -errors(solver_outputs, proposer_outputs).mean(1),
             ),
         ),
-        evolve_kwargs=dict(solver=dict(epsilon=0.3)),
+        evolution=dict(solver=Evolution(epsilon=0.3)),
     )
     grid = torch.linspace(-1, 1, 41).view(-1, 1)
 
