@@ -7,11 +7,12 @@ each reply; the ``(N, n)`` reward matrix is group-normalised per prompt and
 the ES steps on it::
 
     from populora import EggrollES
+    from populora.es.config import EggrollConfig
     from populora.llm.reasoning import ES_AT_SCALE, group_normalize, verifier_rewards
 
     N, sigma = 8, 1e-3                                              # ES_AT_SCALE.pop_size = 30 when it fits
     es = EggrollES(model, N, sigma, es_at_scale_lr(5e-4, sigma, N), rank=1,
-                   fitness_shaping="zscore", param_filter=block_weights)
+                   config=EggrollConfig(fitness_shaping="zscore"), param_filter=block_weights)
     for step in range(steps):
         problems = task.sample(32, generator)
         rewards = verifier_rewards(es.ask(), tokenizer, problems, max_new_tokens=16, task=task)  # (N, n)
