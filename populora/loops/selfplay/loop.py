@@ -34,12 +34,26 @@ optimizers, the ratings and the loop's generator, so a retry is the step an unto
 :meth:`state_dict` holds everything but the base model and the tokenizer, and the config: a loaded loop
 continues bit for bit, and a state written with another config is refused, naming the field.
 
-Distributed (``update="evolve"``, ``step(distributed=True)`` under torchrun): each rank generates its
-contiguous share of the teacher rows, then of the student rows; the replies are gathered on every rank, so
-every rank verifies the same texts, derives the same fitnesses and ratings and evolves in lockstep. At the
-first distributed step rank 0's populations, generator, ratings, step and history are broadcast. Sampled
-tokens depend on which rows share a batch, so a distributed run is reproducible (same seed, same world size)
-but not token-equal to a one-process run.
+Distributed (``step(distributed=True)`` / ``run(distributed=True)`` under torchrun), by member
+(``sampler="member"``, the default; both updates): each role's members are cut into contiguous blocks, one per
+rank (:func:`~populora.distributed.members.member_block`: the first ``P % world`` ranks own one member more; a
+rank past ``P`` owns none and still joins every collective). Every rank holds the base and both populations
+whole, but generates, checks (the sandbox) and trains only its own members' rows; a member's adapter rows,
+optimizer rows and generator are authoritative on its owner alone (the other ranks' copies go stale and are
+never read). Per step each rank sends: its members' reply token ids (an all-gather of int64 tensors, decoded
+identically everywhere), its students' verdicts (an all-reduce of an ``(n,)`` int64 vector), one int per guarded
+phase (a failure flag), and at a replacement the rows (adapter factors and optimizer state) of each parent whose
+child another rank owns (point to point). Rewards, advantages (on the whole role's batch in the one-process row
+order), ratings, matchmaking and the replacement's decisions are computed on every rank from the same values;
+no adapter is all-reduced. Each member generates in a block of its own (its rows, its pad width, routed
+``individual=i``) from its own generator, and trains in micro batches of its own rows, so a 2-rank run IS the
+1-rank run: the same tokens, ratings, replacements and history, adapters equal to float rounding. At the first
+distributed step rank 0's populations, generators, ratings, step and history are broadcast (once);
+:meth:`state_dict` / :meth:`save` gather every member from its owner (collective), so a file written by N ranks
+resumes on any number. A failure on one rank (generation, the sandbox, the update, a replacement; a
+KeyboardInterrupt too) is raised on every rank (the others a ``RankFailure`` naming it) and every rank's step
+is rolled back. With ``sampler="batch"`` (0.5.0's, kept by :data:`SELFPLAY_PRESET`) an evolving loop shards
+rows instead (reproducible at a fixed world size only) and an RL loop refuses ``distributed=True``.
 """
 
 from __future__ import annotations
