@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from populora.distributed.process_group import is_distributed, partition, process_rank, world_size
+from populora.distributed.process_group import comm_device, is_distributed, partition, process_rank, world_size
 
 __all__ = [
     "RankFailure",
@@ -86,7 +86,7 @@ def raise_if_any_failed(error: BaseException | None, phase: str) -> None:
         if error is not None:
             raise error
         return
-    flag = torch.tensor([0 if error is None else 1], dtype=torch.int64)
+    flag = torch.tensor([0 if error is None else 1], dtype=torch.int64, device=comm_device())
     _count("failure flags", flag)
     dist.all_reduce(flag)
     if int(flag) == 0:
@@ -126,10 +126,11 @@ def all_gather_rows(
     if error is None:
         for i in sorted(rows):
             flat += [i, len(rows[i]), *[int(t) for t in rows[i]]]
-    mine = torch.tensor(flat, dtype=torch.int64)
+    device = comm_device()  # NCCL takes CUDA tensors only
+    mine = torch.tensor(flat, dtype=torch.int64, device=device)
     world = world_size()
-    head = torch.tensor([mine.numel(), 0 if error is None else 1], dtype=torch.int64)
-    heads = [torch.zeros(2, dtype=torch.int64) for _ in range(world)]
+    head = torch.tensor([mine.numel(), 0 if error is None else 1], dtype=torch.int64, device=device)
+    heads = [torch.zeros(2, dtype=torch.int64, device=device) for _ in range(world)]
     _count(what, head)
     dist.all_gather(heads, head)
     if any(int(h[1]) for h in heads):
@@ -140,9 +141,9 @@ def all_gather_rows(
         rank = next(r for r, m in enumerate(messages) if m is not None)
         raise RankFailure(f"{phase or what} failed on rank {rank}: {messages[rank]}")
     width = max(int(h[0]) for h in heads)
-    buf = torch.zeros(width, dtype=torch.int64)
+    buf = torch.zeros(width, dtype=torch.int64, device=device)
     buf[: mine.numel()] = mine
-    parts = [torch.zeros(width, dtype=torch.int64) for _ in range(world)]
+    parts = [torch.zeros(width, dtype=torch.int64, device=device) for _ in range(world)]
     _count(what, buf)
     dist.all_gather(parts, buf)
     gathered: list[list[int] | None] = [None] * num
@@ -162,7 +163,9 @@ def all_reduce_sum_(tensor: Tensor, what: str) -> Tensor:
     """``tensor`` summed over the ranks, in place (itself without a process group)."""
     if _active():
         _count(what, tensor)
-        dist.all_reduce(tensor)
+        buf = tensor.to(comm_device())
+        dist.all_reduce(buf)
+        tensor.copy_(buf)
     return tensor
 
 
@@ -171,12 +174,12 @@ def broadcast_rows_(tensors: Sequence[Tensor], rows: range, src: int, what: str)
     if not _active() or not len(rows):
         return
     for t in tensors:
-        buf = t[rows.start : rows.stop].detach().contiguous()
+        buf = t[rows.start : rows.stop].detach().to(comm_device()).contiguous()
         if process_rank() == src:
             _count(what, buf)
         dist.broadcast(buf, src=src)
         with torch.no_grad():
-            t[rows.start : rows.stop] = buf
+            t[rows.start : rows.stop] = buf.to(t.device)
 
 
 def send_rows(tensors: Sequence[Tensor], row: int, src: int, dst: int, what: str) -> None:
@@ -186,11 +189,11 @@ def send_rows(tensors: Sequence[Tensor], row: int, src: int, dst: int, what: str
     me = process_rank()
     for t in tensors:
         if me == src:
-            buf = t[row].detach().contiguous()
+            buf = t[row].detach().to(comm_device()).contiguous()
             _count(what, buf)
             dist.send(buf, dst=dst)
         elif me == dst:
-            buf = torch.empty_like(t[row])
+            buf = torch.empty_like(t[row], device=comm_device())
             dist.recv(buf, src=src)
             with torch.no_grad():
-                t[row] = buf
+                t[row] = buf.to(t.device)
