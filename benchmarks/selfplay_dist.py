@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ranks = [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(2)]
     same = all(r["tokens"] == one["tokens"] for r in ranks)
     count = slice(1, None)  # the first step warms up
-    med = lambda xs: statistics.median(xs[count])  # noqa: E731
+    med = lambda xs: statistics.median(xs[count])
     cpu1, wall1 = med(one["cpu"]), med(one["wall"])
     cpu2 = [med(r["cpu"]) for r in ranks]
     wall2 = max(med(r["wall"]) for r in ranks)

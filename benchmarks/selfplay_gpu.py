@@ -108,8 +108,8 @@ def _loop(device: str) -> Any:
     from populora.tasks import Arithmetic
 
     model = random_model(True, "cpu").to(device)
-    config = CPU_PRESET.replace(teachers=4, students=4, rank=2, anchors=1, interval=2, seed=0,
-                                teacher_generate=dict(max_new_tokens=8), student_generate=dict(max_new_tokens=6))  # fmt: skip
+    lengths = dict(teacher_generate=dict(max_new_tokens=8), student_generate=dict(max_new_tokens=6))
+    config = CPU_PRESET.replace(teachers=4, students=4, rank=2, anchors=1, interval=2, seed=0, **lengths)
     teachers = Population(model, 4, 2, list(LLAMA_ALL), seed=0, init_scale=0.5)
     students = Population(model, 4, 2, list(LLAMA_ALL), seed=1, init_scale=0.5)
     return PopuLoRA(teachers, students, char_tokenizer(), Arithmetic(), config=config)

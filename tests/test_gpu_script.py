@@ -103,7 +103,11 @@ def test_cpu_smoke_prints_one_summary_table(smoke):
     assert rows["forward all / pure, worst judged point"][1].startswith("mlp d=256 r=")
     assert rows["ES step throughput / plain inference + the same loss"][1] == "N=4"
     assert rows["ES step throughput / plain inference + the same loss"][3] == ">= 0.90"
-    assert rows["selfplay: 2 ranks by member, token ids equal to 1 process (1 = yes)"][1:] == ["gloo, 4 + 4 members", "1.000", "= 1"]
+    assert rows["selfplay: 2 ranks by member, token ids equal to 1 process (1 = yes)"][1:] == [
+        "gloo, 4 + 4 members",
+        "1.000",
+        "= 1",
+    ]
     assert "note:" not in proc.stdout
     # EvoX skipped with its reason, in the log and under the table, and neither a row nor a failure
     assert re.search(r"gpu\.sh: evox: skipped \(no evox-\*\.whl in EVOX_WHEELS=\S*evox-wheels", proc.stderr)
