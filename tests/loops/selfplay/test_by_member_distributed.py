@@ -48,10 +48,10 @@ class StubTask(Task):
         return Problem(task="stub", question=f"Code {len(text)}?", answer=0, data={})
 
 
-def make() -> PopuLoRA:
+def make(members: int = 3, **changes) -> PopuLoRA:
     model, tokenizer = tiny_chat_model(seed=0)
-    teachers = Population(model, 3, 2, BLOCK, seed=1, init_scale=0.5)
-    students = Population(model, 3, 2, BLOCK, seed=2, init_scale=0.5)
+    teachers = Population(model, members, 2, BLOCK, seed=1, init_scale=0.5)
+    students = Population(model, members, 2, BLOCK, seed=2, init_scale=0.5)
     config = PopuLoRAConfig(
         proposals=2,
         attempts=2,
@@ -65,7 +65,26 @@ def make() -> PopuLoRA:
         student_generate=dict(max_new_tokens=3),
         seed=3,
     )
+    config = config.replace(**changes)
     return PopuLoRA(teachers, students, tokenizer, StubTask(), config=config)
+
+
+# evolution only by member (the students' policy-gradient step on their owners, then every rank evolves the
+# gathered population in lockstep), and 1 + 1 members on 2 ranks (rank 1 owns none and joins every collective)
+EVOLVE = dict(update="evolve", attempts=1, teacher_reward="failures", match="proposal", student_pg_lr=0.05,
+              student_generate=dict(max_new_tokens=3, do_sample=False), max_grad_norm=None)  # fmt: skip
+OTHERS = {"evolve": (3, EVOLVE), "one_each": (1, {})}
+
+
+def brief(loop: PopuLoRA, outs: list) -> dict:
+    state = loop.state_dict()
+    return {
+        "tokens": [(o.proposal_ids, o.answer_ids) for o in outs],
+        "history": [r.deterministic for r in loop.history],
+        "matches": [r.matches for r in loop.history],
+        "ratings": state["ratings"],
+        "adapters": {n: {k: v for k, v in state[n].items() if k != "_extra_state"} for n in ("teachers", "students")},
+    }
 
 
 def summary(loop: PopuLoRA, outs: list) -> dict:
@@ -120,6 +139,9 @@ def _worker(rank: int, world: int, store: str, out: str, one_rank_ckpt: str) -> 
         again.load(path)
         more = [again.step(distributed=True) for _ in range(STEPS - 2)]
         res[name] = summary(again, more)
+    for name, (members, changes) in OTHERS.items():
+        other = make(members, **changes)
+        res[name] = brief(other, [other.step(distributed=True) for _ in range(2)])
     flag = torch.ones(1)
     dist.all_reduce(flag)
     res["after"] = float(flag)
@@ -177,7 +199,12 @@ def runs(tmp_path_factory) -> dict:
     resumed = make()
     resumed.load(tmp / "two_ranks_step2.pt")
     more = [resumed.step() for _ in range(STEPS - 2)]
+    others = {}
+    for name, (members, changes) in OTHERS.items():
+        other = make(members, **changes)
+        others[name] = brief(other, [other.step() for _ in range(2)])
     return {
+        "others": others,
         "one": one,
         "retry": (retry.proposal_ids, retry.answer_ids, retry.record.deterministic[:-2]),
         "ranks": ranks,
@@ -234,3 +261,18 @@ class TestByMember:
         for res in (zero, one):
             assert res["rolled_back"] and res["rolled_back_interrupt"] and res["after"] == 2.0
             assert res["retry"] == runs["retry"]  # the retry is the step the one-process run takes next
+
+    @pytest.mark.parametrize("name", sorted(OTHERS))
+    def test_evolution_by_member_and_more_ranks_than_members_are_the_one_process_run(self, runs, name):
+        want = runs["others"][name]
+        for res in runs["ranks"]:
+            got = res[name]
+            assert got["tokens"] == want["tokens"] and got["history"] == want["history"]
+            assert _same(got["ratings"], want["ratings"])
+            for role in ("teachers", "students"):
+                for key, value in want["adapters"][role].items():
+                    for a, b in zip(got["adapters"][role][key], value):
+                        assert float((a - b).norm()) <= 1e-5 * max(float(b.norm()), 1e-12), (name, role, key)
+        assert all(m > 0 for m in want["matches"])
+        fresh = make(OTHERS[name][0]).state_dict()["students"]
+        assert any(not torch.equal(v, fresh[k]) for k, v in want["adapters"]["students"].items())  # they learnt
