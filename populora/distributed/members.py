@@ -183,17 +183,25 @@ def broadcast_rows_(tensors: Sequence[Tensor], rows: range, src: int, what: str)
 
 
 def send_rows(tensors: Sequence[Tensor], row: int, src: int, dst: int, what: str) -> None:
-    """Row ``row`` of every tensor from rank ``src`` to rank ``dst`` (point to point; other ranks do nothing)."""
+    """Row ``row`` of every tensor from rank ``src`` to rank ``dst``, point to point (other ranks do nothing):
+    one message per dtype, the rows of every tensor of that dtype packed into one flat buffer."""
     if not _active() or src == dst:
         return
     me = process_rank()
+    if me not in (src, dst):
+        return
+    groups: dict[torch.dtype, list[Tensor]] = {}
     for t in tensors:
+        groups.setdefault(t.dtype, []).append(t)
+    for dtype, group in groups.items():
+        sizes = [t[row].numel() for t in group]
         if me == src:
-            buf = t[row].detach().to(comm_device()).contiguous()
+            buf = torch.cat([t[row].detach().reshape(-1).to(comm_device()) for t in group])
             _count(what, buf)
             dist.send(buf, dst=dst)
-        elif me == dst:
-            buf = torch.empty_like(t[row], device=comm_device())
+        else:
+            buf = torch.empty(sum(sizes), dtype=dtype, device=comm_device())
             dist.recv(buf, src=src)
             with torch.no_grad():
-                t[row] = buf.to(t.device)
+                for t, part in zip(group, torch.split(buf, sizes)):
+                    t[row] = part.view(t[row].shape).to(t.device)
