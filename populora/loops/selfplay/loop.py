@@ -838,16 +838,18 @@ class PopuLoRA(Snapshot):
         """One step of the loop (module docstring), all or nothing.
 
         Args:
-            distributed: (``update="evolve"``) under ``torch.distributed``, share the generation among the
-                ranks; every rank then evolves in lockstep (module docstring). Without a process group (or
-                with one rank) the step runs locally.
+            distributed: under ``torch.distributed``, with ``sampler="member"`` (either update): each rank
+                generates, checks and trains its own members (module docstring), the same step as one process;
+                with ``sampler="batch"`` (evolving only) the rows are shared out. Every rank must call it. Without
+                a process group (or with one rank) the step runs locally.
 
         Returns:
             A :class:`PopuLoRAOutcome`; its record is appended to :attr:`history`.
 
         Raises:
             FitnessError: (evolve) a fitness ``evolve_`` could not use (nothing changed).
-            InvalidValueError: ``distributed=True`` for an RL loop (it runs on one process).
+            InvalidValueError: ``distributed=True`` for an RL loop with ``sampler="batch"`` (nothing changed).
+            RankFailure: (distributed) another rank failed in this step (every rank's step is rolled back).
         """
         use_dist = bool(distributed) and pd.is_distributed()
         if use_dist and self.config.update == "rl" and not self.by_member:

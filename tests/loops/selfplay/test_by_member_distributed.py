@@ -142,6 +142,8 @@ def _worker(rank: int, world: int, store: str, out: str, one_rank_ckpt: str) -> 
     for name, (members, changes) in OTHERS.items():
         other = make(members, **changes)
         res[name] = brief(other, [other.step(distributed=True) for _ in range(2)])
+    batch = make(sampler="batch")
+    res["batch_refused"] = (_error_of(lambda: batch.step(distributed=True)), batch.steps)
     flag = torch.ones(1)
     dist.all_reduce(flag)
     res["after"] = float(flag)
@@ -276,3 +278,8 @@ class TestByMember:
         assert all(m > 0 for m in want["matches"])
         fresh = make(OTHERS[name][0]).state_dict()["students"]
         assert any(not torch.equal(v, fresh[k]) for k, v in want["adapters"]["students"].items())  # they learnt
+
+    def test_rl_with_the_batch_sampler_refuses_distributed_steps(self, runs):
+        for res in runs["ranks"]:
+            (kind, message), steps = res["batch_refused"]
+            assert kind == "InvalidValueError" and "needs sampler='member'" in message and steps == 0
