@@ -81,8 +81,12 @@ class RankFailure(RuntimeError):
 def raise_if_any_failed(error: BaseException | None, phase: str) -> None:
     """Every rank learns whether any rank failed in ``phase``; if one did, every rank raises (the failing rank its
     own exception, the others :class:`RankFailure` naming the rank and quoting its error). One all-reduce of
-    one int when nobody failed; nobody waits for the collective timeout."""
-    if not _active():
+    one int when nobody failed; nobody waits for the collective timeout.
+
+    The protocol: every exchange between ranks starts with this flag (:func:`all_gather_rows` and the loop's
+    exchanges call it first), so a rank that failed anywhere meets the others at their next flag. A
+    :class:`RankFailure` is a failure every rank already agreed on: it is raised again without a collective."""
+    if isinstance(error, RankFailure) or not _active():
         if error is not None:
             raise error
         return
@@ -116,30 +120,21 @@ def all_gather_rows(
 ) -> list[list[int]]:
     """Every rank's token rows ``{row index: ids}`` (disjoint across ranks, together ``[0, num)``) as one list in
     row order, on every rank. The payload is one int64 tensor per rank (``[row, length, ids..]`` per row),
-    padded to the longest: two all-gathers (sizes, then rows). ``error``: this rank failed before it had its
-    rows; every rank then raises (:func:`raise_if_any_failed` semantics) instead of exchanging."""
+    padded to the longest: two all-gathers (sizes, then rows), after the failure flag. ``error``: this rank
+    failed before it had its rows; every rank then raises (:func:`raise_if_any_failed`) instead of exchanging."""
+    raise_if_any_failed(error, phase or what)
     if not _active():
-        if error is not None:
-            raise error
         return [list(rows[i]) for i in range(num)]
     flat: list[int] = []
-    if error is None:
-        for i in sorted(rows):
-            flat += [i, len(rows[i]), *[int(t) for t in rows[i]]]
+    for i in sorted(rows):
+        flat += [i, len(rows[i]), *[int(t) for t in rows[i]]]
     device = comm_device()  # NCCL takes CUDA tensors only
     mine = torch.tensor(flat, dtype=torch.int64, device=device)
     world = world_size()
-    head = torch.tensor([mine.numel(), 0 if error is None else 1], dtype=torch.int64, device=device)
-    heads = [torch.zeros(2, dtype=torch.int64, device=device) for _ in range(world)]
+    head = torch.tensor([mine.numel()], dtype=torch.int64, device=device)
+    heads = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
     _count(what, head)
     dist.all_gather(heads, head)
-    if any(int(h[1]) for h in heads):
-        messages: list[Any] = [None] * world
-        dist.all_gather_object(messages, None if error is None else f"{type(error).__name__}: {error}")
-        if error is not None:
-            raise error
-        rank = next(r for r, m in enumerate(messages) if m is not None)
-        raise RankFailure(f"{phase or what} failed on rank {rank}: {messages[rank]}")
     width = max(int(h[0]) for h in heads)
     buf = torch.zeros(width, dtype=torch.int64, device=device)
     buf[: mine.numel()] = mine

@@ -948,6 +948,7 @@ class PopuLoRA(Snapshot):
     def fetch_parents(self, name: str, plan: list[tuple[int, tuple[int, int]]]) -> list[int]:
         """(replacement, by member) Each child's parents' rows (adapter factors, optimizer state) sent from the
         parents' owners to the child's owner; returns the children this rank writes."""
+        pm.raise_if_any_failed(None, f"replacing {name}")  # every rank is here before any row travels
         size = self.population(name).pop_size
         tensors = self._rows_of(name)
         for child, parents in plan:
@@ -963,6 +964,7 @@ class PopuLoRA(Snapshot):
         Collective: every rank calls it. :meth:`state_dict` runs it, so a checkpoint is complete."""
         if not (pd.is_distributed() and pd.world_size() > 1):
             return
+        pm.raise_if_any_failed(None, "gathering the members")
         for n in NAMES if name is None else (name,):
             size = self.population(n).pop_size
             states = torch.stack([g.get_state() for g in self.samplers[n]])

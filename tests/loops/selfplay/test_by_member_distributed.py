@@ -133,6 +133,31 @@ def _worker(rank: int, world: int, store: str, out: str, one_rank_ckpt: str) -> 
     retry = loop.step(distributed=True)
     res["retry"] = (retry.proposal_ids, retry.answer_ids, retry.record.deterministic[:-2])
 
+    # the next step replaces: rank 1's replacement of the students fails, then rank 0's policy-gradient step
+    from populora.loops.selfplay import loop as loop_module
+
+    before = summary(loop, [])
+    real_replace, real_pg = loop_module.replace_, loop_module.policy_gradient_step_
+
+    def failing_replace(population, *args, **kwargs):
+        if population is loop.students:
+            raise RuntimeError("boom in the replacement")
+        return real_replace(population, *args, **kwargs)
+
+    def failing_pg(*args, **kwargs):
+        raise RuntimeError("boom in the update")
+
+    for key, patch in (
+        ("replace", ("replace_", failing_replace, 1)),
+        ("update", ("policy_gradient_step_", failing_pg, 0)),
+    ):
+        name, fn, where = patch
+        if rank == where:
+            setattr(loop_module, name, fn)
+        res[f"{key}_failure"] = _error_of(lambda: loop.step(distributed=True))
+        loop_module.replace_, loop_module.policy_gradient_step_ = real_replace, real_pg
+        res[f"{key}_rolled_back"] = _same(summary(loop, []), before)
+
     # resume 2 -> 2 and 1 -> 2
     for name, path in (("resumed_2_2", f"{out}/two_ranks_step2.pt"), ("resumed_1_2", one_rank_ckpt)):
         again = make()
@@ -283,3 +308,14 @@ class TestByMember:
         for res in runs["ranks"]:
             (kind, message), steps = res["batch_refused"]
             assert kind == "InvalidValueError" and "needs sampler='member'" in message and steps == 0
+
+    def test_a_failing_replacement_or_update_on_one_rank_is_raised_on_both_and_rolled_back(self, runs):
+        zero, one = runs["ranks"]
+        assert one["replace_failure"] == ("RuntimeError", "boom in the replacement")
+        assert zero["replace_failure"] == (
+            "RankFailure",
+            "replacing students failed on rank 1: RuntimeError: boom in the replacement",
+        )
+        assert zero["update_failure"] == ("RuntimeError", "boom in the update")
+        assert one["update_failure"] == ("RankFailure", "the update failed on rank 0: RuntimeError: boom in the update")
+        assert all(res["replace_rolled_back"] and res["update_rolled_back"] for res in (zero, one))
