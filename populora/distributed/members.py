@@ -31,6 +31,7 @@ __all__ = [
     "all_gather_rows",
     "all_reduce_sum_",
     "broadcast_rows_",
+    "capture",
     "guarded",
     "member_block",
     "owner_of",
@@ -103,14 +104,19 @@ def raise_if_any_failed(error: BaseException | None, phase: str) -> None:
     raise RankFailure(f"{phase} failed on rank {rank}: {messages[rank]}")
 
 
+def capture(fn: Callable[[], T]) -> tuple[T | None, BaseException | None]:
+    """``(fn(), None)``, or ``(None, the exception)`` if it raised: the one place that holds an exception
+    (a KeyboardInterrupt too) until the other ranks have been told; the caller re-raises it through
+    :func:`raise_if_any_failed` (or :func:`all_gather_rows`)."""
+    try:
+        return fn(), None
+    except BaseException as error:  # KeyboardInterrupt too: the others must not wait for this rank
+        return None, error
+
+
 def guarded(fn: Callable[[], T], phase: str) -> T | None:
     """``fn()`` on this rank, then :func:`raise_if_any_failed`: a failure on one rank raises on every rank."""
-    error: BaseException | None = None
-    out: T | None = None
-    try:
-        out = fn()
-    except BaseException as e:  # KeyboardInterrupt too: the others must not wait for this rank
-        error = e
+    out, error = capture(fn)
     raise_if_any_failed(error, phase)
     return out
 

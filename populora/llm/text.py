@@ -248,20 +248,17 @@ def generate_by_member(
     owned = set(pm.member_block(population.pop_size)) if distributed else set(range(population.pop_size))
     eos = getattr(tokenizer, "eos_token_id", None)
     local: dict[int, list[int]] = {}
-    error: BaseException | None = None
-    try:
+
+    def run() -> None:
         for member in sorted(set(int(i) for i in ids) & owned):
             rows = [j for j in range(n) if int(ids[j]) == member]
             input_ids, mask = encode(tokenizer, [texts[j] for j in rows])
             options = dict(greedy)
             if warp is not None:
-                options["logits_processor"] = [
-                    *options.get("logits_processor", []),
-                    GumbelNoise(generators[member], **warp),
-                ]
                 from transformers import LogitsProcessorList
 
-                options["logits_processor"] = LogitsProcessorList(options["logits_processor"])
+                noise = GumbelNoise(generators[member], **warp)
+                options["logits_processor"] = LogitsProcessorList([*options.get("logits_processor", []), noise])
             with torch.no_grad():
                 out = population.generate(input_ids, mask, individual=member, **options)
             if not isinstance(out, Tensor):
@@ -269,8 +266,8 @@ def generate_by_member(
             gen, lengths = new_tokens(out.cpu(), input_ids.shape[1], eos)
             for j, row, length in zip(rows, gen, lengths):
                 local[j] = row[:length].tolist()
-    except BaseException as e:  # KeyboardInterrupt too: the other ranks must not wait for this one
-        error = e
+
+    _, error = pm.capture(run)  # held (a KeyboardInterrupt too) until the other ranks know
     replies = pm.all_gather_rows(local, n, what, error, phase=f"generating the {what}") if distributed else None
     if replies is None:
         if error is not None:

@@ -1207,12 +1207,9 @@ class PopuLoRA(Snapshot):
         if not (self._synced and self.by_member and pd.is_distributed() and pd.world_size() > 1):
             return super().save(path)
         state = self.state_dict()
-        error: BaseException | None = None
-        if pd.is_main_rank():
-            try:
-                atomic_save(state, path, kind=self._checkpoint_kind)
-            except BaseException as e:
-                error = e
+        error = (
+            pm.capture(lambda: atomic_save(state, path, kind=self._checkpoint_kind))[1] if pd.is_main_rank() else None
+        )
         pm.raise_if_any_failed(error, f"saving {str(path)!r}")
         return Path(path)
 
