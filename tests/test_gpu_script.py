@@ -51,6 +51,10 @@ MEASURES = [
     "ES step throughput / plain inference + the same loss",
     "ES step throughput / plain inference + the same loss, first layer per member",
     "ES step throughput / plain inference + the same loss, own rows per member",
+    "selfplay: loop step, 8 adapters / 1 at equal rows per adapter, one routed batch",
+    "selfplay: loop step, 8 adapters / 1 at equal rows per adapter, per-member blocks",
+    "selfplay: 2 ranks by member, token ids equal to 1 process (1 = yes)",
+    "selfplay: 2 ranks by member, step wall clock / 1 process",
 ]
 
 
@@ -99,6 +103,11 @@ def test_cpu_smoke_prints_one_summary_table(smoke):
     assert rows["forward all / pure, worst judged point"][1].startswith("mlp d=256 r=")
     assert rows["ES step throughput / plain inference + the same loss"][1] == "N=4"
     assert rows["ES step throughput / plain inference + the same loss"][3] == ">= 0.90"
+    assert rows["selfplay: 2 ranks by member, token ids equal to 1 process (1 = yes)"][1:] == [
+        "gloo, 4 + 4 members",
+        "1.000",
+        "= 1",
+    ]
     assert "note:" not in proc.stdout
     # EvoX skipped with its reason, in the log and under the table, and neither a row nor a failure
     assert re.search(r"gpu\.sh: evox: skipped \(no evox-\*\.whl in EVOX_WHEELS=\S*evox-wheels", proc.stderr)
@@ -120,7 +129,7 @@ def test_cpu_smoke_keeps_both_benchmarks_output(smoke):
         "summary.md",
         "env.txt",
     } <= {p.name for p in out.iterdir()}
-    for stage in ("forward", "checks", "es"):
+    for stage in ("forward", "checks", "es", "selfplay", "ranks"):
         assert (out / f"{stage}.rc").read_text().strip() == "0", stage
     checks = json.loads((out / "checks.json").read_text())
     assert checks["failures"] == {} and {r["check"] for r in checks["rows"]} == {

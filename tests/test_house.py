@@ -232,8 +232,10 @@ def test_the_faces_and_new_paths_import_silently():
 
 # the only functions that catch BaseException (a bare `except:` counts too): the transaction (it restores and
 # re-raises), atomic file writes (they remove a half-written file and re-raise), and the sandbox's runner (the
-# child process that runs a program: whatever the program raises is its result)
+# child process that runs a program: whatever the program raises is its result), and the by-member ranks'
+# `capture`, which holds a failure (a KeyboardInterrupt too) until every rank has been told, then re-raises it
 CATCH_BASE_EXCEPTION = {
+    ("populora/distributed/members.py", "capture"),
     ("populora/transaction.py", "transaction"),
     ("populora/checkpoint.py", "_write_atomically"),
     ("populora/llm/peft.py", "_write_folder"),

@@ -556,6 +556,7 @@ def policy_gradient_step_(
     *,
     lr_multipliers: LRMultipliers | None = None,
     distributed: bool | None = None,
+    by_member: bool = False,
     **legacy: Any,
 ) -> PolicyGradientStats:
     """One optimizer step of every individual on the REINFORCE loss of its own rows, in place.
@@ -600,6 +601,10 @@ def policy_gradient_step_(
             ``kl_estimator``, ``max_grad_norm``); ``None``: its defaults.
         lr_multipliers: per-individual learning-rate multipliers (:class:`~populora.train.LRMultipliers`).
         distributed: sum over the ranks (``None``: when a process group is initialised).
+        by_member: micro batches never mix individuals: individual ``i``'s rows (in row order) are cut into
+            ``micro_batch`` chunks of their own, individuals in id order, so the shapes an individual's rows run
+            in do not depend on the other individuals' rows (what makes its gradient the same, bit for bit,
+            whichever rows a process holds; :class:`~populora.PopuLoRA` trains members on their own ranks so).
         legacy: 0.5.0's flat keywords (``kl_coef=0.01, ...``): deprecated, applied over ``config`` with a
             ``DeprecationWarning`` (the same step, bit for bit); they go in 0.7.0.
 
@@ -673,8 +678,15 @@ def policy_gradient_step_(
             for p in params:
                 p.requires_grad_(True)
             with torch.enable_grad():
-                for start in range(0, len(work), micro_batch):
-                    chunk = work[start : start + micro_batch]
+                if by_member:
+                    chunks = [
+                        part[start : start + micro_batch]
+                        for part in ([j for j in work if ids[j] == i] for i in sorted({ids[j] for j in work}))
+                        for start in range(0, len(part), micro_batch)
+                    ]
+                else:
+                    chunks = [work[start : start + micro_batch] for start in range(0, len(work), micro_batch)]
+                for chunk in chunks:
                     chunk_p, chunk_r = [prompt_rows[j] for j in chunk], [reply_rows[j] for j in chunk]
                     chunk_ids = [ids[j] for j in chunk]
                     lp, mask = _reply_logprobs(population, chunk_p, chunk_r, chunk_ids, pad_id)

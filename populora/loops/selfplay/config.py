@@ -29,6 +29,7 @@ from populora.loops.selfplay.scores import TEACHER_REWARDS as EVOLVE_TEACHER_REW
 __all__ = ["CPU_PRESET", "PAPER_PRESET", "SELFPLAY_PRESET", "PopuLoRAConfig", "Preset"]
 
 UPDATES = ("rl", "evolve")
+SAMPLERS = ("member", "batch")
 MATCHES = ("pair", "problem", "proposal")
 FAMILY_RULES = ("drawn", "whole")
 # generate options the loop sets itself (it routes the rows and seeds the sampling)
@@ -132,6 +133,14 @@ class PopuLoRAConfig(Config):
         teacher_generate, student_generate: ``generate`` options (dicts, or ``GenerationConfig`` s), merged
             over the mode's defaults (teachers: 48 new tokens sampled at temperature 1; students: 24 new
             tokens, sampled under RL, greedy when evolving); RL students must sample.
+        sampler: ``"member"`` (0.6.0's default): each member's rows are generated in a block of their own,
+            sampled by Gumbel-max noise from the member's own generator (seeded by ``(seed, role, member)``,
+            :func:`~populora.llm.text.generate_by_member`): a member's tokens depend on nothing but its rows,
+            adapter and generator, so a run under torchrun (:meth:`PopuLoRA.step` ``distributed=True``,
+            members partitioned across the ranks) is the one-process run. ``"batch"``: 0.5.0's ONE routed
+            ``generate`` over every row, sampled by transformers from a seed the loop draws per call (the
+            fastest on a GPU: one mixed batch); distributed only when evolving (rows sharded across ranks,
+            reproducible at a fixed world size only).
         chat: wrap prompts in the chat template.
         seed: seeds the loop's generator (matches, families, sampling seeds, anchors, phrasings).
 
@@ -178,6 +187,7 @@ class PopuLoRAConfig(Config):
     reserved: tuple[str, ...] = ()
     teacher_generate: Mapping[str, Any] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
     student_generate: Mapping[str, Any] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+    sampler: str = "member"
     chat: bool = True
     seed: int = 0
     teacher_lr: float = 1e-5
@@ -259,6 +269,7 @@ class PopuLoRAConfig(Config):
                 "teacher_reward='learnability' needs attempts >= 2 (a solve rate strictly "
                 f"between 0 and 1), got attempts={self.attempts}"
             )
+        check_one_of("sampler", self.sampler, SAMPLERS)
         put("chat", check_bool("chat", self.chat))
         put("seed", check_seed("seed", self.seed))
         put("teacher_lr", check_float("teacher_lr", self.teacher_lr, low=0.0, low_open=True))
@@ -370,9 +381,10 @@ CPU_PRESET = dataclasses.replace(
     student_generate=dict(max_new_tokens=24, do_sample=True, temperature=1.0),
 )
 # Evolution only (0.5.0's SelfPlay): both populations evolve every step on their fitnesses; greedy students
-# answer each valid proposal once, plus 4 anchors each; any population sizes.
+# answer each valid proposal once, plus 4 anchors each; any population sizes; 0.5.0's batch sampler.
 SELFPLAY_PRESET = PopuLoRAConfig(
     update="evolve",
+    sampler="batch",  # 0.5.0's SelfPlay samples so (its runs and files continue bit for bit); "member" to partition
     proposals=2,
     attempts=1,
     anchors=4,

@@ -34,12 +34,26 @@ optimizers, the ratings and the loop's generator, so a retry is the step an unto
 :meth:`state_dict` holds everything but the base model and the tokenizer, and the config: a loaded loop
 continues bit for bit, and a state written with another config is refused, naming the field.
 
-Distributed (``update="evolve"``, ``step(distributed=True)`` under torchrun): each rank generates its
-contiguous share of the teacher rows, then of the student rows; the replies are gathered on every rank, so
-every rank verifies the same texts, derives the same fitnesses and ratings and evolves in lockstep. At the
-first distributed step rank 0's populations, generator, ratings, step and history are broadcast. Sampled
-tokens depend on which rows share a batch, so a distributed run is reproducible (same seed, same world size)
-but not token-equal to a one-process run.
+Distributed (``step(distributed=True)`` / ``run(distributed=True)`` under torchrun), by member
+(``sampler="member"``, the default; both updates): each role's members are cut into contiguous blocks, one per
+rank (:func:`~populora.distributed.members.member_block`: the first ``P % world`` ranks own one member more; a
+rank past ``P`` owns none and still joins every collective). Every rank holds the base and both populations
+whole, but generates, checks (the sandbox) and trains only its own members' rows; a member's adapter rows,
+optimizer rows and generator are authoritative on its owner alone (the other ranks' copies go stale and are
+never read). Per step each rank sends: its members' reply token ids (an all-gather of int64 tensors, decoded
+identically everywhere), its students' verdicts (an all-reduce of an ``(n,)`` int64 vector), one int per guarded
+phase (a failure flag), and at a replacement the rows (adapter factors and optimizer state) of each parent whose
+child another rank owns (point to point). Rewards, advantages (on the whole role's batch in the one-process row
+order), ratings, matchmaking and the replacement's decisions are computed on every rank from the same values;
+no adapter is all-reduced. Each member generates in a block of its own (its rows, its pad width, routed
+``individual=i``) from its own generator, and trains in micro batches of its own rows, so a 2-rank run IS the
+1-rank run: the same tokens, ratings, replacements and history, adapters equal to float rounding. At the first
+distributed step rank 0's populations, generators, ratings, step and history are broadcast (once);
+:meth:`state_dict` / :meth:`save` gather every member from its owner (collective), so a file written by N ranks
+resumes on any number. A failure on one rank (generation, the sandbox, the update, a replacement; a
+KeyboardInterrupt too) is raised on every rank (the others a ``RankFailure`` naming it) and every rank's step
+is rolled back. With ``sampler="batch"`` (0.5.0's, kept by :data:`SELFPLAY_PRESET`) an evolving loop shards
+rows instead (reproducible at a fixed world size only) and an RL loop refuses ``distributed=True``.
 """
 
 from __future__ import annotations
@@ -49,16 +63,19 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from populora import distributed as pd
+from populora.checkpoint import atomic_save
 from populora.checks import check_float, check_index, check_int, check_one_of, is_int
 from populora.config import config_from_legacy
+from populora.distributed import members as pm
 from populora.errors import CheckpointError, FitnessError, InvalidTypeError, InvalidValueError
-from populora.llm.text import Replies, chat_text, generate_replies, pad_id
+from populora.llm.text import Replies, chat_text, generate_by_member, generate_replies, pad_id
 from populora.loops.base import Budget, run_steps
 from populora.loops.coevolve.specs import check_evolve_kwargs
 from populora.loops.ratings import Ratings
@@ -74,6 +91,7 @@ from populora.loops.selfplay.config import (
 from populora.loops.selfplay.replacement import PaperRatings, ReplacementRecord, replace_
 from populora.loops.selfplay.rewards import match_outcomes, student_rewards, teacher_rewards
 from populora.loops.selfplay.scores import SelfPlayRecord, match_scores, selfplay_fitnesses
+from populora.population.optimizer_rows import OptimizerRows
 from populora.population.population import Population, evaluating
 from populora.snapshots import Snapshot
 from populora.tasks import Mixture, Problem, Task, check_code_replies
@@ -96,7 +114,8 @@ __all__ = [
     "solve_rate",
 ]
 
-FORMAT = "populora.PopuLoRA/2"
+FORMAT = "populora.PopuLoRA/3"
+FORMAT_060 = "populora.PopuLoRA/2"  # 0.6.0's first files: no members' generators (they start fresh: see load)
 FORMAT_050 = {"rl": "populora.PopuLoRA/1", "evolve": "populora.selfplay/1"}  # 0.5.0's two loops
 NAMES = ("teachers", "students")
 _SAMPLING = ("temperature", "top_p", "top_k")
@@ -204,6 +223,7 @@ class PopuLoRAOutcome:
         anchor_solved: ``(p_s, m, a)`` bool, each student's attempts at the anchors.
         teacher_fitness / student_fitness: (evolve) ``(p_t,)`` / ``(p_s,)`` float32 the populations evolved
             on; ``None`` under RL.
+        proposal_ids / answer_ids: the sampled token ids of each proposal / answer (up to its eos).
     """
 
     opponents: Tensor
@@ -225,6 +245,8 @@ class PopuLoRAOutcome:
     anchor_solved: Tensor
     teacher_fitness: Tensor | None = None
     student_fitness: Tensor | None = None
+    proposal_ids: list[list[int]] | None = None
+    answer_ids: list[list[int]] | None = None
 
 
 SelfPlayOutcome = PopuLoRAOutcome  # 0.5.0's name of the evolution-only loop's outcome
@@ -305,9 +327,7 @@ def propose(loop: PopuLoRA, r: Round, distributed: bool) -> None:
     texts = [text for text in prompts for _ in range(k)]
     r.teacher_ids = torch.arange(loop.teachers.pop_size).repeat_interleave(k).tolist()
     start = time.perf_counter()
-    r.proposed = generate_replies(
-        loop.teachers, loop.tokenizer, r.teacher_ids, texts, loop.draw_seed(), loop.teacher_generate, distributed
-    )
+    r.proposed = loop.generate("teachers", r.teacher_ids, texts, distributed)
     r.seconds_generate += time.perf_counter() - start
 
 
@@ -357,9 +377,7 @@ def answer(loop: PopuLoRA, r: Round, distributed: bool) -> None:
         chat_text(loop.tokenizer, phrasings[w](p), loop.chat) for (_, p), w in zip(r.tasks, which) for _ in range(a)
     ]
     start = time.perf_counter()
-    r.answered = generate_replies(
-        loop.students, loop.tokenizer, r.student_ids, texts, loop.draw_seed(), loop.student_generate, distributed
-    )
+    r.answered = loop.generate("students", r.student_ids, texts, distributed)
     r.seconds_generate += time.perf_counter() - start
 
 
@@ -392,13 +410,28 @@ def check_answers(task: Task, problems: Sequence[Problem], replies: Sequence[str
     return out.bool()
 
 
-def score(loop: PopuLoRA, r: Round) -> None:
-    """Answers checked and read for form; the paper's rewards (RL) or the populations' fitnesses (evolve)."""
+def score(loop: PopuLoRA, r: Round, distributed: bool = False) -> None:
+    """Answers checked and read for form; the paper's rewards (RL) or the populations' fitnesses (evolve).
+
+    By member under torch.distributed: each rank checks (the sandbox) its own students' rows; the verdicts are
+    summed into one ``(n,)`` int64 vector on every rank."""
     c = loop.config
     p_t, p_s, k, a = loop.teachers.pop_size, loop.students.pop_size, c.proposals, c.attempts
     asked = [p for _, p in r.tasks for _ in range(a)]
     replies = r.answered.texts
-    r.right = check_answers(loop.task, asked, replies) if asked else torch.zeros(0, dtype=torch.bool)
+    if distributed and loop.by_member:
+        block = set(pm.member_block(p_s))
+        own = [j for j, s in enumerate(r.student_ids) if s in block]
+        mine = pm.guarded(
+            lambda: check_answers(loop.task, [asked[j] for j in own], [replies[j] for j in own]) if own else None,
+            "checking the answers",
+        )
+        verdicts = torch.zeros(len(asked), dtype=torch.int64)
+        if mine is not None:
+            verdicts[own] = mine.to(torch.int64)
+        r.right = pm.all_reduce_sum_(verdicts, "verdicts").bool()
+    else:
+        r.right = check_answers(loop.task, asked, replies) if asked else torch.zeros(0, dtype=torch.bool)
     r.formed = torch.tensor([loop.task.well_formed(p, t) for p, t in zip(asked, replies)], dtype=torch.bool)
     q = r.num_valid
     r.solved = torch.zeros(p_t, k, a, dtype=torch.bool)
@@ -444,15 +477,23 @@ def update(loop: PopuLoRA, r: Round, distributed: bool) -> None:
         assert r.teacher_rewards is not None and r.student_rewards is not None  # score() set them
         if c.proposals and c.train_teachers:
             groups = torch.tensor(r.teacher_ids)  # a teacher's proposals answer one prompt
-            r.trained_tokens += loop.rl_step("teachers", r.proposed, r.teacher_ids, r.teacher_rewards.flatten(), groups)
+            r.trained_tokens += loop.rl_step(
+                "teachers", r.proposed, r.teacher_ids, r.teacher_rewards.flatten(), groups, distributed
+            )
         if r.student_ids:
             groups = torch.arange(len(r.tasks)).repeat_interleave(c.attempts)  # one problem, one student
-            r.trained_tokens += loop.rl_step("students", r.answered, r.student_ids, r.student_rewards, groups)
+            r.trained_tokens += loop.rl_step(
+                "students", r.answered, r.student_ids, r.student_rewards, groups, distributed
+            )
     else:
         if c.student_pg_lr > 0 and r.student_ids:
-            loop.student_policy_gradient_step(
-                r.student_ids, r.answered.prompt_ids, r.answered.reply_ids, r.right.flatten(), distributed
-            )
+            ids, prompts, replies = r.student_ids, r.answered.prompt_ids, r.answered.reply_ids
+            pg = lambda: loop.student_policy_gradient_step(ids, prompts, replies, r.right.flatten(), distributed)
+            if distributed and loop.by_member:  # evolve_ reads every member: the trained ones from their owners
+                pm.guarded(pg, "the students' policy-gradient step")
+                loop.consolidate_("students", optimizer=False)
+            else:
+                pg()
         fitness = {"teachers": r.teacher_fitness, "students": r.student_fitness}
         for name in NAMES:
             result = loop.population(name).evolve_(fitness[name], **loop.evolve_kwargs.get(name, {}))
@@ -460,18 +501,18 @@ def update(loop: PopuLoRA, r: Round, distributed: bool) -> None:
     r.seconds_train = time.perf_counter() - start
 
 
-def replace(loop: PopuLoRA, r: Round) -> None:
-    """RL, every ``interval`` steps: each role's bottom ``fraction`` replaced by children of its top."""
+def replace(loop: PopuLoRA, r: Round, distributed: bool = False) -> None:
+    """RL, every ``interval`` steps: each role's bottom ``fraction`` replaced by children of its top.
+
+    With ``sampler="member"`` each child's noise comes from ``(seed, step, child)``; under torch.distributed
+    only the child's owner writes it, after receiving the rows of a parent another rank owns."""
     c = loop.config
     if c.update != "rl" or not c.evolve or (loop.steps + 1) % c.interval:
         return
     for name in NAMES:
         if name == "teachers" and not c.proposals:
             continue
-        rec = replace_(
-            loop.population(name),
-            loop.ratings,
-            name,
+        options: dict[str, Any] = dict(
             optimizer=loop.optimizers[name],
             fraction=c.fraction,
             crossover_rate=c.crossover_rate,
@@ -480,6 +521,16 @@ def replace(loop: PopuLoRA, r: Round) -> None:
             epsilon=c.epsilon,
             step=loop.steps,
         )
+        if not loop.by_member:
+            rec = replace_(loop.population(name), loop.ratings, name, **options)
+        else:
+            fetch = (lambda plan, name=name: loop.fetch_parents(name, plan)) if distributed else None
+            options.update(noise_seed=loop.noise_seed(name), fetch=fetch)
+            rec = (
+                pm.guarded(lambda: replace_(loop.population(name), loop.ratings, name, **options), f"replacing {name}")
+                if distributed
+                else replace_(loop.population(name), loop.ratings, name, **options)
+            )
         if rec is not None:
             r.replacements.append(rec)
 
@@ -700,6 +751,11 @@ class PopuLoRA(Snapshot):
         self.buffer: list[Problem] = []  # past valid problems shown as prompt examples (prompt_examples)
         self.recent: list[tuple[int, str]] = []  # (step, question) asked in the last novelty_window steps
         self.questions: list[list[str]] = [[] for _ in range(teachers.pop_size)]  # every question each teacher asked
+        # each member's sampling generator (sampler="member"), seeded by (seed, role, member)
+        self.samplers: dict[str, list[torch.Generator]] = {
+            n: [torch.Generator().manual_seed(member_seed(self.seed, n, i)) for i in range(self.population(n).pop_size)]
+            for n in NAMES
+        }
         self._synced = False
 
     def __getattr__(self, name: str) -> Any:
@@ -782,21 +838,24 @@ class PopuLoRA(Snapshot):
         """One step of the loop (module docstring), all or nothing.
 
         Args:
-            distributed: (``update="evolve"``) under ``torch.distributed``, share the generation among the
-                ranks; every rank then evolves in lockstep (module docstring). Without a process group (or
-                with one rank) the step runs locally.
+            distributed: under ``torch.distributed``, with ``sampler="member"`` (either update): each rank
+                generates, checks and trains its own members (module docstring), the same step as one process;
+                with ``sampler="batch"`` (evolving only) the rows are shared out. Every rank must call it. Without
+                a process group (or with one rank) the step runs locally.
 
         Returns:
             A :class:`PopuLoRAOutcome`; its record is appended to :attr:`history`.
 
         Raises:
             FitnessError: (evolve) a fitness ``evolve_`` could not use (nothing changed).
-            InvalidValueError: ``distributed=True`` for an RL loop (it runs on one process).
+            InvalidValueError: ``distributed=True`` for an RL loop with ``sampler="batch"`` (nothing changed).
+            RankFailure: (distributed) another rank failed in this step (every rank's step is rolled back).
         """
         use_dist = bool(distributed) and pd.is_distributed()
-        if use_dist and self.config.update == "rl":
+        if use_dist and self.config.update == "rl" and not self.by_member:
             raise InvalidValueError(
-                "step(distributed=True) is the evolving loop's (update='evolve'); RL runs on one process"
+                "step(distributed=True) of an RL loop needs sampler='member' (members partitioned across the "
+                "ranks); sampler='batch' shards rows only when evolving (update='evolve')"
             )
         if use_dist and not self._synced:
             self._sync_from_rank0()
@@ -806,9 +865,14 @@ class PopuLoRA(Snapshot):
             *self.optimizers.values(),
             self.ratings,
             self.generator,
+            *self.samplers["teachers"],
+            *self.samplers["students"],
             Attributes(self, "steps", "history", "replacements", "buffer", "recent", "questions"),
         ):
-            return self._step(use_dist)
+            out = self._step(use_dist)
+            if use_dist and self.by_member:
+                pm.raise_if_any_failed(None, "the step")  # every rank got here: the step stands everywhere
+            return out
 
     def _step(self, distributed: bool) -> PopuLoRAOutcome:
         r = Round()
@@ -817,10 +881,13 @@ class PopuLoRA(Snapshot):
             propose(self, r, distributed)
             verify(self, r)
             answer(self, r, distributed)
-        score(self, r)
+        score(self, r, distributed)
         rate(self, r)  # every write from here on is undone by step() if anything raises
-        update(self, r, distributed)
-        replace(self, r)
+        if distributed and self.by_member and self.config.update == "rl":
+            pm.guarded(lambda: update(self, r, distributed), "the update")
+        else:
+            update(self, r, distributed)
+        replace(self, r, distributed)
         record = record_of(self, r)
         remember(self, r)
         self.history.append(record)
@@ -846,7 +913,66 @@ class PopuLoRA(Snapshot):
             anchor_solved=r.anchor_solved,
             teacher_fitness=r.teacher_fitness,
             student_fitness=r.student_fitness,
+            proposal_ids=r.proposed.reply_ids,
+            answer_ids=r.answered.reply_ids,
         )
+
+    @property
+    def by_member(self) -> bool:
+        """``sampler="member"``: members generate in blocks of their own; distributed, partitioned by member."""
+        return self.config.sampler == "member"
+
+    def generate(self, name: str, ids: list[int], texts: list[str], distributed: bool) -> Replies:
+        """Row ``j`` (``texts[j]``) answered by member ``ids[j]`` of ``name``, by the config's sampler."""
+        pop = self.population(name)
+        kwargs = self.teacher_generate if name == "teachers" else self.student_generate
+        if self.by_member:
+            return generate_by_member(
+                pop, self.tokenizer, ids, texts, self.samplers[name], kwargs, distributed, what=f"{name[:-1]} replies"
+            )
+        return generate_replies(pop, self.tokenizer, ids, texts, self.draw_seed(), kwargs, distributed)
+
+    def noise_seed(self, name: str) -> int:
+        """The seed of ``name``'s children's operator noise (with the step and the child: ``child_seed``)."""
+        return member_seed(self.seed, f"{name}.children", 0)
+
+    def _rows_of(self, name: str, optimizer: bool = True) -> list[Tensor]:
+        """Every tensor with a row per member of ``name``: its adapter stacks and (``optimizer``) its
+        optimizer's per-member state rows."""
+        pop = self.population(name)
+        params = [p.data for p in pop.adapter_parameters()]
+        if not optimizer or name not in self.optimizers:
+            return params
+        return params + OptimizerRows(self.optimizers[name], pop.adapter_parameters()).rows
+
+    def fetch_parents(self, name: str, plan: list[tuple[int, tuple[int, int]]]) -> list[int]:
+        """(replacement, by member) Each child's parents' rows (adapter factors, optimizer state) sent from the
+        parents' owners to the child's owner; returns the children this rank writes."""
+        pm.raise_if_any_failed(None, f"replacing {name}")  # every rank is here before any row travels
+        size = self.population(name).pop_size
+        tensors = self._rows_of(name)
+        for child, parents in plan:
+            dst = pm.owner_of(child, size)
+            for parent in dict.fromkeys(parents):
+                pm.send_rows(tensors, parent, pm.owner_of(parent, size), dst, "replacement parents")
+        mine = set(pm.member_block(size))
+        return [child for child, _ in plan if child in mine]
+
+    def consolidate_(self, name: str | None = None, *, optimizer: bool = True) -> None:
+        """(by member, under torch.distributed) Every rank's copy of every member made its owner's: adapter
+        factors, (``optimizer``) optimizer rows and members' generators, each block broadcast from its owner.
+        Collective: every rank calls it. :meth:`state_dict` runs it, so a checkpoint is complete."""
+        if not (pd.is_distributed() and pd.world_size() > 1):
+            return
+        pm.raise_if_any_failed(None, "gathering the members")
+        for n in NAMES if name is None else (name,):
+            size = self.population(n).pop_size
+            states = torch.stack([g.get_state() for g in self.samplers[n]])
+            tensors = [*self._rows_of(n, optimizer), states]
+            for rank in range(pd.world_size()):
+                pm.broadcast_rows_(tensors, pm.member_block(size, rank, pd.world_size()), rank, "consolidation")
+            for g, state in zip(self.samplers[n], states):
+                g.set_state(state.clone())
 
     def draw_seed(self) -> int:
         """A sampling seed from the loop's generator (one per routed generate)."""
@@ -858,13 +984,23 @@ class PopuLoRA(Snapshot):
         except (FitnessError, TypeError, ValueError) as error:
             raise FitnessError(f"fitness of the {name} is invalid: {error}") from error
 
-    def rl_step(self, name: str, replies: Replies, ids: list[int], rewards: Tensor, groups: Tensor) -> int:
-        """One REINFORCE++ step of ``name`` on its rows; returns the reply tokens trained (0: no step taken)."""
+    def rl_step(
+        self, name: str, replies: Replies, ids: list[int], rewards: Tensor, groups: Tensor, distributed: bool = False
+    ) -> int:
+        """One REINFORCE++ step of ``name`` on its rows; returns the reply tokens trained (0: no step taken).
+
+        The advantages are computed on every row (every rank holds every reward, in the one-process row order);
+        distributed (by member), each rank trains its own members' rows and steps its optimizer (members it
+        does not own take a zero-gradient step there: their rows are their owner's)."""
         c = self.config
         adv = _zero_where_centred_zero(rewards.double(), groups)
         if c.kl_coef == 0 and not bool((adv != 0).any()):
             return 0  # no signal: no optimizer step (Adam's momentum alone would still move the adapters)
         pop = self.population(name)
+        rows = list(range(len(ids)))
+        if self.by_member and distributed:  # this rank's members' rows: all of each member's rows
+            block = set(pm.member_block(pop.pop_size))
+            rows = [j for j, i in enumerate(ids) if i in block]
         model = pop.model
         training = model.training
         model.eval()  # replies were generated without dropout
@@ -872,10 +1008,10 @@ class PopuLoRA(Snapshot):
             policy_gradient_step_(
                 pop,
                 self.optimizers[name],
-                replies.prompt_ids,
-                replies.reply_ids,
-                ids,
-                adv,
+                [replies.prompt_ids[j] for j in rows],
+                [replies.reply_ids[j] for j in rows],
+                [ids[j] for j in rows],
+                adv[rows],
                 PolicyGradient(
                     pad_id=self.pad_id,
                     micro_batch=c.micro_batch,
@@ -883,7 +1019,8 @@ class PopuLoRA(Snapshot):
                     kl_coef=c.kl_coef,
                     max_grad_norm=c.max_grad_norm,
                 ),
-                distributed=False,
+                distributed=False,  # a member's rows are all on its owner: its normaliser and step are local
+                by_member=self.by_member,
             )
         finally:
             model.train(training)
@@ -896,6 +1033,9 @@ class PopuLoRA(Snapshot):
         own answers (``reduction="sequence_mean"``); distributed, each rank its share of the rows."""
         adv = advantages(right.double(), groups=ids, method="baseline")
         rows = list(pd.partition(len(ids), pd.process_rank(), pd.world_size())) if use_dist else list(range(len(ids)))
+        if self.by_member and use_dist:  # this rank's members' rows; each member's step is local
+            block = set(pm.member_block(self.students.pop_size))
+            rows = [j for j, i in enumerate(ids) if i in block]
         model = self.students.model
         training = model.training
         model.eval()  # the answers were generated without dropout
@@ -908,7 +1048,8 @@ class PopuLoRA(Snapshot):
                 [ids[j] for j in rows],
                 adv[rows],
                 PolicyGradient(pad_id=self.pad_id, micro_batch=self.config.micro_batch, reduction="sequence_mean"),
-                distributed=use_dist,
+                distributed=use_dist and not self.by_member,
+                by_member=self.by_member,
             )
         finally:
             model.train(training)
@@ -1015,9 +1156,13 @@ class PopuLoRA(Snapshot):
                 "ratings": self.ratings.state_dict(),
                 "steps": self.steps,
                 "history": [r.as_dict() for r in self.history],
+                "samplers": {n: [g.get_state() for g in gs] for n, gs in self.samplers.items()},
             }
         )
         self.generator.set_state(small["generator"])
+        for n, states in small["samplers"].items():
+            for g, state in zip(self.samplers[n], states):
+                g.set_state(state)
         self.ratings.load_state_dict(small["ratings"])
         self.steps = small["steps"]
         self.history = [self._record_type().from_dict(d) for d in small["history"]]
@@ -1030,7 +1175,13 @@ class PopuLoRA(Snapshot):
 
     def state_dict(self) -> dict[str, Any]:
         """Everything an exact resume needs but the base model and tokenizer (copies, CPU tensors), with the
-        config (``config.to_dict()``)."""
+        config (``config.to_dict()``) and every member's generator.
+
+        After a distributed step (``sampler="member"``) this is collective: every rank calls it, each member's
+        rows (adapters, optimizer state, generator) are first gathered from its owner (:meth:`consolidate_`),
+        and every rank gets the same, complete state: a file any world size resumes."""
+        if self._synced and self.by_member:
+            self.consolidate_()
         return {
             "format": FORMAT,
             "config": self.config.to_dict(),
@@ -1046,7 +1197,21 @@ class PopuLoRA(Snapshot):
             "buffer": [(p.task, self.family_of(p).proposal_line(p)) for p in self.buffer],  # type: ignore[union-attr]
             "recent": [list(x) for x in self.recent],
             "questions": [list(qs) for qs in self.questions],
+            "samplers": {n: [g.get_state().clone() for g in gs] for n, gs in self.samplers.items()},
         }
+
+    def save(self, path: str | Path) -> Path:
+        """Write :meth:`state_dict` atomically. After a distributed step (``sampler="member"``) it is collective:
+        every rank gathers the complete state, the main rank alone writes it, and a failure to write is raised on
+        every rank."""
+        if not (self._synced and self.by_member and pd.is_distributed() and pd.world_size() > 1):
+            return super().save(path)
+        state = self.state_dict()
+        error = (
+            pm.capture(lambda: atomic_save(state, path, kind=self._checkpoint_kind))[1] if pd.is_main_rank() else None
+        )
+        pm.raise_if_any_failed(error, f"saving {str(path)!r}")
+        return Path(path)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict` (or a file of 0.5.0's loop of this mode); every part is checked before
@@ -1059,20 +1224,24 @@ class PopuLoRA(Snapshot):
         mode = self.config.update
         what = "PopuLoRA" if mode == "rl" else "populora self-play"
         fmt = state.get("format") if isinstance(state, Mapping) else None
-        if fmt not in (FORMAT, FORMAT_050[mode]):
+        if fmt not in (FORMAT, FORMAT_060, FORMAT_050[mode]):
             raise CheckpointError(
-                f"not a {what} checkpoint (format {fmt!r:.60}; this loop reads {FORMAT!r} and 0.5.0's "
-                f"{FORMAT_050[mode]!r})"
+                f"not a {what} checkpoint (format {fmt!r:.60}; this loop reads {FORMAT!r}, {FORMAT_060!r} and "
+                f"0.5.0's {FORMAT_050[mode]!r})"
             )
+        ours = fmt in (FORMAT, FORMAT_060)
         keys = ["steps", "generator", "teachers", "students", "ratings", "history"]
-        keys += ["optimizers", "replacements"] if mode == "rl" or fmt == FORMAT else []
-        keys += ["config"] if fmt == FORMAT else []
+        keys += ["optimizers", "replacements"] if mode == "rl" or ours else []
+        keys += ["config"] if ours else []
+        keys += ["samplers"] if fmt == FORMAT else []
         missing = [key for key in keys if key not in state]
         if missing:
             raise CheckpointError(f"the {what} state lacks the key(s) {missing}")
-        if fmt == FORMAT:
-            # the seed only seeded the generator the state restores: another seed resumes the same run
-            self.config.check_matches(state["config"], f"the {what} state", ignore=("seed",))
+        if ours:
+            # the seed only seeded the generators the state restores: another seed resumes the same run; a /2
+            # file had no sampler (it sampled as "batch" does) and continues with this loop's
+            ignore = ("seed",) if fmt == FORMAT else ("seed", "sampler")
+            self.config.check_matches(state["config"], f"the {what} state", ignore=ignore)
         steps = state["steps"]
         if not is_int(steps) or steps < 0:
             raise CheckpointError(f"the {what} state's 'steps' must be an int >= 0, got {steps!r}")
@@ -1090,6 +1259,7 @@ class PopuLoRA(Snapshot):
         if not isinstance(opts, Mapping) or sorted(opts) != sorted(self.optimizers):
             raise CheckpointError(f"the {what} state's 'optimizers' must map {sorted(self.optimizers)}")
         buffer, recent, questions = self._checked_memory(state, what)
+        samplers = self._checked_samplers(state.get("samplers"), what)
         checked = {n: self.population(n).check_state_dict(state[n]) for n in NAMES}
         with transaction(self.ratings, *self.optimizers.values()):
             self.ratings.load_state_dict(state["ratings"])
@@ -1101,9 +1271,42 @@ class PopuLoRA(Snapshot):
         self.teachers.load_checked_state_dict(checked["teachers"])
         self.students.load_checked_state_dict(checked["students"])
         self.generator.set_state(probe.get_state())
+        for n, states in samplers.items():
+            for g, st in zip(self.samplers[n], states):
+                g.set_state(st)
         self.history, self.replacements = history, replacements
         self.buffer, self.recent, self.questions = buffer, recent, questions
         self.steps = int(steps)
+
+    def _checked_samplers(self, stored: Any, what: str) -> dict[str, list[Tensor]]:
+        """The members' generator states of a state (``None``, a file before /3: each member's generator
+        starts as a fresh loop's, from ``(seed, role, member)``)."""
+        if stored is None:
+            return {
+                n: [torch.Generator().manual_seed(member_seed(self.seed, n, i)).get_state() for i in range(len(gs))]
+                for n, gs in self.samplers.items()
+            }
+        if not isinstance(stored, Mapping) or sorted(stored) != sorted(NAMES):
+            raise CheckpointError(f"the {what} state's 'samplers' must map {list(NAMES)} to generator states")
+        out: dict[str, list[Tensor]] = {}
+        for n in NAMES:
+            states = stored[n]
+            size = self.population(n).pop_size
+            if not isinstance(states, (list, tuple)) or len(states) != size:
+                raise CheckpointError(
+                    f"the {what} state's 'samplers[{n!r}]' must hold {size} generator states (one per member), "
+                    f"got {len(states) if isinstance(states, (list, tuple)) else type(states).__name__}"
+                )
+            probe = torch.Generator()
+            try:
+                for st in states:
+                    probe.set_state(st)
+            except (TypeError, RuntimeError, ValueError) as error:
+                raise CheckpointError(
+                    f"the {what} state's 'samplers[{n!r}]' holds a bad generator state: {error}"
+                ) from None
+            out[n] = [st.clone() for st in states]
+        return out
 
     def _checked_memory(self, state: Mapping[str, Any], what: str) -> tuple[list[Problem], list, list[list[str]]]:
         """The state's examples' buffer (re-read through each family's verifier), recent window and questions."""
@@ -1123,6 +1326,14 @@ class PopuLoRA(Snapshot):
         if len(questions) != p_t:
             raise CheckpointError(f"the {what} state's 'questions' must hold {p_t} lists (one per teacher)")
         return buffer, recent, questions
+
+
+def member_seed(seed: int, role: str, member: int) -> int:
+    """The seed of ``role``'s member ``member``'s generator in a loop seeded ``seed`` (a stable 63-bit hash)."""
+    import hashlib
+
+    digest = hashlib.sha256(f"populora.member/{int(seed)}/{role}/{int(member)}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
 
 
 def _checked_history(rows: Any, steps: int, kind: type[PopuLoRARecord] | type[SelfPlayRecord], what: str) -> list[Any]:

@@ -26,7 +26,7 @@ ratings are as they were.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +40,7 @@ from populora.loops.selfplay.rewards import draw_margin
 from populora.population.population import Population
 from populora.transaction import transaction
 
-__all__ = ["PAPER_CROSSOVERS", "PAPER_MUTATIONS", "PaperRatings", "ReplacementRecord", "replace_"]
+__all__ = ["PAPER_CROSSOVERS", "PAPER_MUTATIONS", "PaperRatings", "ReplacementRecord", "child_seed", "replace_"]
 
 # the paper's four of each kind, in its order (X1-X4, M1-M4); neftune_style and xes are our extensions
 PAPER_MUTATIONS = ("svd_structured", "layer_selective_gaussian", "component_masking", "full_gaussian")
@@ -164,6 +164,8 @@ def replace_(
     crossovers: Sequence[str] = PAPER_CROSSOVERS,
     epsilon: float = 0.1,
     step: int = 0,
+    noise_seed: int | None = None,
+    fetch: Callable[[list[tuple[int, tuple[int, int]]]], Collection[int]] | None = None,
 ) -> ReplacementRecord | None:
     """Replace the bottom ``fraction`` of ``population`` by children of its top (module docstring), in place.
 
@@ -176,6 +178,14 @@ def replace_(
         mutations, crossovers: the operators drawn from (uniformly).
         epsilon: the mutations' strength.
         step: recorded in the :class:`ReplacementRecord`.
+        noise_seed: ``None``: the operators draw their noise from the population's generator too (0.5.0's
+            rule). An int: the decisions (step 3) alone come from the population's generator, and each child's
+            operator draws from a generator of its own seeded by ``(noise_seed, step, child)``
+            (:func:`child_seed`): a child is the same whichever process writes it and whatever other children
+            are written (the by-member distributed loop).
+        fetch: called once with ``[(child, parents)]`` after the decisions, before any child is written; it
+            brings the parents' rows to the processes that write the children (over ``torch.distributed``) and
+            returns the children THIS process writes (the others are left as they are). ``None``: every child.
 
     Raises:
         InvalidValueError, InvalidTypeError: a bad option (before anything changes).
@@ -209,12 +219,23 @@ def replace_(
                 a = int(pool[int(torch.randint(pool.numel(), (), generator=generator, device=generator.device))])
                 parents = (a, a)
             plan.append((child, parents, op, crossed))
+        mine = set(fetch([(c, p) for c, p, _, _ in plan])) if fetch is not None else None
         for child, parents, op, crossed in plan:
-            if crossed:
-                population.crossover_(op, [list(parents)], [child], fitnesses=keys, optimizer=optimizer)
-            else:  # a copy (the average of a parent with itself is the parent exactly), then mutated
-                population.crossover_("average", [list(parents)], [child], optimizer=optimizer)
-                population.mutate_(op, individuals=[child], epsilon=epsilon)
+            if mine is not None and child not in mine:
+                continue
+            saved = population.generator
+            if noise_seed is not None:
+                population.generator = torch.Generator(device=saved.device).manual_seed(
+                    child_seed(noise_seed, step, child)
+                )
+            try:
+                if crossed:
+                    population.crossover_(op, [list(parents)], [child], fitnesses=keys, optimizer=optimizer)
+                else:  # a copy (the average of a parent with itself is the parent exactly), then mutated
+                    population.crossover_("average", [list(parents)], [child], optimizer=optimizer)
+                    population.mutate_(op, individuals=[child], epsilon=epsilon)
+            finally:
+                population.generator = saved
         ratings.reset_(name, children.tolist())
     return ReplacementRecord(
         step,
@@ -225,6 +246,14 @@ def replace_(
         tuple(c for _, _, _, c in plan),
         tuple(keys.tolist()),
     )
+
+
+def child_seed(noise_seed: int, step: int, child: int) -> int:
+    """The seed of child ``child``'s operator noise at step ``step`` (a stable 63-bit hash of the three)."""
+    import hashlib
+
+    digest = hashlib.sha256(f"populora.child/{int(noise_seed)}/{int(step)}/{int(child)}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
 
 
 def _optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:

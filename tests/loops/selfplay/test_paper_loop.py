@@ -82,8 +82,13 @@ class TestStep:
         before = {n: adapters(p) for n, p in (("t", loop.teachers), ("s", loop.students))}
         out = loop.step()
         q = int(out.valid.sum())
-        assert q > 0 and len(calls) == 2 and all(c["do_sample"] for c in calls)  # one generate per role, sampled
-        assert calls[0]["input_ids"].shape[0] == 2 * 2 and calls[1]["input_ids"].shape[0] == q * 2
+        # sampler="member": one generate per member with rows (teachers 0 and 1, then each asked student), greedy
+        # over Gumbel noise from the member's generator
+        asked = sorted({s for s, _ in out.tasks})
+        assert q > 0 and len(calls) == 2 + len(asked)
+        assert all(not c["do_sample"] and len(c["logits_processor"]) == 1 for c in calls)
+        assert [c["input_ids"].shape[0] for c in calls[:2]] == [2, 2]
+        assert [c["input_ids"].shape[0] for c in calls[2:]] == [2 * sum(s == i for s, _ in out.tasks) for i in asked]
         assert out.valid.shape == (2, 2) and out.solved.shape == (2, 2, 2)
         assert [p is not None for p in out.problems] == out.valid.flatten().tolist()
         assert len(out.tasks) == q and len(out.answers) == q * 2 and out.families == ["parity", "parity"]
@@ -250,13 +255,14 @@ class TestResume:
 
     def test_a_checkpoint_written_by_050_loads_and_continues_as_this_versions_run(self):
         """tests/loops/data/populora_050.pt: steps 0-1 of this run, written by populora 0.5.0 (populora.PopuLoRA/1,
-        commit 1496bc6); loaded here and stepped twice, it is this version's uninterrupted 4 steps."""
+        commit 1496bc6); loaded here and stepped twice, it is this version's uninterrupted 4 steps with 0.5.0's
+        sampler (``sampler="batch"``; the default "member" sampler continues it with other draws)."""
         from pathlib import Path
 
-        full = make(interval=2)
+        full = make(interval=2, sampler="batch")
         for _ in range(4):
             full.step()
-        second = make(interval=2)
+        second = make(interval=2, sampler="batch")
         second.load(Path(__file__).parents[1] / "data" / "populora_050.pt")
         assert second.steps == 2
         for _ in range(2):
