@@ -240,6 +240,63 @@ def selfplay(report: dict[str, Any], path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def llm_generate(report: dict[str, Any], path: Path) -> Path:
+    """Routed generation on SmolLM2-135M: tokens / s by population size, routed vs plain vs PEFT's mixed batch."""
+    plt = _pyplot()
+    rows = _rows(report)
+    pops = [r["P"] for r in rows]
+    plain = [_number(r["plain batched tok/s"]) for r in rows]
+    routed = [_number(r["routed tok/s"]) for r in rows]
+    peft = [a / _number(r["vs PEFT mixed batch"]) for a, r in zip(routed, rows)]  # "2.12x faster" than PEFT
+    fig, ax = plt.subplots(figsize=(6.4, 3.4), layout="constrained")
+    x = range(len(pops))
+    for k, (values, label) in enumerate(
+        [
+            (plain, "plain batched generate of the base"),
+            (routed, "routed: every row its own individual"),
+            (peft, "PEFT mixed-adapter batch"),
+        ]
+    ):
+        ax.bar([i + (k - 1) * 0.27 for i in x], values, width=0.27, label=label)
+    ax.set_xticks(list(x), [f"P = {p}" for p in pops])
+    ax.set_ylabel("tokens / s")
+    ax.set_title("Routed generation, SmolLM2-135M (same tokens as PEFT)", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.text(0.01, -0.04, _source(report), fontsize=7, color="gray", wrap=True)
+    return _save(fig, path)
+
+
+def selfplay_arms(reports: list[dict[str, Any]], path: Path) -> Path | None:
+    """PopuLoRA's loop and its single-agent arms on SmolLM2: held-out accuracy before (the base) and after."""
+    reports = [r for r in reports if r.get("scores") and r.get("base")]
+    if not reports:
+        return None
+    plt = _pyplot()
+    splits = list(reports[0]["scores"])
+    fig, axes = plt.subplots(1, len(splits), figsize=(2.6 * len(splits), 3.4), layout="constrained", sharey=True)
+    labels = [f"{r['family']} {r['arm']} s{r['seed']}" for r in reports]
+    for ax, split in zip(axes, splits):
+        x = range(len(reports))
+        ax.bar([i - 0.2 for i in x], [r["base"][split] for r in reports], width=0.4, color="gray", label="base")
+        ax.bar([i + 0.2 for i in x], [r["scores"][split] for r in reports], width=0.4, color="C0", label="after")
+        ax.set_xticks(list(x), labels, rotation=60, fontsize=6)
+        ax.set_title(f"held out: {split}", fontsize=8)
+        ax.set_ylim(0, 1)
+    axes[0].set_ylabel("accuracy")
+    axes[0].legend(fontsize=7)
+    arms = sorted({f"{r['arm']}: {r['arm_name']}" for r in reports})
+    fig.suptitle("Self-play on SmolLM2-135M-Instruct, the chosen student before and after", fontsize=9)
+    fig.text(
+        0.01,
+        -0.1,
+        "; ".join(arms) + " (populora 0.5.0, experiments/paper_loop.py)",
+        fontsize=6,
+        color="gray",
+        wrap=True,
+    )
+    return _save(fig, path)
+
+
 def version_key(folder: str) -> tuple[int, ...]:
     """``'0.3.1'`` -> ``(0, 3, 1)``; a folder not named by a version sorts first."""
     parts = re.findall(r"\d+", folder)
@@ -269,6 +326,10 @@ def main(results: Path = RESULTS, out: Path = IMAGES) -> dict[str, Path | None]:
         report = json.loads(source.read_text())
         if "runs" in report:  # envs_tasks.json is the table of final scores, without histories
             made[f"env-{task}.png"] = env_curves(report, out / f"env-{task}.png")
+    report = load("generate.json")
+    made["llm-generate.png"] = llm_generate(report, out / "llm-generate.png") if report else None
+    paper = sorted((results.parent.parent / "experiments" / "results").glob("*/paper/*-seed*.json"))
+    made["selfplay-arms.png"] = selfplay_arms([json.loads(p.read_text()) for p in paper], out / "selfplay-arms.png")
     report = load("selfplay_arithmetic.json")
     made["selfplay.png"] = selfplay(report, out / "selfplay.png") if report else None
     return made

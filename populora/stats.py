@@ -12,12 +12,14 @@ follows whichever budget is closest to running out (``evolve_with_env``,
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-__all__ = ["BudgetProgress", "GenerationStats"]
+__all__ = ["BudgetProgress", "GenerationStats", "bars_shown"]
 
 UNITS = {"generations": "gen", "steps": "step", "env steps": "step", "seconds": "s"}
+PREFERRED = {"generations": 0, "steps": 0, "env steps": 1, "seconds": 2}  # the bar's budget while none is used
 
 
 class GenerationStats(NamedTuple):
@@ -56,15 +58,33 @@ class GenerationStats(NamedTuple):
         return {name: value for name, value in zip(self._fields, self) if value is not None}
 
 
+def bars_shown() -> bool:
+    """Whether a progress bar would be seen: stderr is a terminal, or this runs in a Jupyter kernel.
+
+    A bar written to a log file or a pipe is a run of carriage returns (each redraw, and tqdm's final redraw on
+    close, lands on a line of its own there), so loops draw none there even with ``progress=True``.
+    """
+    try:
+        if sys.stderr is not None and sys.stderr.isatty():
+            return True
+    except (AttributeError, ValueError):  # a replaced or closed stream
+        pass
+    ipython = sys.modules.get("IPython")  # imported by every Jupyter kernel; never imported here
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
+
+
 class BudgetProgress:
     """A loop's use of its budgets, and a tqdm bar over the binding one (the closest to running out).
 
     Args:
-        limits: ``{name: limit}`` of the budgets in force (``None`` values are dropped), in order of
-            preference for the bar while nothing is used yet: ``"seconds"``, ``"env steps"``,
-            ``"generations"`` or ``"steps"`` (any name works; these get their units).
+        limits: ``{name: limit}`` of the budgets in force (``None`` values are dropped): ``"seconds"``,
+            ``"env steps"``, ``"generations"`` or ``"steps"`` (any name works; these get their units). While
+            none is used, or on a tie, the bar counts generations or steps, then env steps, then seconds (a
+            count moves at every step; a clock bar would sit at ``0/600 s`` until the first step ends).
         used: what the loop had used when it started (a resumed run's generations and env steps).
-        show: draw a tqdm bar (on stderr); otherwise only the bookkeeping.
+        show: draw a tqdm bar (``tqdm.auto``: on stderr in a terminal, a widget in a notebook) where one would be
+            seen (:func:`bars_shown`); otherwise only the bookkeeping.
         desc: a prefix of the bar's description.
 
     Attributes:
@@ -94,7 +114,7 @@ class BudgetProgress:
         self.desc = desc
         self.binding = self._binding()
         self.bar = None
-        if show and self.limits:
+        if show and self.limits and bars_shown():
             from tqdm.auto import tqdm  # imported when asked: tqdm.auto takes about 0.1 s to import
 
             limit = self.limits[self.binding]
@@ -105,7 +125,8 @@ class BudgetProgress:
     def _binding(self) -> str:
         if not self.limits:
             return ""
-        return max(self.limits, key=lambda k: self.used[k] / self.limits[k] if self.limits[k] > 0 else 1.0)
+        order = sorted(self.limits, key=lambda k: PREFERRED.get(k, len(PREFERRED)))  # stable: the rest in order
+        return max(order, key=lambda k: self.used[k] / self.limits[k] if self.limits[k] > 0 else 1.0)
 
     def _unit(self) -> str:
         return UNITS.get(self.binding, "it")
@@ -132,9 +153,11 @@ class BudgetProgress:
         before, self.binding = self.binding, self._binding()
         if self.bar is not None:
             if self.binding != before:  # another budget binds now: the bar counts in its unit
+                started = self.bar.start_t
+                self.bar.reset(total=_shown(self.limits[self.binding]))  # reset: a notebook widget's scale too
+                self.bar.start_t = started  # the elapsed time shown stays the run's
                 self.bar.set_description(self._desc(), refresh=False)
                 self.bar.unit = self._unit()
-                self.bar.total = _shown(self.limits[self.binding])
             # capped: past its total tqdm drops the total and the percentage (a spent budget reads 100 %)
             self.bar.n = _shown(min(self.used[self.binding], self.limits[self.binding]))
             if postfix:

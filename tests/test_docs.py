@@ -284,3 +284,86 @@ def test_the_api_reference_reads_the_rest_habits_of_the_docstrings_as_markdown()
         "Examples:",
         "    >>> 1",
     ]
+
+
+def _griffe_extension():
+    import importlib.util
+
+    pytest.importorskip("griffe", reason="the docs extra (mkdocstrings) brings griffe; .ci/run builds the site with it")
+    spec = importlib.util.spec_from_file_location("rst_to_markdown", DOCS / "_griffe" / "rst_to_markdown.py")
+    ext = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ext)
+    return ext
+
+
+def test_the_docstring_check_parses_as_the_site_does_and_every_docstring_passes_it():
+    """Every docstring renders its Returns as one entry and closes its ``code`` spans (the build warns, and
+    --strict fails, on the same check: docs/_griffe/rst_to_markdown.py)."""
+    import griffe
+
+    ext = _griffe_extension()
+    config = (REPO / "mkdocs.yml").read_text()
+    for option, value in ext.PARSE_OPTIONS.items():
+        assert re.search(rf"^\s+{option}: {str(value).lower()}\s*(#.*)?$", config, flags=re.M), option
+    broken = griffe.Docstring("Sum.\n\nReturns:\n    ``{name: (P,) fitness}`` per population.")
+    assert ext.problems(broken) == ["Returns: an unclosed ``code`` span (raw backticks on the page)"]
+    assert (
+        ext.problems(griffe.Docstring("Sum.\n\nReturns:\n    ``EvolveResult(policy,\n    history)``: a tuple.")) == []
+    )
+    package = griffe.load("populora", search_paths=[str(REPO)])
+    found, seen, stack = [], set(), [package]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or obj.is_alias:
+            continue
+        seen.add(id(obj))
+        if obj.docstring is not None:
+            obj.docstring.value = ext.to_markdown(obj.docstring.value)
+            found += [f"{obj.path}: {p}" for p in ext.problems(obj.docstring)]
+        stack.extend(obj.members.values())
+    assert len(seen) > 500 and not found, found
+
+
+def test_every_documented_snapshot_shows_its_inherited_save_and_load():
+    """``save`` / ``load`` come from ``populora.snapshots.Snapshot``: a class page shows them where users call them."""
+    import importlib
+
+    from populora.snapshots import Snapshot
+
+    shown = []
+    for page in sorted((DOCS / "api").glob("*.md")):
+        text = page.read_text()
+        for match in re.finditer(r"^::: ([\w.]+)\n((?:    .*\n)*)", text, flags=re.M):
+            module, _, name = match.group(1).rpartition(".")
+            try:
+                obj = getattr(importlib.import_module(module), name)
+            except (ImportError, AttributeError):
+                continue
+            if isinstance(obj, type) and issubclass(obj, Snapshot) and "save" not in vars(obj):
+                assert "inherited_members: [save, load]" in match.group(2), f"{page.name}: {match.group(1)}"
+                shown.append(name)
+    assert {"PopuLoRA", "Ratings", "HallOfFame"} <= set(shown), shown
+
+
+def test_search_splits_identifiers_inside_code():
+    """mkdocs.yml's search separator: `gym.make("Acrobot-v1")` gives the word "acrobot", `PopuLoRAConfig` "config"."""
+    config = (REPO / "mkdocs.yml").read_text()
+    separator = re.search(r"separator: '(.*)'", config).group(1)
+    words = lambda text: [w.lower() for w in re.split(separator, text) if w]
+    assert "acrobot" in words('env = gym.make("Acrobot-v1")')
+    assert {"popu", "config"} <= set(words("PopuLoRAConfig(update=1)")) or "config" in words("PopuLoRAConfig(update=1)")
+    assert {"evolve", "with", "env"} <= set(words("evolve_with_env(env)"))
+    assert "0.5" in " ".join(words("version 0.5.0"))  # a version number stays one word
+
+
+def test_the_results_summary_has_the_readme_headlines_and_a_page_per_record():
+    readme = (REPO / "README.md").read_text()
+    summary = (DOCS / "results.md").read_text()
+    headline = readme[readme.index("| what | result |") :].split("\n\n")[0].splitlines()[2:]
+    for row in headline:
+        what = row.split("|")[1].strip()
+        line = next((s for s in summary.splitlines() if s.startswith(f"| {what} |")), None)
+        assert line is not None and "](results/" in line, what
+    records = sorted((DOCS / "results").glob("*.md"))
+    assert len(records) >= 10 and all(f"](results/{p.name})" in summary for p in records)
+    assert summary.count("\n") < 120, "a summary a reader takes in at once"

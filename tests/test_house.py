@@ -28,6 +28,7 @@ LAYERS = {
     "distributed": 2,
     "optim": 2,
     "plotting": 2,
+    "log": 2,
     "targets": 2,
     "operators": 2,
     "routing": 2,

@@ -15,6 +15,11 @@ loaded, before it is parsed:
 
 Used from ``mkdocs.yml`` (``extensions: - docs/_griffe/rst_to_markdown.py:RstToMarkdown``); the docstrings in the
 source stay as they are, so ``help()`` and doctests read them unchanged.
+
+It also checks every docstring as the site parses it (Google style, one ``Returns`` entry: ``returns_multiple_items``
+and ``returns_named_value`` off, as in ``mkdocs.yml``) and logs a warning, which fails ``mkdocs build --strict``, for
+the forms that render badly (:func:`problems`): a ``Returns`` section that parses into more than one entry, and a
+section text with an unclosed double-backtick code span (raw backticks on the page).
 """
 
 from __future__ import annotations
@@ -117,8 +122,50 @@ def to_markdown(text: str) -> str:
     return _EXAMPLE.sub(r"\1Examples:", text)  # Griffe's section name: its doctests become code blocks
 
 
+PARSE_OPTIONS = dict(
+    returns_multiple_items=False, returns_named_value=False, warn_unknown_params=False, warn_missing_types=False
+)
+"""How the site parses the docstrings (``mkdocs.yml``'s ``docstring_options``; tests/test_docs.py compares them)."""
+
+_LOGGER = griffe.get_logger("populora.docstrings") if hasattr(griffe, "get_logger") else None
+
+
+def _texts(section: Any) -> list[str]:
+    """A section's texts: its items' descriptions, and annotations written in the docstring (a first line
+    ``text: more`` is read as ``annotation: description``)."""
+    value = section.value
+    if isinstance(value, str):
+        return [value]
+    items = value if isinstance(value, list) else [value]
+    texts = [getattr(item, "description", "") or "" for item in items]
+    return texts + [a for item in items if isinstance(a := getattr(item, "annotation", None), str)]
+
+
+def problems(docstring: griffe.Docstring) -> list[str]:
+    """What renders badly in ``docstring`` as the site parses it (:data:`PARSE_OPTIONS`); ``[]`` when nothing.
+
+    Example:
+        >>> problems(griffe.Docstring("Do it.\\n\\nReturns:\\n    ``a`` and\\n    ``b``."))
+        []
+        >>> problems(griffe.Docstring("Do it.\\n\\nReturns:\\n    ``{name: shape}``"))  # read as "type: text"
+        ['Returns: an unclosed ``code`` span (raw backticks on the page)']
+    """
+    found = []
+    for section in docstring.parse("google", warnings=False, **PARSE_OPTIONS):  # griffe warns on the pages
+        kind = section.kind.value
+        name = "Returns" if kind == "returns" else kind.capitalize()
+        if kind == "returns" and len(section.value) != 1:
+            found.append(f"Returns: {len(section.value)} entries (one is expected)")
+        for text in _texts(section):
+            # a double-backtick span may wrap a line; unclosed, it shows its backticks (text without code spans)
+            if text.count("``") % 2 or "``" in re.sub(r"``.+?``", "", text, flags=re.S):
+                found.append(f"{name}: an unclosed ``code`` span (raw backticks on the page)")
+                break
+    return found
+
+
 class RstToMarkdown(griffe.Extension):
-    """Rewrite every docstring of a loaded package with :func:`to_markdown`."""
+    """Rewrite every docstring of a loaded package with :func:`to_markdown`, then check it (:func:`problems`)."""
 
     def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
         seen: set[int] = set()
@@ -130,4 +177,10 @@ class RstToMarkdown(griffe.Extension):
             seen.add(id(obj))
             if obj.docstring is not None:
                 obj.docstring.value = to_markdown(obj.docstring.value)
+                for problem in problems(obj.docstring):
+                    message = f"{obj.path}: {problem}"
+                    if _LOGGER is not None:
+                        _LOGGER.warning(message)  # mkdocs build --strict fails on it
+                    else:
+                        raise ValueError(message)
             stack.extend(obj.members.values())

@@ -422,7 +422,7 @@ class EggrollES(MaterialisedIndividuals, ESState):
             fitnesses: ``(N,)`` raw fitnesses of the current generation, higher is better.
 
         Returns:
-            ``{name: g}``, each ``g`` shaped (and typed) like its parameter,
+            One gradient ``g`` per parameter name (``{name -> g}``), shaped (and typed) like its parameter,
             computed in float64 for a float64 parameter.
         """
         return self._gradient(self._check_fitnesses(fitnesses))

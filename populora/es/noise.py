@@ -234,7 +234,7 @@ def generate_noise_for_shapes(
         antithetic: mirrored pairs.
 
     Returns:
-        ``{name: (N, *shape)}``.
+        One ``(N, *shape)`` tensor per name (``{name -> noise}``).
 
     Raises:
         InvalidValueError: (a ``ValueError``) odd ``pop_size`` with ``antithetic``, ``pop_size < 1``,
@@ -287,7 +287,7 @@ def compute_es_gradient(
         normalize_fitness: z-score (default) or mean-centre.
 
     Returns:
-        ``{name: shape}``.
+        One gradient per noise tensor, of that tensor's ``shape`` (``{name -> shape}``).
 
     Raises:
         FitnessError: (a ``ValueError``) if ``rewards`` is not ``(N,)`` for the

@@ -90,9 +90,12 @@ def load_smollm2(
 ) -> tuple[Any, Any]:
     """``(model, tokenizer)``: SmolLM2-135M-Instruct, loaded offline, in eval mode, tokenizer padding on the left.
 
-    The first call on a machine converts the GGUF file once (about a minute on 2 CPU cores) into the user cache
-    (see the module docstring); later calls read the cached ``safetensors`` (seconds), and later calls in the same
-    process copy the model already read. Every call returns its own model and tokenizer (a population wraps and
+    The first call on a machine converts the GGUF file once (about a minute on 2 CPU cores) into the user cache,
+    a folder of about 520 MB (float32 ``safetensors``, config and tokenizer files) at
+    ``$POPULORA_CACHE_DIR/smollm2-<sha256 of the GGUF file>``, else under ``$XDG_CACHE_HOME/populora``, else
+    under ``~/.cache/populora`` (:func:`user_cache_dir`; delete the folder to free the space); later calls read
+    it (seconds), after checking every file's SHA-256, and later calls in the same process copy the model
+    already read. Every call returns its own model and tokenizer (a population wraps and
     may merge into its model: another call never sees that).
 
     Args:

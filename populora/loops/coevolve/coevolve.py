@@ -274,7 +274,7 @@ class Coevolve(Snapshot):
                 reproducible and resumable.
 
         Returns:
-            ``{name: (P,) float32 fitness}`` as the populations evolved on it.
+            Each population's ``(P,)`` float32 fitnesses (``{name -> fitness}``), as it evolved on them.
 
         Raises:
             FitnessError: a fitness is not a finite ``(P,)`` tensor (the error

@@ -61,9 +61,10 @@ class EvolveResult(NamedTuple):
     """What :func:`evolve_with_env` returns (``policy, history = evolve_with_env(...)``).
 
     Attributes:
-        policy: the model with the best individual of the last generation
-            merged in (``nn.Sequential(normaliser, model)`` with
-            ``normalize_obs=True``, so it takes raw observations).
+        policy: the model with the best validated individual of the run merged in (judged on fresh
+            validation episodes, never on one training episode; without validation, the best of the last
+            generation), as ``nn.Sequential(normaliser, model)`` with ``normalize_obs=True``, so it takes
+            raw observations.
         history: one :class:`~populora.stats.GenerationStats` per evaluated generation.
     """
 
