@@ -342,7 +342,10 @@ def test_every_documented_snapshot_shows_its_inherited_save_and_load():
             if isinstance(obj, type) and issubclass(obj, Snapshot) and "save" not in vars(obj):
                 assert "inherited_members: [save, load]" in match.group(2), f"{page.name}: {match.group(1)}"
                 shown.append(name)
-    assert {"PopuLoRA", "Ratings", "HallOfFame"} <= set(shown), shown
+    assert {"Ratings", "HallOfFame"} <= set(shown), shown
+    from populora import PopuLoRA  # its save is its own (collective after a distributed step): shown as a member
+
+    assert "PopuLoRA" in shown or "save" in vars(PopuLoRA), shown
 
 
 def test_search_splits_identifiers_inside_code():

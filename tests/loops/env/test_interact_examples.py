@@ -46,6 +46,7 @@ def test_only_known_examples_write_files_and_they_default_to_the_ignored_outputs
         "coevolve_sine.py",
         "llm_population.py",
         "selfplay_arithmetic.py",
+        "selfplay_distributed.py",  # only with --save PATH (no default: it writes nowhere unless asked)
     }, writers  # the experiment drivers (experiments/) write their results under experiments/results/<version>/
     for name in ("llm_population", "selfplay_arithmetic"):
         text = (REPO / "examples" / f"{name}.py").read_text()

@@ -497,7 +497,10 @@ class _FakeTime:
         return self.now
 
 
-def test_run_steps_callback_and_records(capsys):
+def test_run_steps_callback_and_records(capsys, monkeypatch):
+    from populora import stats
+
+    monkeypatch.setattr(stats, "bars_shown", lambda: True)  # pytest's stderr is no terminal: drawn all the same
     sp = make()
     seen = []
     records = sp.run(2, callback=seen.append, progress=True)
