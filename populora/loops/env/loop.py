@@ -9,7 +9,6 @@ when validation is off), and a state saved after any generation resumes bit for 
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -25,13 +24,21 @@ from populora.envs.actions import ActionFn
 from populora.envs.interactor import EnvInteractor, interact_with_env
 from populora.envs.normalize import sum_over_ranks
 from populora.envs.slots import DEFAULT_NUM_ENVS, is_factory
-from populora.errors import CheckpointError, InvalidTypeError, InvalidValueError
+from populora.errors import CheckpointError, InvalidValueError
 from populora.loops.base import Budget, load_state, save_state
 from populora.loops.env.champion import Validator
 from populora.loops.env.es_env import es_fitnesses, make_es
 from populora.loops.env.generations import Bookkeeping, GenerationInfo, validate_es, validate_ga
-from populora.loops.env.options import ENV_EVOLUTION, ES, GA, EnvOptions, Episodes, Validation
-from populora.loops.env.setup import Setup, Stopping, algorithm_of, check_env_options, check_setup, option
+from populora.loops.env.options import ENV_EVOLUTION, ES, GA, Checkpointing, EnvOptions, Episodes, Validation
+from populora.loops.env.setup import (
+    Setup,
+    Stopping,
+    algorithm_of,
+    check_env_options,
+    check_setup,
+    check_stopping,
+    option,
+)
 from populora.loops.env.state import FORMAT, check_state, run_config
 from populora.population.evolution import Evolution
 from populora.population.population import Population
@@ -176,7 +183,12 @@ class EnvLoop:
             steps = self._env_steps()
             f = fitnesses.detach()  # float32, as Population.history's
             stats = GenerationStats(
-                self.history_generation, float(f.max()), float(f.mean()), float(f.std(correction=0)), validated, steps
+                int(self.optimizer.generation),
+                float(f.max()),
+                float(f.mean()),
+                float(f.std(correction=0)),
+                validated,
+                steps,
             )
             self.history.append(stats)
             if self.algorithm == "es":
@@ -205,8 +217,8 @@ class EnvLoop:
         if budget.max_steps is None and budget.max_seconds is None and budget.max_env_steps is None:
             raise InvalidValueError("EnvLoop.run needs a budget that stops it, got Budget() (no limit)")
         limit = len(self.history) + budget.max_steps if budget.max_steps is not None else 2**62
-        stopping = Stopping(limit, target_fitness, budget.max_env_steps, budget.max_seconds, progress, callback)
-        return self.drive(_checked_stopping(stopping))
+        stopping, _ = check_stopping(limit, target_fitness, budget, progress, callback, Checkpointing())
+        return self.drive(stopping)
 
     def drive(self, stopping: Stopping) -> list[GenerationStats]:
         """Step under ``stopping``'s rules (writing its checkpoint after every generation); this call's records.
@@ -319,11 +331,6 @@ class EnvLoop:
 
     # ------------------------------------------------------------------ one generation
 
-    @property
-    def history_generation(self) -> int:
-        """The generation counter of the population or ES (what the next record's ``generation`` is)."""
-        return int(self.optimizer.generation)
-
     def _env_steps(self) -> int:
         """The run's env steps so far: a loaded state's, plus every rank's since (one all-reduce)."""
         local = torch.tensor([float(self.interactor.counters["env_steps"] - self._counted)], dtype=torch.float64)
@@ -381,14 +388,6 @@ class EnvLoop:
     def _check_open(self) -> None:
         if self.closed:
             raise InvalidValueError("this EnvLoop is closed (finish() or close() was called): make a new one")
-
-
-def _checked_stopping(stopping: Stopping) -> Stopping:
-    if stopping.target_fitness is not None:
-        stopping = dataclasses.replace(stopping, target_fitness=check_float("target_fitness", stopping.target_fitness))
-    if stopping.callback is not None and not callable(stopping.callback):
-        raise InvalidTypeError(f"`callback` must be callable as callback(info), got {stopping.callback!r:.80}")
-    return dataclasses.replace(stopping, progress=bool(stopping.progress))
 
 
 def _check_evolve_values(population: Population, options: Evolution) -> None:
